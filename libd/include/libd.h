@@ -1,0 +1,191 @@
+/*
+ * libd — the Scad runtime library, its whole public C contract in one header.
+ *
+ * A compute element owns a libd_action; the action holds named transports, each described by a
+ * durl ("NAME;IMPL;KEY,VALUE;..."). A transport of kind RDMA reads and writes a remote memory
+ * element one-sidedly; a transport of kind RDMA_SERVER serves a memory element.
+ *
+ * Conventions (as in rdma-core):
+ *  - calls that return int return 0 (or a non-negative value where documented) on success and a
+ *    negative errno on failure; they never exit the process;
+ *  - calls that return a pointer return NULL on failure; libd_last_error() then says why;
+ *  - after any failure, libd_last_error() holds a one-line message for the calling thread that
+ *    names what went wrong (secrets are never included).
+ *
+ * Error codes users meet most:
+ *   -EINVAL   bad argument or malformed durl      -ENOENT   no transport of that name
+ *   -EEXIST   duplicate transport name            -ENOBUFS  read/write before libd_trdma_reg
+ *   -ERANGE   out of local or remote bounds       -EACCES   the grant does not allow it
+ *   -ETIMEDOUT deadline passed                    -ECONNRESET / -ENOTCONN / -ECONNREFUSED peer gone
+ *   -ESHUTDOWN transport terminated               -ECANCELED operation cancelled
+ *   -EOPNOTSUPP the transport does not implement the call
+ */
+#ifndef LIBD_H
+#define LIBD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define LIBD_VERSION_MAJOR 1
+#define LIBD_VERSION_MINOR 0
+
+typedef struct libd_action libd_action;
+typedef struct libd_transport libd_transport;
+typedef struct libd_op libd_op;
+
+/* ---- errors ----------------------------------------------------------------------------- */
+
+/* A static description of a (negative or positive) errno value. */
+const char *libd_strerror(int err);
+/* The calling thread's last error message; "" when none. Valid until the thread's next call. */
+const char *libd_last_error(void);
+
+/* ---- action ------------------------------------------------------------------------------ */
+
+/* Creates an action. argv holds Scad-style options as "+key" "value" pairs, e.g.
+ * "+timeout_ms" "5000"; unknown options are kept and readable by transports.
+ * Returns NULL on failure (libd_last_error() says why). */
+libd_action *libd_action_init(const char *aid, int argc, char **argv);
+/* Terminates every transport of the action and frees it. */
+int libd_action_free(libd_action *action);
+const char *libd_action_id(const libd_action *action);
+
+/* Adds a transport from a durl. -EINVAL with a message naming the position for a malformed
+ * durl or an unknown implementation; -EEXIST for a duplicate name. */
+int libd_action_add_transport(libd_action *action, const char *durl);
+/* Merges "KEY,VALUE;KEY,VALUE" into the named transport's parameters and (re)initialises it:
+ * INIT -> INITD; a transport already connected reconnects lazily to the new address. */
+int libd_action_config_transport(libd_action *action, const char *name, const char *config);
+/* NULL (and -ENOENT in libd_last_error) if there is no transport of that name. */
+libd_transport *libd_action_get_transport(libd_action *action, const char *name);
+/* Writes the transport names, comma-separated, into buf. Returns the count. */
+int libd_action_transport_names(const libd_action *action, char *buf, size_t cap);
+
+/* ---- transport: identity and state machine ------------------------------------------------ */
+
+enum libd_state {
+    LIBD_STATE_INIT = 1,        /* created, waiting for its configuration */
+    LIBD_STATE_INITD = 2,       /* configured, not connected */
+    LIBD_STATE_READY = 4,       /* operations run */
+    LIBD_STATE_ERROR = 8,       /* failed; recover() reconnects */
+    LIBD_STATE_TERMINATED = 16, /* final */
+};
+
+enum libd_kind {
+    LIBD_KIND_RDMA = 1,         /* client side: reg/read/write */
+    LIBD_KIND_RDMA_SERVER = 2,  /* memory element side: serve */
+};
+
+const char *libd_transport_name(const libd_transport *trans);
+/* The canonical implementation name, e.g. "rdma_tcp". */
+const char *libd_transport_impl(const libd_transport *trans);
+int libd_transport_kind(const libd_transport *trans);
+const char *libd_state_name(int state);
+
+/* Current state (a libd_state value). */
+int libd_transport_state(libd_transport *trans);
+/* Waits until the state is one of state_mask. Returns the state, or -ETIMEDOUT.
+ * timeout_ms < 0 means the transport's own deadline (durl key timeout_ms). */
+int libd_transport_wait_state(libd_transport *trans, unsigned state_mask, int timeout_ms);
+/* Waits until the state-change counter differs from *seq, then stores the new counter in *seq
+ * and returns the state. Start with *seq = 0. No change is ever missed between two calls. */
+int libd_transport_wait_change(libd_transport *trans, uint64_t *seq, int timeout_ms);
+
+int libd_transport_init(libd_transport *trans);      /* INIT -> INITD */
+int libd_transport_connect(libd_transport *trans);   /* INITD -> READY */
+int libd_transport_recover(libd_transport *trans);   /* ERROR -> READY (reconnects) */
+int libd_transport_terminate(libd_transport *trans); /* any -> TERMINATED */
+
+/* The transport's last error message (why it is in ERROR), "" if none. */
+int libd_transport_error(libd_transport *trans, char *buf, size_t cap);
+/* The out-of-band message a transport publishes for the control plane to relay to its peer
+ * (for a server: where and how to reach it). Returns its length, -ENODATA if none yet;
+ * -ERANGE if cap is too small (then *needed, if given, holds the size). */
+int libd_transport_get_message(libd_transport *trans, char *buf, size_t cap, size_t *needed);
+/* Transport-specific control knobs (e.g. the fake transport's faults). -EOPNOTSUPP if unknown. */
+int libd_transport_set(libd_transport *trans, const char *key, const char *value);
+
+/* Counters. Latency histogram bucket i counts operations whose latency was in
+ * [2^i, 2^(i+1)) nanoseconds. */
+#define LIBD_HIST_BUCKETS 40
+typedef struct libd_stats {
+    uint64_t read_ops, write_ops;
+    uint64_t read_bytes, write_bytes;
+    uint64_t errors;
+    uint64_t latency_ns_hist[LIBD_HIST_BUCKETS];
+} libd_stats;
+int libd_transport_stats(libd_transport *trans, libd_stats *out);
+/* Median (p=0.5) or any percentile of the latency histogram, in nanoseconds (bucket midpoint). */
+uint64_t libd_stats_percentile_ns(const libd_stats *stats, double p);
+
+/* ---- rdma interface (client side) --------------------------------------------------------- */
+
+enum libd_rights { LIBD_RIGHT_READ = 1, LIBD_RIGHT_WRITE = 2 };
+
+/* Registers a local buffer for I/O. *buf == NULL: the library allocates size bytes (zeroed,
+ * page-aligned) and stores the pointer in *buf; otherwise the caller's buffer is registered.
+ * Registering again replaces the previous registration (a buffer allocated by the library is
+ * freed). Allocated buffers live until the next reg or until the transport is terminated. */
+int libd_trdma_reg(libd_transport *trans, size_t size, void **buf);
+/* The remote region this transport may reach: bytes and rights of the grant. */
+int libd_trdma_remote(libd_transport *trans, uint64_t *size, unsigned *rights);
+
+/* One-sided transfers. raddr is an offset in the remote memory element; buf must lie inside the
+ * registered local buffer. Block until done or until the transport's deadline. */
+int libd_trdma_read(libd_transport *trans, size_t size, uint64_t raddr, void *buf);
+int libd_trdma_write(libd_transport *trans, size_t size, uint64_t raddr, const void *buf);
+
+/* Scatter/gather: each entry moves size bytes between buf and raddr. */
+typedef struct libd_iov {
+    size_t size;
+    uint64_t raddr;
+    void *buf;
+} libd_iov;
+int libd_trdma_readv(libd_transport *trans, const libd_iov *iov, int iovcnt);
+int libd_trdma_writev(libd_transport *trans, const libd_iov *iov, int iovcnt);
+
+/* Asynchronous forms. On success *op is a handle the caller must libd_op_free(). */
+int libd_trdma_read_async(libd_transport *trans, size_t size, uint64_t raddr, void *buf,
+                          libd_op **op);
+int libd_trdma_write_async(libd_transport *trans, size_t size, uint64_t raddr, const void *buf,
+                           libd_op **op);
+int libd_trdma_readv_async(libd_transport *trans, const libd_iov *iov, int iovcnt, libd_op **op);
+int libd_trdma_writev_async(libd_transport *trans, const libd_iov *iov, int iovcnt, libd_op **op);
+
+/* 0 when done, -EINPROGRESS while running, a negative errno if it failed. */
+int libd_op_poll(libd_op *op);
+/* Waits up to timeout_ms (< 0: forever — the transport's deadline still ends it). Returns as
+ * libd_op_poll; -ETIMEDOUT if the wait itself timed out (the operation goes on). */
+int libd_op_wait(libd_op *op, int timeout_ms);
+/* Cancels: once it returns, the library no longer touches the operation's buffers. The
+ * operation ends with -ECANCELED unless it had already finished. */
+int libd_op_cancel(libd_op *op);
+/* Frees the handle, cancelling the operation first if it is still running. */
+int libd_op_free(libd_op *op);
+
+/* ---- rdma_server interface (memory element side) ------------------------------------------ */
+
+/* Starts serving in the background and returns. The message (libd_transport_get_message) then
+ * holds the address clients use. */
+int libd_trdma_server_serve(libd_transport *trans);
+/* Stops serving: connections are closed, grants revoked. */
+int libd_trdma_server_stop(libd_transport *trans);
+/* Grants client `client` access to [offset, offset+length) with `rights` (LIBD_RIGHT_*).
+ * Writes into out the configuration string the client passes to libd_action_config_transport
+ * (it carries the grant's secret: hand it only to that client). Returns its length. */
+int libd_trdma_server_grant(libd_transport *trans, const char *client, uint64_t offset,
+                            uint64_t length, unsigned rights, char *out, size_t cap);
+/* Revokes a grant at once (by the id in its configuration string): its connections close. */
+int libd_trdma_server_revoke(libd_transport *trans, const char *grant_id);
+/* Scad's call: serve and block until the transport is stopped or terminated. */
+int libd_trdma_server_run(libd_transport *trans);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* LIBD_H */

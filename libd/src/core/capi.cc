@@ -1,0 +1,240 @@
+// The C ABI: argument checks, handle conversion, and nothing else.
+#include <cerrno>
+#include <cstring>
+#include <memory>
+
+#include "core/action.h"
+#include "core/error.h"
+#include "core/transport.h"
+#include "libd.h"
+
+using libd::Action;
+using libd::OpKind;
+using libd::Segment;
+using libd::set_error;
+using libd::Transport;
+
+namespace {
+
+Transport *T(libd_transport *t) { return libd::from_handle(t); }
+Action *A(libd_action *a) { return static_cast<Action *>(a); }
+const Action *A(const libd_action *a) { return static_cast<const Action *>(a); }
+
+int copy_out(const std::string &s, char *buf, size_t cap, size_t *needed) {
+  if (needed) *needed = s.size() + 1;
+  if (!buf || cap < s.size() + 1)
+    return set_error(-ERANGE, "buffer of " + std::to_string(cap) + " bytes is too small for " +
+                                  std::to_string(s.size() + 1));
+  std::memcpy(buf, s.c_str(), s.size() + 1);
+  return int(s.size());
+}
+
+int to_segments(const libd_iov *iov, int n, std::vector<Segment> *out) {
+  if (!iov || n <= 0) return set_error(-EINVAL, "iov must hold at least one entry");
+  if (n > 4096) return set_error(-EINVAL, "at most 4096 entries per batch");
+  out->reserve(size_t(n));
+  for (int i = 0; i < n; i++) {
+    if (!iov[i].buf && iov[i].size) return set_error(-EINVAL, "iov[" + std::to_string(i) + "].buf is NULL");
+    out->push_back({iov[i].size, iov[i].raddr, static_cast<char *>(iov[i].buf)});
+  }
+  return 0;
+}
+
+int start(libd_transport *t, OpKind kind, std::vector<Segment> segs, libd_op **op) {
+  if (!t || !op) return set_error(-EINVAL, "NULL transport or op pointer");
+  std::shared_ptr<libd::Op> o;
+  if (int rc = T(t)->submit(kind, std::move(segs), &o)) return rc;
+  *op = new libd_op{std::move(o)};
+  return 0;
+}
+
+#define CHECK_T(t) \
+  if (!(t)) return set_error(-EINVAL, "NULL transport")
+
+}  // namespace
+
+extern "C" {
+
+libd_action *libd_action_init(const char *aid, int argc, char **argv) {
+  libd::clear_error();
+  if (!aid) { set_error(-EINVAL, "NULL action id"); return nullptr; }
+  std::unique_ptr<Action> a;
+  if (Action::create(aid, argc, argv, &a)) return nullptr;
+  return a.release();
+}
+
+int libd_action_free(libd_action *action) {
+  if (!action) return set_error(-EINVAL, "NULL action");
+  delete A(action);
+  return 0;
+}
+
+const char *libd_action_id(const libd_action *action) { return action ? A(action)->id().c_str() : ""; }
+
+int libd_action_add_transport(libd_action *action, const char *durl) {
+  if (!action || !durl) return set_error(-EINVAL, "NULL action or durl");
+  return A(action)->add_transport(durl);
+}
+
+int libd_action_config_transport(libd_action *action, const char *name, const char *config) {
+  if (!action || !name || !config) return set_error(-EINVAL, "NULL action, name or config");
+  return A(action)->config_transport(name, config);
+}
+
+libd_transport *libd_action_get_transport(libd_action *action, const char *name) {
+  if (!action || !name) { set_error(-EINVAL, "NULL action or name"); return nullptr; }
+  return A(action)->get_transport(name);
+}
+
+int libd_action_transport_names(const libd_action *action, char *buf, size_t cap) {
+  if (!action) return set_error(-EINVAL, "NULL action");
+  int rc = copy_out(A(action)->names(), buf, cap, nullptr);
+  return rc < 0 ? rc : int(A(action)->count());
+}
+
+const char *libd_transport_name(const libd_transport *t) {
+  return t ? static_cast<const Transport *>(t)->name().c_str() : "";
+}
+const char *libd_transport_impl(const libd_transport *t) {
+  return t ? static_cast<const Transport *>(t)->impl_name() : "";
+}
+int libd_transport_kind(const libd_transport *t) {
+  return t ? static_cast<const Transport *>(t)->kind() : -EINVAL;
+}
+
+const char *libd_state_name(int s) {
+  switch (s) {
+    case LIBD_STATE_INIT: return "INIT";
+    case LIBD_STATE_INITD: return "INITD";
+    case LIBD_STATE_READY: return "READY";
+    case LIBD_STATE_ERROR: return "ERROR";
+    case LIBD_STATE_TERMINATED: return "TERMINATED";
+    default: return "UNKNOWN";
+  }
+}
+
+int libd_transport_state(libd_transport *t) { CHECK_T(t); return T(t)->state(); }
+int libd_transport_wait_state(libd_transport *t, unsigned mask, int timeout_ms) {
+  CHECK_T(t);
+  return T(t)->wait_state(mask, timeout_ms);
+}
+int libd_transport_wait_change(libd_transport *t, uint64_t *seq, int timeout_ms) {
+  CHECK_T(t);
+  if (!seq) return set_error(-EINVAL, "NULL seq");
+  return T(t)->wait_change(seq, timeout_ms);
+}
+int libd_transport_init(libd_transport *t) { CHECK_T(t); return T(t)->init(); }
+int libd_transport_connect(libd_transport *t) { CHECK_T(t); return T(t)->connect(); }
+int libd_transport_recover(libd_transport *t) { CHECK_T(t); return T(t)->recover(); }
+int libd_transport_terminate(libd_transport *t) { CHECK_T(t); return T(t)->terminate(); }
+
+int libd_transport_error(libd_transport *t, char *buf, size_t cap) {
+  CHECK_T(t);
+  return copy_out(T(t)->error_message(), buf, cap, nullptr);
+}
+
+int libd_transport_get_message(libd_transport *t, char *buf, size_t cap, size_t *needed) {
+  CHECK_T(t);
+  std::string m;
+  if (int rc = T(t)->message(&m)) return rc;
+  return copy_out(m, buf, cap, needed);
+}
+
+int libd_transport_set(libd_transport *t, const char *key, const char *value) {
+  CHECK_T(t);
+  if (!key || !value) return set_error(-EINVAL, "NULL key or value");
+  return T(t)->set(key, value);
+}
+
+int libd_transport_stats(libd_transport *t, libd_stats *out) {
+  CHECK_T(t);
+  if (!out) return set_error(-EINVAL, "NULL stats");
+  T(t)->stats(out);
+  return 0;
+}
+
+int libd_trdma_reg(libd_transport *t, size_t size, void **buf) { CHECK_T(t); return T(t)->reg(size, buf); }
+int libd_trdma_remote(libd_transport *t, uint64_t *size, unsigned *rights) {
+  CHECK_T(t);
+  return T(t)->remote(size, rights);
+}
+
+int libd_trdma_read(libd_transport *t, size_t size, uint64_t raddr, void *buf) {
+  CHECK_T(t);
+  return T(t)->run(OpKind::Read, {{size, raddr, static_cast<char *>(buf)}});
+}
+int libd_trdma_write(libd_transport *t, size_t size, uint64_t raddr, const void *buf) {
+  CHECK_T(t);
+  return T(t)->run(OpKind::Write, {{size, raddr, static_cast<char *>(const_cast<void *>(buf))}});
+}
+int libd_trdma_readv(libd_transport *t, const libd_iov *iov, int n) {
+  CHECK_T(t);
+  std::vector<Segment> segs;
+  if (int rc = to_segments(iov, n, &segs)) return rc;
+  return T(t)->run(OpKind::Read, std::move(segs));
+}
+int libd_trdma_writev(libd_transport *t, const libd_iov *iov, int n) {
+  CHECK_T(t);
+  std::vector<Segment> segs;
+  if (int rc = to_segments(iov, n, &segs)) return rc;
+  return T(t)->run(OpKind::Write, std::move(segs));
+}
+
+int libd_trdma_read_async(libd_transport *t, size_t size, uint64_t raddr, void *buf, libd_op **op) {
+  return start(t, OpKind::Read, {{size, raddr, static_cast<char *>(buf)}}, op);
+}
+int libd_trdma_write_async(libd_transport *t, size_t size, uint64_t raddr, const void *buf, libd_op **op) {
+  return start(t, OpKind::Write, {{size, raddr, static_cast<char *>(const_cast<void *>(buf))}}, op);
+}
+int libd_trdma_readv_async(libd_transport *t, const libd_iov *iov, int n, libd_op **op) {
+  std::vector<Segment> segs;
+  if (int rc = to_segments(iov, n, &segs)) return rc;
+  return start(t, OpKind::Read, std::move(segs), op);
+}
+int libd_trdma_writev_async(libd_transport *t, const libd_iov *iov, int n, libd_op **op) {
+  std::vector<Segment> segs;
+  if (int rc = to_segments(iov, n, &segs)) return rc;
+  return start(t, OpKind::Write, std::move(segs), op);
+}
+
+int libd_op_poll(libd_op *op) {
+  if (!op) return set_error(-EINVAL, "NULL op");
+  return op->op->status();
+}
+int libd_op_wait(libd_op *op, int timeout_ms) {
+  if (!op) return set_error(-EINVAL, "NULL op");
+  auto until = timeout_ms < 0 ? libd::Clock::time_point::max() : libd::Deadline::after_ms(timeout_ms).at();
+  int rc = op->op->wait_until(until);
+  if (rc == -ETIMEDOUT && !op->op->done()) return set_error(-ETIMEDOUT, "wait timed out; the operation goes on");
+  if (rc < 0) set_error(rc, op->op->message().empty() ? libd_strerror(rc) : op->op->message());
+  return rc;
+}
+int libd_op_cancel(libd_op *op) {
+  if (!op) return set_error(-EINVAL, "NULL op");
+  return op->op->cancel();
+}
+int libd_op_free(libd_op *op) {
+  if (!op) return set_error(-EINVAL, "NULL op");
+  if (!op->op->done()) op->op->cancel();
+  delete op;
+  return 0;
+}
+
+int libd_trdma_server_serve(libd_transport *t) { CHECK_T(t); return T(t)->serve(); }
+int libd_trdma_server_stop(libd_transport *t) { CHECK_T(t); return T(t)->stop(); }
+int libd_trdma_server_run(libd_transport *t) { CHECK_T(t); return T(t)->serve_blocking(); }
+int libd_trdma_server_grant(libd_transport *t, const char *client, uint64_t offset, uint64_t length,
+                            unsigned rights, char *out, size_t cap) {
+  CHECK_T(t);
+  if (!client) return set_error(-EINVAL, "NULL client");
+  std::string config;
+  if (int rc = T(t)->grant(client, offset, length, rights, &config)) return rc;
+  return copy_out(config, out, cap, nullptr);
+}
+int libd_trdma_server_revoke(libd_transport *t, const char *grant_id) {
+  CHECK_T(t);
+  if (!grant_id) return set_error(-EINVAL, "NULL grant id");
+  return T(t)->revoke(grant_id);
+}
+
+}  // extern "C"

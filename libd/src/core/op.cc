@@ -1,0 +1,56 @@
+#include "core/op.h"
+
+namespace libd {
+
+Op::Op(OpKind kind, std::vector<Segment> segs, Deadline deadline, std::shared_ptr<Stats> stats)
+    : kind_(kind), segs_(std::move(segs)), deadline_(deadline), stats_(std::move(stats)),
+      start_ns_(now_ns()) {
+  for (const auto &s : segs_) bytes_ += s.size;
+}
+
+bool Op::complete(int status, std::string why) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (status_.load(std::memory_order_relaxed) != -EINPROGRESS) return false;
+    why_ = std::move(why);
+    status_.store(status, std::memory_order_release);
+  }
+  cv_.notify_all();
+  if (stats_) stats_->record(kind_, bytes_, now_ns() - start_ns_, status == 0);
+  if (on_done_) on_done_();
+  return true;
+}
+
+int Op::wait_until(Clock::time_point until) {
+  int s = status();
+  if (s != -EINPROGRESS) return s;
+  std::unique_lock<std::mutex> lk(mu_);
+  if (!cv_.wait_until(lk, until, [&] { return status() != -EINPROGRESS; })) return -ETIMEDOUT;
+  return status();
+}
+
+void Op::set_canceller(std::function<void(Op *)> fn) {
+  std::lock_guard<std::mutex> lk(mu_);
+  canceller_ = std::move(fn);
+}
+
+int Op::cancel() {
+  std::function<void(Op *)> fn;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (status() != -EINPROGRESS) return status();
+    fn = canceller_;
+  }
+  if (fn) fn(this);  // detaches from the engine; the engine will not touch our buffers after
+  complete(-ECANCELED);
+  return status();
+}
+
+}  // namespace libd
+
+namespace libd {
+std::string Op::message() {
+  std::lock_guard<std::mutex> lk(mu_);
+  return why_;
+}
+}  // namespace libd

@@ -1,0 +1,71 @@
+// An operation in flight: one read or write, or a batch of them, with a completion that any
+// number of threads can wait for. Transports complete it exactly once.
+#pragma once
+#include <atomic>
+#include <cerrno>
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "core/clock.h"
+#include "core/stats.h"
+#include "libd.h"
+
+namespace libd {
+
+struct Segment {
+  uint64_t size;
+  uint64_t raddr;
+  char *buf;
+};
+
+class Op {
+ public:
+  Op(OpKind kind, std::vector<Segment> segs, Deadline deadline, std::shared_ptr<Stats> stats);
+
+  OpKind kind() const { return kind_; }
+  const std::vector<Segment> &segments() const { return segs_; }
+  uint64_t bytes() const { return bytes_; }
+  Deadline deadline() const { return deadline_; }
+
+  // Called by the transport once; later calls are ignored (a cancel may race a completion).
+  // Returns true if this call completed the operation.
+  bool complete(int status, std::string why = {});
+  // Why it failed, as the engine saw it ("" if it succeeded or the engine gave no reason).
+  std::string message();
+  int status() const { return status_.load(std::memory_order_acquire); }
+  bool done() const { return status() != -EINPROGRESS; }
+  // Waits until done or until `until`; returns the status or -ETIMEDOUT for the wait itself.
+  int wait_until(Clock::time_point until);
+
+  // The transport installs how to detach the operation from its engine; cancel() runs it and
+  // returns only when the engine no longer touches the buffers.
+  void set_canceller(std::function<void(Op *)> fn);
+  int cancel();
+  // Runs once, right after completion (the transport's in-flight accounting).
+  void set_on_done(std::function<void()> fn) { on_done_ = std::move(fn); }
+
+ private:
+  OpKind kind_;
+  std::vector<Segment> segs_;
+  uint64_t bytes_ = 0;
+  Deadline deadline_;
+  std::shared_ptr<Stats> stats_;
+  int64_t start_ns_;
+  std::atomic<int> status_{-EINPROGRESS};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::function<void(Op *)> canceller_;
+  std::function<void()> on_done_;
+  std::string why_;
+};
+
+}  // namespace libd
+
+// The C handle.
+struct libd_op {
+  std::shared_ptr<libd::Op> op;
+};

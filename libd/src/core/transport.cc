@@ -1,0 +1,397 @@
+#include "core/transport.h"
+
+#include <sys/mman.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "core/error.h"
+
+namespace libd {
+
+static std::string quote(const std::string &s) { return "'" + s + "'"; }
+
+// Owners terminate a transport before destroying it: hooks are virtual, so they cannot run here.
+Transport::~Transport() = default;
+
+int Transport::setup(TransportSetup s) {
+  name_ = std::move(s.name);
+  impl_ = s.impl;
+  params_ = std::move(s.params);
+  aid_ = std::move(s.aid);
+  uint64_t t;
+  if (int rc = params_.get_u64("timeout_ms", 10000, &t)) return rc;
+  if (t == 0 || t > 3600 * 1000)
+    return set_error(-EINVAL, "parameter 'timeout_ms' must be between 1 and 3600000");
+  timeout_ms_ = int64_t(t);
+  if (configured()) return init();
+  return 0;
+}
+
+int Transport::unsupported(const char *what) {
+  return set_error(-EOPNOTSUPP, std::string("transport ") + quote(name_) + " (" +
+                                    (impl_ ? impl_->name : "?") + ") does not support " + what);
+}
+
+void Transport::transition_locked(int to) {
+  state_ = to;
+  seq_++;
+  cv_.notify_all();
+}
+
+int Transport::state() {
+  std::lock_guard<std::mutex> lk(mu_);
+  return state_;
+}
+
+int Transport::wait_state(unsigned mask, int timeout_ms) {
+  auto deadline = Deadline::after_ms(timeout_ms < 0 ? timeout_ms_ : timeout_ms);
+  std::unique_lock<std::mutex> lk(mu_);
+  if (!cv_.wait_until(lk, deadline.at(), [&] { return (unsigned(state_) & mask) != 0; }))
+    return set_error(-ETIMEDOUT, "transport " + quote(name_) + " stayed " + libd_state_name(state_));
+  return state_;
+}
+
+int Transport::wait_change(uint64_t *seq, int timeout_ms) {
+  auto deadline = Deadline::after_ms(timeout_ms < 0 ? timeout_ms_ : timeout_ms);
+  std::unique_lock<std::mutex> lk(mu_);
+  if (!cv_.wait_until(lk, deadline.at(), [&] { return seq_ != *seq; }))
+    return set_error(-ETIMEDOUT, "transport " + quote(name_) + " did not change state");
+  *seq = seq_;
+  return state_;
+}
+
+int Transport::init() {
+  std::unique_lock<std::mutex> lk(mu_);
+  if (state_ == LIBD_STATE_TERMINATED) return set_error(-ESHUTDOWN, "transport " + quote(name_) + " is terminated");
+  if (state_ != LIBD_STATE_INIT) return 0;
+  int rc = do_init();
+  if (rc) {
+    std::string why = last_error();
+    return set_error(rc, "transport " + quote(name_) + ": " + why);
+  }
+  transition_locked(LIBD_STATE_INITD);
+  return 0;
+}
+
+int Transport::configure(const Params &extra) {
+  std::unique_lock<std::mutex> lk(mu_);
+  if (state_ == LIBD_STATE_TERMINATED) return set_error(-ESHUTDOWN, "transport " + quote(name_) + " is terminated");
+  cv_.wait(lk, [&] { return !busy_; });
+  Params saved = params_;
+  params_.merge(extra);
+  uint64_t t;
+  if (int rc = params_.get_u64("timeout_ms", uint64_t(timeout_ms_), &t)) { params_ = saved; return rc; }
+  if (int rc = do_init()) {
+    std::string why = last_error();
+    params_ = saved;
+    return set_error(rc, "transport " + quote(name_) + ": bad configuration: " + why);
+  }
+  timeout_ms_ = int64_t(t);
+  if (state_ == LIBD_STATE_READY || state_ == LIBD_STATE_ERROR) {
+    // A new address: drop the old connection, reconnect lazily on the next operation.
+    busy_ = true;
+    lk.unlock();
+    {
+      std::unique_lock<std::shared_mutex> io(io_mu_);
+      do_disconnect();
+    }
+    lk.lock();
+    busy_ = false;
+  }
+  error_code_ = 0;
+  error_msg_.clear();
+  transition_locked(LIBD_STATE_INITD);
+  return 0;
+}
+
+int Transport::error_locked() {
+  return set_error(error_code_ ? error_code_ : -EIO,
+                   "transport " + quote(name_) + " is in ERROR (" + error_msg_ + "); call recover()");
+}
+
+// Runs do_connect without holding mu_; exactly one thread at a time (busy_).
+int Transport::connect_locked(std::unique_lock<std::mutex> &lk, Deadline deadline, bool recovering) {
+  busy_ = true;
+  lk.unlock();
+  int rc;
+  std::string why;
+  {
+    std::unique_lock<std::shared_mutex> io(io_mu_);
+    if (recovering) do_disconnect();
+    rc = do_connect(deadline);
+    if (rc) {
+      why = last_error();
+      do_disconnect();
+    }
+  }
+  lk.lock();
+  busy_ = false;
+  if (state_ == LIBD_STATE_TERMINATED) {  // terminated while we connected
+    lk.unlock();
+    { std::unique_lock<std::shared_mutex> io(io_mu_); do_disconnect(); }
+    lk.lock();
+    cv_.notify_all();
+    return set_error(-ESHUTDOWN, "transport " + quote(name_) + " was terminated while connecting");
+  }
+  if (rc) {
+    error_code_ = rc;
+    error_msg_ = why;
+    transition_locked(LIBD_STATE_ERROR);
+    return set_error(rc, "transport " + quote(name_) + ": connect failed: " + why);
+  }
+  error_code_ = 0;
+  error_msg_.clear();
+  transition_locked(LIBD_STATE_READY);
+  return 0;
+}
+
+int Transport::connect() {
+  std::unique_lock<std::mutex> lk(mu_);
+  cv_.wait(lk, [&] { return !busy_; });
+  switch (state_) {
+    case LIBD_STATE_READY: return 0;
+    case LIBD_STATE_INIT:
+      return set_error(-EINVAL, "transport " + quote(name_) + " is not configured yet (state INIT)");
+    case LIBD_STATE_INITD: return connect_locked(lk, op_deadline(), false);
+    case LIBD_STATE_ERROR: return error_locked();
+    default: return set_error(-ESHUTDOWN, "transport " + quote(name_) + " is terminated");
+  }
+}
+
+int Transport::recover() {
+  std::unique_lock<std::mutex> lk(mu_);
+  cv_.wait(lk, [&] { return !busy_; });
+  switch (state_) {
+    case LIBD_STATE_READY: return 0;
+    case LIBD_STATE_INIT:
+      return set_error(-EINVAL, "transport " + quote(name_) + " is not configured yet (state INIT)");
+    case LIBD_STATE_INITD: return connect_locked(lk, op_deadline(), false);
+    case LIBD_STATE_ERROR: return connect_locked(lk, op_deadline(), true);
+    default: return set_error(-ESHUTDOWN, "transport " + quote(name_) + " is terminated");
+  }
+}
+
+int Transport::terminate() {
+  std::unique_lock<std::mutex> lk(mu_);
+  if (state_ == LIBD_STATE_TERMINATED) return 0;
+  cv_.wait(lk, [&] { return !busy_; });
+  if (state_ == LIBD_STATE_TERMINATED) return 0;
+  busy_ = true;
+  transition_locked(LIBD_STATE_TERMINATED);  // new operations are refused from here on
+  lk.unlock();
+  {
+    std::unique_lock<std::shared_mutex> io(io_mu_);
+    do_disconnect();
+    do_terminate();
+    free_owned_buffer();
+  }
+  lk.lock();
+  busy_ = false;
+  cv_.notify_all();
+  return 0;
+}
+
+void Transport::fail(int err, const std::string &why) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (state_ != LIBD_STATE_READY) return;
+  error_code_ = err;
+  error_msg_ = why;
+  transition_locked(LIBD_STATE_ERROR);
+}
+
+std::string Transport::error_message() {
+  std::lock_guard<std::mutex> lk(mu_);
+  return error_msg_;
+}
+
+void Transport::set_message(std::string msg) {
+  std::lock_guard<std::mutex> lk(mu_);
+  message_ = std::move(msg);
+  seq_++;
+  cv_.notify_all();
+}
+
+int Transport::message(std::string *out) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (message_.empty()) return set_error(-ENODATA, "transport " + quote(name_) + " has no message yet");
+  *out = message_;
+  return 0;
+}
+
+int Transport::set(const std::string &key, const std::string &value) {
+  (void)value;
+  return set_error(-EOPNOTSUPP, "transport " + quote(name_) + " (" + impl_->name +
+                                    ") has no control knob " + quote(key));
+}
+
+void Transport::set_remote(uint64_t base, uint64_t length, unsigned rights) {
+  std::lock_guard<std::mutex> lk(mu_);
+  remote_base_ = base;
+  remote_len_ = length;
+  remote_rights_ = rights;
+}
+
+int Transport::remote(uint64_t *size, unsigned *rights) {
+  if (int rc = ensure_ready(op_deadline())) return rc;
+  std::lock_guard<std::mutex> lk(mu_);
+  if (size) *size = remote_base_ + remote_len_;
+  if (rights) *rights = remote_rights_;
+  return 0;
+}
+
+// ---- local buffer ----
+
+void Transport::free_owned_buffer() {
+  if (lowned_ && lbuf_) munmap(lbuf_, lsize_);
+  lbuf_ = nullptr;
+  lsize_ = 0;
+  lowned_ = false;
+}
+
+int Transport::reg(size_t size, void **buf) {
+  if (!buf) return set_error(-EINVAL, "reg: buf must point to a pointer (NULL to allocate)");
+  if (size == 0) return set_error(-EINVAL, "reg: size must be > 0");
+  if (kind() != LIBD_KIND_RDMA) return unsupported("reg");
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (state_ == LIBD_STATE_TERMINATED) return set_error(-ESHUTDOWN, "transport " + quote(name_) + " is terminated");
+  }
+  std::unique_lock<std::shared_mutex> io(io_mu_);
+  if (inflight_.load() > 0)
+    return set_error(-EBUSY, "reg: transport " + quote(name_) + " has operations in flight");
+  if (*buf && *buf == lbuf_ && size == lsize_) return 0;  // the same registration again: free
+  char *mem = static_cast<char *>(*buf);
+  bool owned = false;
+  if (!mem) {
+    void *p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+      return set_error(-ENOMEM, "reg: cannot allocate " + std::to_string(size) + " bytes: " + strerror(errno));
+    mem = static_cast<char *>(p);
+    owned = true;
+  }
+  if (int rc = do_register(mem, size)) {
+    if (owned) munmap(mem, size);
+    return rc;
+  }
+  free_owned_buffer();
+  lbuf_ = mem;
+  lsize_ = size;
+  lowned_ = owned;
+  *buf = mem;
+  return 0;
+}
+
+int Transport::check_local(const std::vector<Segment> &segs) {
+  if (!lbuf_)
+    return set_error(-ENOBUFS, "transport " + quote(name_) + ": no local buffer registered; call reg() first");
+  for (const auto &s : segs) {
+    uintptr_t lo = uintptr_t(lbuf_), hi = lo + lsize_, p = uintptr_t(s.buf);
+    if (p < lo || p > hi || s.size > hi - p)
+      return set_error(-ERANGE, "transport " + quote(name_) + ": local range of " + std::to_string(s.size) +
+                                    " bytes at buffer offset " + std::to_string(int64_t(p - lo)) +
+                                    " is outside the registered buffer of " + std::to_string(lsize_) + " bytes");
+  }
+  return 0;
+}
+
+// ---- operations ----
+
+int Transport::ensure_ready(Deadline deadline) {
+  std::unique_lock<std::mutex> lk(mu_);
+  for (;;) {
+    switch (state_) {
+      case LIBD_STATE_READY: return 0;
+      case LIBD_STATE_TERMINATED:
+        return set_error(-ESHUTDOWN, "transport " + quote(name_) + " is terminated");
+      case LIBD_STATE_ERROR:
+        if (busy_) break;  // a recover is running: wait for its outcome
+        return error_locked();
+      case LIBD_STATE_INITD:
+        if (busy_) break;
+        if (int rc = connect_locked(lk, deadline, false)) return rc;
+        continue;
+      case LIBD_STATE_INIT: break;
+    }
+    if (!cv_.wait_until(lk, deadline.at(), [&] { return !busy_ && state_ != LIBD_STATE_INIT; })) {
+      if (state_ == LIBD_STATE_INIT)
+        return set_error(-ETIMEDOUT, "transport " + quote(name_) + " was not configured within " +
+                                         std::to_string(timeout_ms_) + " ms");
+      return set_error(-ETIMEDOUT, "transport " + quote(name_) + " did not become READY within " +
+                                       std::to_string(timeout_ms_) + " ms");
+    }
+  }
+}
+
+int Transport::submit(OpKind kind, std::vector<Segment> segs, std::shared_ptr<Op> *out) {
+  if (this->kind() != LIBD_KIND_RDMA) return unsupported(kind == OpKind::Read ? "read" : "write");
+  if (segs.empty()) return set_error(-EINVAL, "no segments");
+  Deadline deadline = op_deadline();
+  {
+    std::shared_lock<std::shared_mutex> io(io_mu_);
+    if (int rc = check_local(segs)) return rc;
+  }
+  if (int rc = ensure_ready(deadline)) return rc;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    unsigned need = kind == OpKind::Read ? LIBD_RIGHT_READ : LIBD_RIGHT_WRITE;
+    if (!(remote_rights_ & need))
+      return set_error(-EACCES, "transport " + quote(name_) + ": the grant does not allow " +
+                                    (kind == OpKind::Read ? "reads" : "writes"));
+    uint64_t lo = remote_base_, hi = remote_base_ + remote_len_;
+    for (const auto &s : segs)
+      if (s.raddr < lo || s.raddr > hi || s.size > hi - s.raddr)
+        return set_error(-ERANGE, "transport " + quote(name_) + ": remote range [" + std::to_string(s.raddr) +
+                                      ", +" + std::to_string(s.size) + ") is outside the granted [" +
+                                      std::to_string(lo) + ", " + std::to_string(hi) + ")");
+  }
+  auto op = std::make_shared<Op>(kind, std::move(segs), deadline, stats_);
+  std::shared_lock<std::shared_mutex> io(io_mu_);
+  if (int rc = check_local(op->segments())) return rc;  // re-registered meanwhile
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (state_ != LIBD_STATE_READY)
+      return state_ == LIBD_STATE_TERMINATED ? set_error(-ESHUTDOWN, "transport " + quote(name_) + " is terminated")
+                                             : error_locked();
+  }
+  inflight_.fetch_add(1);
+  op->set_on_done([this] { inflight_.fetch_sub(1); });
+  if (op->bytes() == 0) {
+    op->complete(0);
+  } else if (int rc = do_post(op)) {
+    std::string why = last_error();
+    op->complete(rc);
+    return set_error(rc, why);
+  }
+  *out = std::move(op);
+  return 0;
+}
+
+int Transport::run(OpKind kind, std::vector<Segment> segs) {
+  std::shared_ptr<Op> op;
+  if (int rc = submit(kind, std::move(segs), &op)) return rc;
+  // The engine enforces the deadline; the grace covers its timer's granularity.
+  int rc = op->wait_until(op->deadline().at() + std::chrono::milliseconds(500));
+  if (rc == -ETIMEDOUT && !op->done()) {
+    op->cancel();
+    fail(-ETIMEDOUT, "operation did not complete within the deadline");
+    return set_error(-ETIMEDOUT, "transport " + quote(name_) + ": operation timed out after " +
+                                     std::to_string(timeout_ms_) + " ms");
+  }
+  rc = op->status();
+  if (rc) {
+    std::string why = op->message();
+    if (why.empty()) why = error_message();
+    return set_error(rc, "transport " + quote(name_) + ": " + (why.empty() ? libd_strerror(rc) : why));
+  }
+  return 0;
+}
+
+int Transport::serve_blocking() {
+  if (int rc = serve()) return rc;
+  std::unique_lock<std::mutex> lk(mu_);
+  cv_.wait(lk, [&] { return state_ == LIBD_STATE_TERMINATED || state_ == LIBD_STATE_INITD; });
+  return 0;
+}
+
+}  // namespace libd

@@ -1,0 +1,153 @@
+// The transport base: identity, the state machine (INIT -> INITD -> READY, ERROR, TERMINATED),
+// local buffer registration, bounds and rights checks, deadlines and counters. Implementations
+// (local, shm, tcp, fake, verbs, servers) override the do_* hooks; every hook they leave out
+// answers -EOPNOTSUPP instead of crashing.
+#pragma once
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+#include <vector>
+
+#include "core/clock.h"
+#include "core/op.h"
+#include "core/params.h"
+#include "core/stats.h"
+#include "libd.h"
+
+struct libd_transport {
+  virtual ~libd_transport() = default;
+};
+
+namespace libd {
+
+class Transport;
+
+struct ImplInfo {
+  const char *name;                  // canonical, Scad's: "rdma_tcp"
+  std::vector<std::string> aliases;  // short: "tcp"
+  int kind;                          // LIBD_KIND_*
+  std::unique_ptr<Transport> (*make)();
+};
+
+struct TransportSetup {
+  std::string name;
+  const ImplInfo *impl;
+  Params params;  // action options overlaid by the durl's pairs
+  std::string aid;
+};
+
+class Transport : public libd_transport {
+ public:
+  Transport() = default;
+  ~Transport() override;
+  Transport(const Transport &) = delete;
+  Transport &operator=(const Transport &) = delete;
+
+  // Called once by the action right after construction; runs init() if the durl already carries
+  // a complete configuration.
+  int setup(TransportSetup s);
+
+  const std::string &name() const { return name_; }
+  const char *impl_name() const { return impl_->name; }
+  int kind() const { return impl_->kind; }
+  const std::string &aid() const { return aid_; }
+
+  // ---- state machine ----
+  int state();
+  int wait_state(unsigned mask, int timeout_ms);
+  int wait_change(uint64_t *seq, int timeout_ms);
+  int init();
+  int connect();
+  int recover();
+  int terminate();
+  int configure(const Params &extra);
+  std::string error_message();
+  int message(std::string *out);
+  virtual int set(const std::string &key, const std::string &value);
+  void stats(libd_stats *out) const { stats_->snapshot(out); }
+  int64_t timeout_ms() const { return timeout_ms_; }
+
+  // ---- rdma (client) ----
+  int reg(size_t size, void **buf);
+  int remote(uint64_t *size, unsigned *rights);
+  // Validates, waits for READY (up to the deadline) and posts. *out is the running operation.
+  int submit(OpKind kind, std::vector<Segment> segs, std::shared_ptr<Op> *out);
+  // submit + wait; never longer than the deadline plus a grace period.
+  int run(OpKind kind, std::vector<Segment> segs);
+
+  // ---- rdma_server ----
+  virtual int serve() { return unsupported("serve"); }
+  virtual int stop() { return unsupported("stop"); }
+  virtual int grant(const std::string &client, uint64_t offset, uint64_t length, unsigned rights,
+                    std::string *config) {
+    (void)client, (void)offset, (void)length, (void)rights, (void)config;
+    return unsupported("grant");
+  }
+  virtual int revoke(const std::string &grant_id) { (void)grant_id; return unsupported("revoke"); }
+  int serve_blocking();
+
+ protected:
+  // Hooks. do_init validates params_ (held stable while it runs). do_connect establishes the
+  // connection before `deadline` and calls set_remote(). do_disconnect tears it down and must
+  // complete every pending operation. do_post starts an operation (already validated) and
+  // completes it now or later; it runs under a shared I/O lock that do_disconnect excludes.
+  virtual int do_init() { return 0; }
+  virtual bool configured() const { return true; }  // enough params to init without config?
+  virtual int do_connect(Deadline deadline) { (void)deadline; return unsupported("connect"); }
+  virtual void do_disconnect() {}
+  virtual int do_post(const std::shared_ptr<Op> &op) { (void)op; return unsupported("read/write"); }
+  virtual int do_register(char *buf, size_t size) { (void)buf, (void)size; return 0; }
+  virtual void do_terminate() {}  // servers stop here
+
+  // For implementations: a failure found at run time (peer gone, protocol error).
+  void fail(int err, const std::string &why);
+  void set_message(std::string msg);
+  void set_remote(uint64_t base, uint64_t length, unsigned rights);
+  int unsupported(const char *what);
+  // The deadline a new operation or connect gets.
+  Deadline op_deadline() const { return Deadline::after_ms(timeout_ms_); }
+
+  Params params_;
+  std::string aid_;
+
+ private:
+  void transition_locked(int to);
+  int ensure_ready(Deadline deadline);
+  int connect_locked(std::unique_lock<std::mutex> &lk, Deadline deadline, bool recovering);
+  int error_locked();
+  int check_local(const std::vector<Segment> &segs);
+  void free_owned_buffer();
+
+  std::string name_;
+  const ImplInfo *impl_ = nullptr;
+  int64_t timeout_ms_ = 10000;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int state_ = LIBD_STATE_INIT;
+  uint64_t seq_ = 0;
+  bool busy_ = false;  // a thread is connecting / recovering / terminating
+  int error_code_ = 0;
+  std::string error_msg_;
+  std::string message_;
+
+  // Remote grant, set at connect.
+  uint64_t remote_base_ = 0, remote_len_ = 0;
+  unsigned remote_rights_ = 0;
+
+  // Local buffer.
+  std::shared_mutex io_mu_;
+  char *lbuf_ = nullptr;
+  size_t lsize_ = 0;
+  bool lowned_ = false;
+  std::atomic<int> inflight_{0};
+
+  std::shared_ptr<Stats> stats_ = std::make_shared<Stats>();
+};
+
+inline Transport *from_handle(libd_transport *t) { return static_cast<Transport *>(t); }
+
+}  // namespace libd

@@ -1,0 +1,47 @@
+// A libuv loop on its own thread. Other threads hand it work with post(); run_sync() also waits
+// for the work to finish. Clients share one loop per process (IoLoop::shared()); each memory
+// server runs its own.
+#pragma once
+#include <uv.h>
+
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace libd {
+
+class IoLoop {
+ public:
+  IoLoop();
+  ~IoLoop();
+  IoLoop(const IoLoop &) = delete;
+  IoLoop &operator=(const IoLoop &) = delete;
+
+  static IoLoop &shared();
+
+  uv_loop_t *loop() { return &loop_; }
+  bool on_loop_thread() const { return std::this_thread::get_id() == thread_.get_id(); }
+  void post(std::function<void()> fn);
+  // Runs fn on the loop and waits for it (inline when already on the loop thread).
+  void run_sync(const std::function<void()> &fn);
+
+ private:
+  void drain();
+
+  uv_loop_t loop_;
+  uv_async_t wake_;
+  std::thread thread_;
+  std::mutex mu_;
+  std::vector<std::function<void()>> queue_;
+  bool stopping_ = false;
+};
+
+// Closes a libuv handle and deletes its owner afterwards (handle->data must be the owner).
+template <typename Owner>
+void close_and_delete(uv_handle_t *h) {
+  if (uv_is_closing(h)) return;
+  uv_close(h, [](uv_handle_t *hh) { delete static_cast<Owner *>(hh->data); });
+}
+
+}  // namespace libd

@@ -1,0 +1,136 @@
+#include "proto/auth.h"
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <sys/random.h>
+
+#include <cerrno>
+#include <random>
+
+namespace libd::proto {
+namespace {
+
+void put(std::string *s, uint64_t v, int n) {
+  for (int i = 0; i < n; i++) s->push_back(char(v >> (8 * i)));
+}
+uint64_t get(const char *p, int n) {
+  uint64_t v = 0;
+  for (int i = 0; i < n; i++) v |= uint64_t(uint8_t(p[i])) << (8 * i);
+  return v;
+}
+
+}  // namespace
+
+std::string encode_auth(const AuthBody &a) {
+  std::string s;
+  put(&s, a.grant_id.size(), 2);
+  s += a.grant_id;
+  put(&s, a.client_id.size(), 2);
+  s += a.client_id;
+  s += a.mac;
+  return s;
+}
+
+int decode_auth(const char *p, size_t n, AuthBody *out, std::string *why) {
+  size_t i = 0;
+  std::string fields[2];
+  for (auto &f : fields) {
+    if (n - i < 2) { *why = "AUTH body truncated"; return -EPROTO; }
+    size_t len = size_t(get(p + i, 2));
+    i += 2;
+    if (len == 0 || len > 256 || n - i < len) { *why = "AUTH body: bad field length"; return -EPROTO; }
+    f.assign(p + i, len);
+    i += len;
+  }
+  if (n - i != kMacSize) { *why = "AUTH body: bad mac length"; return -EPROTO; }
+  out->grant_id = fields[0];
+  out->client_id = fields[1];
+  out->mac.assign(p + i, kMacSize);
+  return 0;
+}
+
+std::string encode_grant(const GrantBody &g) {
+  std::string s;
+  put(&s, g.element_size, 8);
+  put(&s, g.offset, 8);
+  put(&s, g.length, 8);
+  put(&s, g.rights, 4);
+  return s;
+}
+
+int decode_grant(const char *p, size_t n, GrantBody *out, std::string *why) {
+  if (n != kGrantBodySize) { *why = "AUTH_OK body of wrong size"; return -EPROTO; }
+  out->element_size = get(p, 8);
+  out->offset = get(p + 8, 8);
+  out->length = get(p + 16, 8);
+  out->rights = uint32_t(get(p + 24, 4));
+  if (out->offset > out->element_size || out->length > out->element_size - out->offset || out->rights > 3) {
+    *why = "AUTH_OK describes an impossible grant";
+    return -EPROTO;
+  }
+  return 0;
+}
+
+std::string compute_mac(const std::string &secret, const std::string &nonce, const std::string &grant_id,
+                        const std::string &client_id) {
+  std::string msg = "scad-auth-v1";
+  msg += nonce;
+  put(&msg, grant_id.size(), 2);
+  msg += grant_id;
+  put(&msg, client_id.size(), 2);
+  msg += client_id;
+  unsigned char out[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  HMAC(EVP_sha256(), secret.data(), int(secret.size()), reinterpret_cast<const unsigned char *>(msg.data()),
+       msg.size(), out, &len);
+  return std::string(reinterpret_cast<char *>(out), len);
+}
+
+bool macs_equal(const std::string &a, const std::string &b) {
+  return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
+}
+
+std::string random_bytes(size_t n) {
+  std::string s(n, '\0');
+  size_t got = 0;
+  while (got < n) {
+    ssize_t r = getrandom(&s[got], n - got, 0);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      // getrandom(2) is in every kernel we support; random_device reads the same CSPRNG.
+      std::random_device rd;
+      for (; got < n; got++) s[got] = char(rd());
+      break;
+    }
+    got += size_t(r);
+  }
+  return s;
+}
+
+std::string to_hex(const std::string &bytes) {
+  static const char hex[] = "0123456789abcdef";
+  std::string s;
+  for (unsigned char c : bytes) { s += hex[c >> 4]; s += hex[c & 15]; }
+  return s;
+}
+
+bool from_hex(const std::string &hex, std::string *bytes) {
+  if (hex.size() % 2) return false;
+  auto val = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  std::string out;
+  for (size_t i = 0; i < hex.size(); i += 2) {
+    int hi = val(hex[i]), lo = val(hex[i + 1]);
+    if (hi < 0 || lo < 0) return false;
+    out += char(hi * 16 + lo);
+  }
+  *bytes = std::move(out);
+  return true;
+}
+
+}  // namespace libd::proto

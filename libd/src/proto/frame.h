@@ -1,0 +1,97 @@
+// The tcp/shm wire protocol, version 1. Every frame starts with a 32-byte little-endian header,
+// encoded and decoded field by field (never a struct cast):
+//
+//   off size field
+//    0   2   magic   0x5344 ("DS" on the wire)
+//    2   1   version 1
+//    3   1   opcode
+//    4   4   status  0 or a negative errno (responses)
+//    8   8   req_id  chosen by the client, echoed by the server
+//   16   8   addr    offset in the memory element (READ/WRITE)
+//   24   8   size    bytes of the operation or of the control payload
+//
+// A payload follows only where payload_length() says: AUTH/CHALLENGE/AUTH_OK bodies, WRITE data,
+// and READ_RESP data when status is 0. Client to server: AUTH, READ, WRITE, PING. Server to
+// client: CHALLENGE, AUTH_OK, READ_RESP, WRITE_RESP, PONG, GOODBYE.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace libd::proto {
+
+constexpr uint16_t kMagic = 0x5344;
+constexpr uint8_t kVersion = 1;
+constexpr size_t kHeaderSize = 32;
+constexpr uint64_t kMaxControlPayload = 4096;
+constexpr uint64_t kMaxDataPayload = 1ull << 40;
+
+enum Opcode : uint8_t {
+  kChallenge = 1,
+  kAuth = 2,
+  kAuthOk = 3,
+  kRead = 4,
+  kReadResp = 5,
+  kWrite = 6,
+  kWriteResp = 7,
+  kPing = 8,
+  kPong = 9,
+  kGoodbye = 10,
+};
+
+struct Header {
+  uint8_t opcode = 0;
+  int32_t status = 0;
+  uint64_t req_id = 0;
+  uint64_t addr = 0;
+  uint64_t size = 0;
+};
+
+void encode_header(const Header &h, char out[kHeaderSize]);
+// 0, or -EPROTO with *why (bad magic, version, opcode, or a size over the limits).
+int decode_header(const char in[kHeaderSize], Header *out, std::string *why);
+uint64_t payload_length(const Header &h);
+const char *opcode_name(uint8_t op);
+
+// Consumes a byte stream and cuts it into frames. The owner says where each payload goes, so
+// large payloads land directly in their final buffer (zero copy when the owner reads into
+// direct_target()).
+class FrameReader {
+ public:
+  struct Handler {
+    virtual ~Handler() = default;
+    // A header arrived. Set *dest to where its payload_length(h) bytes go, or nullptr to drop
+    // them. Non-zero aborts the stream (protocol error).
+    virtual int on_header(const Header &h, char **dest) = 0;
+    // The frame (header and payload) is complete.
+    virtual int on_frame(const Header &h) = 0;
+  };
+
+  explicit FrameReader(Handler *h) : handler_(h) {}
+
+  // Feeds bytes; 0 or the handler's / the decoder's error. *why says what was wrong.
+  int feed(const char *data, size_t n, std::string *why);
+  // While a payload of at least `min` bytes is still due into a real destination, where the next
+  // bytes should be read to; the caller then reports them with advance_direct().
+  bool direct_target(size_t min, char **ptr, size_t *len) const;
+  int advance_direct(size_t n, std::string *why);
+  // Drops the rest of the current payload instead of writing it (the operation was cancelled).
+  void discard_current() { dest_ = nullptr; }
+  bool in_payload() const { return in_payload_; }
+  const Header &current() const { return cur_; }
+
+ private:
+  int finish_payload(std::string *why);
+
+  Handler *handler_;
+  char hdr_[kHeaderSize];
+  size_t hdr_have_ = 0;
+  bool in_payload_ = false;
+  Header cur_;
+  char *dest_ = nullptr;
+  uint64_t left_ = 0;  // payload bytes still due
+  uint64_t done_ = 0;  // payload bytes received
+};
+
+}  // namespace libd::proto

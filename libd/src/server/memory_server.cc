@@ -1,0 +1,546 @@
+#include "server/memory_server.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <vector>
+
+#include "core/error.h"
+#include "libd.h"
+#include "proto/auth.h"
+#include "proto/frame.h"
+
+namespace libd {
+
+using namespace proto;
+
+namespace {
+constexpr size_t kStagingSize = 64 * 1024;
+constexpr size_t kDirectMin = 16 * 1024;              // payloads this large skip the staging copy
+constexpr size_t kPauseReadingAt = 64ull << 20;       // queued response bytes before we stop reading
+constexpr size_t kResumeReadingAt = 16ull << 20;
+constexpr uint64_t kAuthTimeoutMs = 10000;            // a silent client is dropped after this
+}  // namespace
+
+Element::~Element() {
+  if (base) munmap(base, size);
+  if (memfd >= 0) close(memfd);
+}
+
+// ---- one connection ----------------------------------------------------------------------
+
+class MemoryServer::Conn : public FrameReader::Handler {
+ public:
+  Conn(MemoryServer *srv, bool is_unix) : srv_(srv), unix_(is_unix), reader_(this) {
+    if (unix_) {
+      uv_pipe_init(srv->loop_.loop(), &h_.pipe, 0);
+    } else {
+      uv_tcp_init(srv->loop_.loop(), &h_.tcp);
+    }
+    h_.handle.data = this;
+    uv_timer_init(srv->loop_.loop(), &auth_timer_);
+    auth_timer_.data = this;
+    srv_->conns_.insert(this);
+    srv_->nconns_++;
+  }
+
+  uv_stream_t *stream() { return &h_.stream; }
+  const std::string &grant_id() const { return grant_.id; }
+  const std::string &element() const { return grant_.element; }
+  bool authed() const { return authed_; }
+
+  void start() {
+    if (!unix_) {
+      uv_tcp_nodelay(&h_.tcp, 1);
+      uv_tcp_keepalive(&h_.tcp, 1, 10);
+    }
+    nonce_ = random_bytes(kNonceSize);
+    Header h;
+    h.opcode = kChallenge;
+    h.size = nonce_.size();
+    send_frame(h, nonce_);
+    uv_timer_start(&auth_timer_, [](uv_timer_t *t) {
+      auto *c = static_cast<Conn *>(t->data);
+      if (!c->authed_) c->close();
+    }, kAuthTimeoutMs, 0);
+    uv_read_start(stream(), on_alloc, on_read);
+  }
+
+  // Idempotent; the object deletes itself once both handles are closed.
+  void close() {
+    if (closing_) return;
+    closing_ = true;
+    srv_->conns_.erase(this);
+    srv_->nconns_--;
+    uv_timer_stop(&auth_timer_);
+    pending_closes_ = 2;
+    auto done = [](uv_handle_t *h) {
+      auto *c = static_cast<Conn *>(h->data);
+      if (--c->pending_closes_ == 0) delete c;
+    };
+    uv_close(reinterpret_cast<uv_handle_t *>(&auth_timer_), done);
+    uv_close(&h_.handle, done);
+  }
+
+  // ---- FrameReader::Handler ----
+  int on_header(const Header &h, char **dest) override {
+    switch (h.opcode) {
+      case kAuth:
+        if (authed_ || got_auth_) return -EPROTO;
+        got_auth_ = true;
+        ctl_.assign(size_t(h.size), '\0');
+        *dest = ctl_.data();
+        return 0;
+      case kRead:
+      case kPing:
+        return (authed_ && !unix_) ? 0 : -EPROTO;
+      case kWrite: {
+        if (!authed_ || unix_) return -EPROTO;
+        write_status_ = check(h, LIBD_RIGHT_WRITE);
+        *dest = write_status_ == 0 ? element_->base + h.addr : nullptr;  // refused: drained
+        return 0;
+      }
+      default:
+        return -EPROTO;
+    }
+  }
+
+  int on_frame(const Header &h) override {
+    Header r;
+    r.req_id = h.req_id;
+    switch (h.opcode) {
+      case kAuth: return on_auth();
+      case kPing:
+        r.opcode = kPong;
+        send_frame(r, {});
+        return 0;
+      case kWrite:
+        r.opcode = kWriteResp;
+        r.status = write_status_;
+        r.size = h.size;
+        send_frame(r, {});
+        return 0;
+      case kRead: {
+        r.opcode = kReadResp;
+        r.status = check(h, LIBD_RIGHT_READ);
+        r.size = h.size;
+        send_data(r, r.status == 0 ? element_->base + h.addr : nullptr);
+        return 0;
+      }
+      default:
+        return -EPROTO;
+    }
+  }
+
+ private:
+  union Handle {
+    uv_handle_t handle;
+    uv_stream_t stream;
+    uv_tcp_t tcp;
+    uv_pipe_t pipe;
+  };
+
+  struct WriteReq {
+    uv_write_t req;
+    char hdr[kHeaderSize];
+    std::string body;
+    std::shared_ptr<Element> element;  // keeps READ data mapped until sent
+    Conn *conn;
+  };
+
+  int check(const Header &h, unsigned need) const {
+    if (!(grant_.rights & need)) return -EACCES;
+    if (h.addr < grant_.offset || h.size > grant_.offset + grant_.length - h.addr ||
+        h.addr > grant_.offset + grant_.length)
+      return -ERANGE;
+    return 0;
+  }
+
+  int on_auth() {
+    AuthBody a;
+    std::string why;
+    Header r;
+    r.opcode = kAuthOk;
+    Grant g;
+    if (decode_auth(ctl_.data(), ctl_.size(), &a, &why)) return -EPROTO;
+    if (!srv_->find_grant(a.grant_id, &g) || (g.client != "*" && g.client != a.client_id) ||
+        !macs_equal(a.mac, compute_mac(g.secret, nonce_, a.grant_id, a.client_id))) {
+      r.status = -EACCES;  // one answer for every reason: no oracle for grant ids
+      send_frame(r, {});
+      close_after_writes_ = true;
+      return 0;
+    }
+    element_ = srv_->find_element(g.element);
+    if (!element_) {
+      r.status = -ENOENT;
+      send_frame(r, {});
+      close_after_writes_ = true;
+      return 0;
+    }
+    grant_ = g;
+    authed_ = true;
+    uv_timer_stop(&auth_timer_);
+    GrantBody body{element_->size, g.offset, g.length, g.rights};
+    std::string payload = encode_grant(body);
+    r.size = payload.size();
+    if (unix_) return send_fd(r, payload);
+    send_frame(r, payload);
+    return 0;
+  }
+
+  // Control frames on a unix socket are sent with plain send(): they are small, the socket is
+  // fresh, and the memfd must ride along with SCM_RIGHTS, which libuv streams cannot carry.
+  int send_raw(const Header &h, const std::string &body, int fd_to_pass) {
+    char buf[kHeaderSize + kMaxControlPayload];
+    encode_header(h, buf);
+    std::memcpy(buf + kHeaderSize, body.data(), body.size());
+    struct iovec iov = {buf, kHeaderSize + body.size()};
+    struct msghdr msg = {};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    alignas(struct cmsghdr) char cbuf[CMSG_SPACE(sizeof(int))];
+    if (fd_to_pass >= 0) {
+      msg.msg_control = cbuf;
+      msg.msg_controllen = sizeof cbuf;
+      struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+      c->cmsg_level = SOL_SOCKET;
+      c->cmsg_type = SCM_RIGHTS;
+      c->cmsg_len = CMSG_LEN(sizeof(int));
+      std::memcpy(CMSG_DATA(c), &fd_to_pass, sizeof(int));
+    }
+    uv_os_fd_t fd;
+    uv_fileno(&h_.handle, &fd);
+    ssize_t n = sendmsg(fd, &msg, MSG_NOSIGNAL);
+    if (n != ssize_t(iov.iov_len)) {
+      close();
+      return 0;
+    }
+    return 0;
+  }
+
+  int send_fd(const Header &h, const std::string &body) {
+    // A read-only grant gets a read-only file description: mmap(PROT_WRITE, MAP_SHARED) on it
+    // fails in the client's kernel, whatever the client's code does.
+    int fd = element_->memfd;
+    int ro = -1;
+    if (!(grant_.rights & LIBD_RIGHT_WRITE)) {
+      std::string path = "/proc/self/fd/" + std::to_string(element_->memfd);
+      ro = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+      if (ro < 0) { close(); return 0; }
+      fd = ro;
+    }
+    send_raw(h, body, fd);
+    if (ro >= 0) ::close(ro);
+    return 0;
+  }
+
+  void send_frame(const Header &h, const std::string &body) {
+    if (closing_) return;
+    if (unix_) { send_raw(h, body, -1); return; }
+    auto *w = new WriteReq();
+    w->conn = this;
+    encode_header(h, w->hdr);
+    w->body = body;
+    uv_buf_t bufs[2] = {uv_buf_init(w->hdr, kHeaderSize), uv_buf_init(w->body.data(), unsigned(w->body.size()))};
+    submit(w, bufs, body.empty() ? 1 : 2);
+  }
+
+  void send_data(const Header &h, char *data) {
+    if (closing_) return;
+    auto *w = new WriteReq();
+    w->conn = this;
+    encode_header(h, w->hdr);
+    uv_buf_t bufs[2] = {uv_buf_init(w->hdr, kHeaderSize), uv_buf_t{}};
+    int n = 1;
+    if (data && h.size) {
+      w->element = element_;
+      bufs[1].base = data;
+      bufs[1].len = size_t(h.size);
+      n = 2;
+    }
+    submit(w, bufs, n);
+  }
+
+  void submit(WriteReq *w, uv_buf_t *bufs, int n) {
+    w->req.data = w;
+    writes_++;
+    int rc = uv_write(&w->req, stream(), bufs, unsigned(n), [](uv_write_t *req, int status) {
+      auto *w = static_cast<WriteReq *>(req->data);
+      Conn *c = w->conn;
+      delete w;
+      c->writes_--;
+      if (status < 0) { c->close(); return; }
+      if (c->close_after_writes_ && c->writes_ == 0) { c->close(); return; }
+      if (c->paused_ && uv_stream_get_write_queue_size(c->stream()) < kResumeReadingAt && !c->closing_) {
+        c->paused_ = false;
+        uv_read_start(c->stream(), on_alloc, on_read);
+      }
+    });
+    if (rc < 0) {
+      writes_--;
+      delete w;
+      close();
+      return;
+    }
+    // A client that asks faster than it reads stops being read: its queue cannot grow forever.
+    if (!paused_ && uv_stream_get_write_queue_size(stream()) > kPauseReadingAt) {
+      paused_ = true;
+      uv_read_stop(stream());
+    }
+  }
+
+  static void on_alloc(uv_handle_t *h, size_t, uv_buf_t *buf) {
+    auto *c = static_cast<Conn *>(h->data);
+    char *p;
+    size_t len;
+    if (c->reader_.direct_target(kDirectMin, &p, &len)) {
+      buf->base = p;
+      buf->len = len;
+    } else {
+      buf->base = c->staging_;
+      buf->len = kStagingSize;
+    }
+  }
+
+  static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
+    auto *c = static_cast<Conn *>(s->data);
+    if (n < 0) { c->close(); return; }
+    if (n == 0 || c->closing_ || c->close_after_writes_) return;
+    std::string why;
+    int rc = buf->base == c->staging_ ? c->reader_.feed(buf->base, size_t(n), &why)
+                                      : c->reader_.advance_direct(size_t(n), &why);
+    if (rc) c->close();  // a protocol violation ends this connection only
+  }
+
+  MemoryServer *srv_;
+  bool unix_;
+  Handle h_;
+  uv_timer_t auth_timer_;
+  FrameReader reader_;
+  std::string nonce_;
+  std::string ctl_;
+  bool got_auth_ = false, authed_ = false, closing_ = false, paused_ = false, close_after_writes_ = false;
+  int pending_closes_ = 0;
+  int writes_ = 0;
+  int write_status_ = 0;
+  Grant grant_;
+  std::shared_ptr<Element> element_;
+  char staging_[kStagingSize];
+};
+
+// ---- the server --------------------------------------------------------------------------
+
+MemoryServer::MemoryServer() = default;
+
+MemoryServer::~MemoryServer() { stop(); }
+
+int MemoryServer::add_element(const std::string &name, uint64_t size) {
+  if (name.empty() || name.size() > 128) return set_error(-EINVAL, "element name must be 1..128 bytes");
+  if (size == 0) return set_error(-EINVAL, "element '" + name + "': size must be > 0");
+  std::lock_guard<std::mutex> lk(mu_);
+  if (elements_.count(name)) return set_error(-EEXIST, "element '" + name + "' already exists");
+  uint64_t used = 0;
+  for (auto &[n, e] : elements_) used += e->size;
+  if (size > capacity_ - used)
+    return set_error(-ENOSPC, "element '" + name + "' of " + std::to_string(size) + " bytes does not fit: " +
+                                  std::to_string(capacity_ - used) + " bytes left of " + std::to_string(capacity_));
+  auto e = std::make_shared<Element>();
+  e->name = name;
+  e->size = size;
+  e->memfd = memfd_create(("scad-" + name).c_str(), MFD_CLOEXEC);
+  if (e->memfd < 0) return set_error(-errno, std::string("memfd_create: ") + strerror(errno));
+  if (ftruncate(e->memfd, off_t(size)) != 0)
+    return set_error(-ENOMEM, "element '" + name + "': cannot size memfd: " + strerror(errno));
+  void *p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, e->memfd, 0);
+  if (p == MAP_FAILED) return set_error(-ENOMEM, "element '" + name + "': mmap: " + strerror(errno));
+  e->base = static_cast<char *>(p);
+  elements_[name] = e;
+  return 0;
+}
+
+int MemoryServer::remove_element(const std::string &name) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!elements_.erase(name)) return set_error(-ENOENT, "no element '" + name + "'");
+    for (auto it = grants_.begin(); it != grants_.end();)
+      it = it->second.element == name ? grants_.erase(it) : std::next(it);
+  }
+  close_conns_where([&](Conn *c) { return c->element() == name; });
+  return 0;
+}
+
+uint64_t MemoryServer::used_bytes() {
+  std::lock_guard<std::mutex> lk(mu_);
+  uint64_t used = 0;
+  for (auto &[n, e] : elements_) used += e->size;
+  return used;
+}
+
+int MemoryServer::grant(Grant *g) {
+  if (g->client.empty()) return set_error(-EINVAL, "grant: client must be an action id or '*'");
+  if (g->rights == 0 || g->rights > 3) return set_error(-EINVAL, "grant: rights must be read, write or both");
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = elements_.find(g->element);
+  if (it == elements_.end()) return set_error(-ENOENT, "grant: no element '" + g->element + "'");
+  uint64_t size = it->second->size;
+  if (g->length == 0 && g->offset <= size) g->length = size - g->offset;  // to the end
+  if (g->offset > size || g->length > size - g->offset)
+    return set_error(-ERANGE, "grant: range [" + std::to_string(g->offset) + ", +" + std::to_string(g->length) +
+                                  ") is outside element '" + g->element + "' of " + std::to_string(size) + " bytes");
+  if (g->id.empty()) g->id = "g" + to_hex(random_bytes(8));
+  if (g->secret.empty()) g->secret = to_hex(random_bytes(32));
+  for (char c : g->id)
+    if (!isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_')
+      return set_error(-EINVAL, "grant id may hold letters, digits, '-' and '_' only");
+  if (g->id.size() > 64 || g->secret.size() < 32 || g->secret.size() > 256)
+    return set_error(-EINVAL, "grant: id up to 64 bytes, secret 32..256 bytes");
+  grants_[g->id] = *g;
+  return 0;
+}
+
+int MemoryServer::revoke(const std::string &grant_id) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!grants_.erase(grant_id)) return set_error(-ENOENT, "no grant '" + grant_id + "'");
+  }
+  close_conns_where([&](Conn *c) { return c->grant_id() == grant_id; });
+  return 0;
+}
+
+void MemoryServer::close_conns_where(const std::function<bool(Conn *)> &pred) {
+  loop_.run_sync([&] {
+    std::vector<Conn *> victims;
+    for (Conn *c : conns_)
+      if (c->authed() && pred(c)) victims.push_back(c);
+    for (Conn *c : victims) c->close();
+  });
+}
+
+std::shared_ptr<Element> MemoryServer::find_element(const std::string &name) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = elements_.find(name);
+  return it == elements_.end() ? nullptr : it->second;
+}
+
+bool MemoryServer::find_grant(const std::string &id, Grant *out) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = grants_.find(id);
+  if (it == grants_.end()) return false;
+  *out = it->second;
+  return true;
+}
+
+size_t MemoryServer::connections() { return nconns_.load(); }
+
+int MemoryServer::listen_tcp(const std::string &host, uint16_t port, uint16_t *bound) {
+  int rc = 0;
+  std::string why;
+  loop_.run_sync([&] {
+    if (tcp_listener_) { rc = -EALREADY; why = "already listening on tcp"; return; }
+    struct sockaddr_storage addr;
+    if (uv_ip4_addr(host.c_str(), port, reinterpret_cast<sockaddr_in *>(&addr)) != 0 &&
+        uv_ip6_addr(host.c_str(), port, reinterpret_cast<sockaddr_in6 *>(&addr)) != 0) {
+      rc = -EINVAL;
+      why = "'" + host + "' is not an IPv4 or IPv6 address";
+      return;
+    }
+    auto *l = new uv_tcp_t;
+    uv_tcp_init(loop_.loop(), l);
+    l->data = this;
+    if ((rc = uv_tcp_bind(l, reinterpret_cast<sockaddr *>(&addr), 0)) == 0)
+      rc = uv_listen(reinterpret_cast<uv_stream_t *>(l), 128, [](uv_stream_t *ls, int status) {
+        if (status < 0) return;
+        auto *srv = static_cast<MemoryServer *>(ls->data);
+        auto *c = new Conn(srv, false);
+        if (uv_accept(ls, c->stream()) == 0) c->start();
+        else c->close();
+      });
+    if (rc < 0) {
+      why = "cannot listen on " + host + ":" + std::to_string(port) + ": " + uv_strerror(rc);
+      uv_close(reinterpret_cast<uv_handle_t *>(l), [](uv_handle_t *h) { delete reinterpret_cast<uv_tcp_t *>(h); });
+      return;
+    }
+    struct sockaddr_storage name;
+    int len = sizeof name;
+    uv_tcp_getsockname(l, reinterpret_cast<sockaddr *>(&name), &len);
+    tcp_port_ = ntohs(name.ss_family == AF_INET ? reinterpret_cast<sockaddr_in *>(&name)->sin_port
+                                                : reinterpret_cast<sockaddr_in6 *>(&name)->sin6_port);
+    tcp_host_ = host;
+    tcp_listener_ = l;
+  });
+  if (rc) return set_error(rc, why);
+  if (bound) *bound = tcp_port_;
+  return 0;
+}
+
+int MemoryServer::listen_unix(const std::string &path) {
+  if (path.empty() || path.size() >= sizeof(sockaddr_un::sun_path))
+    return set_error(-EINVAL, "unix socket path must be 1.." + std::to_string(sizeof(sockaddr_un::sun_path) - 1) + " bytes");
+  struct stat st;
+  if (lstat(path.c_str(), &st) == 0) {
+    if (!S_ISSOCK(st.st_mode)) return set_error(-EEXIST, "'" + path + "' exists and is not a socket");
+    unlink(path.c_str());  // a stale socket from a previous server
+  }
+  int rc = 0;
+  std::string why;
+  loop_.run_sync([&] {
+    if (unix_listener_) { rc = -EALREADY; why = "already listening on a unix socket"; return; }
+    auto *l = new uv_pipe_t;
+    uv_pipe_init(loop_.loop(), l, 0);
+    l->data = this;
+    if ((rc = uv_pipe_bind(l, path.c_str())) == 0) {
+      chmod(path.c_str(), 0660);
+      rc = uv_listen(reinterpret_cast<uv_stream_t *>(l), 128, [](uv_stream_t *ls, int status) {
+        if (status < 0) return;
+        auto *srv = static_cast<MemoryServer *>(ls->data);
+        auto *c = new Conn(srv, true);
+        if (uv_accept(ls, c->stream()) == 0) c->start();
+        else c->close();
+      });
+    }
+    if (rc < 0) {
+      why = "cannot listen on '" + path + "': " + uv_strerror(rc);
+      uv_close(reinterpret_cast<uv_handle_t *>(l), [](uv_handle_t *h) { delete reinterpret_cast<uv_pipe_t *>(h); });
+      return;
+    }
+    unix_listener_ = l;
+    unix_path_ = path;
+  });
+  if (rc) return set_error(rc, why);
+  return 0;
+}
+
+std::string MemoryServer::client_config(const Grant &g) const {
+  std::string s;
+  if (tcp_listener_) s += "host," + tcp_host_ + ";port," + std::to_string(tcp_port_) + ";";
+  if (unix_listener_) s += "path," + unix_path_ + ";";
+  s += "grant," + g.id + ";secret," + g.secret;
+  return s;
+}
+
+void MemoryServer::stop() {
+  loop_.run_sync([&] {
+    if (stopped_) return;
+    stopped_ = true;
+    if (tcp_listener_)
+      uv_close(reinterpret_cast<uv_handle_t *>(tcp_listener_), [](uv_handle_t *h) { delete reinterpret_cast<uv_tcp_t *>(h); });
+    if (unix_listener_)
+      uv_close(reinterpret_cast<uv_handle_t *>(unix_listener_), [](uv_handle_t *h) { delete reinterpret_cast<uv_pipe_t *>(h); });
+    tcp_listener_ = nullptr;
+    unix_listener_ = nullptr;
+    std::vector<Conn *> all(conns_.begin(), conns_.end());
+    for (Conn *c : all) c->close();
+  });
+  if (!unix_path_.empty()) unlink(unix_path_.c_str());
+  unix_path_.clear();
+  // Let the close callbacks run before the loop (a member) is destroyed.
+  loop_.run_sync([] {});
+}
+
+}  // namespace libd

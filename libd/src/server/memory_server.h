@@ -1,0 +1,84 @@
+// The memory element server: hosts memory elements (each a memfd of its own, zero-filled by the
+// kernel and never reused for another owner) and serves them to grant holders over tcp (reads
+// and writes on the wire) and over a unix socket (the memfd handed over with SCM_RIGHTS, read-only
+// for read-only grants). One libuv loop serves every connection; no client can block another.
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+
+#include "io/ioloop.h"
+
+namespace libd {
+
+struct Element {
+  std::string name;
+  uint64_t size = 0;
+  int memfd = -1;
+  char *base = nullptr;
+  ~Element();
+};
+
+struct Grant {
+  std::string id;
+  std::string secret;  // never logged
+  std::string element;
+  std::string client;  // the action id allowed to use it; "*" for any
+  uint64_t offset = 0;
+  uint64_t length = 0;
+  unsigned rights = 0;
+};
+
+class MemoryServer {
+ public:
+  MemoryServer();
+  ~MemoryServer();
+
+  // Elements. -EEXIST, -EINVAL, -ENOMEM (memfd/mmap), -ENOSPC (over capacity).
+  int add_element(const std::string &name, uint64_t size);
+  int remove_element(const std::string &name);  // revokes its grants and closes their connections
+  void set_capacity(uint64_t bytes) { capacity_ = bytes; }
+  uint64_t used_bytes();
+
+  // Grants. If g->id / g->secret are empty they are generated. -ENOENT, -ERANGE, -EINVAL.
+  int grant(Grant *g);
+  int revoke(const std::string &grant_id);
+
+  int listen_tcp(const std::string &host, uint16_t port, uint16_t *bound);
+  int listen_unix(const std::string &path);
+  std::string tcp_host() const { return tcp_host_; }
+  uint16_t tcp_port() const { return tcp_port_; }
+  std::string unix_path() const { return unix_path_; }
+  // The client configuration for a grant: "host,H;port,P;path,S;grant,ID;secret,HEX".
+  std::string client_config(const Grant &g) const;
+
+  void stop();  // closes listeners and connections; elements stay until destruction
+  size_t connections();
+
+  class Conn;  // one client connection (loop thread only)
+
+ private:
+  friend class Conn;
+  std::shared_ptr<Element> find_element(const std::string &name);
+  bool find_grant(const std::string &id, Grant *out);
+  void close_conns_where(const std::function<bool(Conn *)> &pred);
+
+  IoLoop loop_;
+  std::mutex mu_;
+  std::map<std::string, std::shared_ptr<Element>> elements_;
+  std::map<std::string, Grant> grants_;
+  uint64_t capacity_ = UINT64_MAX;
+  std::set<Conn *> conns_;  // loop thread only
+  std::atomic<size_t> nconns_{0};
+  uv_tcp_t *tcp_listener_ = nullptr;
+  uv_pipe_t *unix_listener_ = nullptr;
+  std::string tcp_host_, unix_path_;
+  uint16_t tcp_port_ = 0;
+  bool stopped_ = false;
+};
+
+}  // namespace libd

@@ -1,0 +1,134 @@
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "proto/auth.h"
+#include "proto/frame.h"
+
+using namespace libd::proto;
+
+TEST(Frame, HeaderRoundTripIsLittleEndianFieldByField) {
+  Header h;
+  h.opcode = kWrite;
+  h.status = -34;
+  h.req_id = 0x0102030405060708ull;
+  h.addr = 4096;
+  h.size = 65536;
+  char buf[kHeaderSize];
+  encode_header(h, buf);
+  EXPECT_EQ(0x44, uint8_t(buf[0]));
+  EXPECT_EQ(0x53, uint8_t(buf[1]));
+  EXPECT_EQ(0x08, uint8_t(buf[8]));  // req_id least significant byte first
+  Header back;
+  std::string why;
+  ASSERT_EQ(0, decode_header(buf, &back, &why)) << why;
+  EXPECT_EQ(h.opcode, back.opcode);
+  EXPECT_EQ(h.status, back.status);
+  EXPECT_EQ(h.req_id, back.req_id);
+  EXPECT_EQ(h.addr, back.addr);
+  EXPECT_EQ(h.size, back.size);
+}
+
+TEST(Frame, DecoderRejectsGarbage) {
+  Header h;
+  h.opcode = kRead;
+  char buf[kHeaderSize];
+  std::string why;
+  Header out;
+  encode_header(h, buf);
+  buf[0] = 'X';
+  EXPECT_EQ(-EPROTO, decode_header(buf, &out, &why));
+  EXPECT_NE(std::string::npos, why.find("magic"));
+  encode_header(h, buf);
+  buf[2] = 9;
+  EXPECT_EQ(-EPROTO, decode_header(buf, &out, &why));
+  EXPECT_NE(std::string::npos, why.find("version 9"));
+  h.opcode = 77;
+  encode_header(h, buf);
+  EXPECT_EQ(-EPROTO, decode_header(buf, &out, &why));
+  h.opcode = kAuth;
+  h.size = 1 << 20;  // control bodies are small
+  encode_header(h, buf);
+  EXPECT_EQ(-EPROTO, decode_header(buf, &out, &why));
+  h.opcode = kRead;
+  h.size = 100;
+  h.addr = UINT64_MAX - 10;  // wraps
+  encode_header(h, buf);
+  EXPECT_EQ(-EPROTO, decode_header(buf, &out, &why));
+}
+
+namespace {
+struct Collect : FrameReader::Handler {
+  std::vector<Header> frames;
+  std::vector<std::string> payloads;
+  std::string cur;
+  int on_header(const Header &h, char **dest) override {
+    cur.assign(size_t(payload_length(h)), '\0');
+    *dest = cur.data();
+    return 0;
+  }
+  int on_frame(const Header &h) override {
+    frames.push_back(h);
+    payloads.push_back(cur);
+    return 0;
+  }
+};
+}  // namespace
+
+// A stream of frames cut at every possible place reassembles to the same frames.
+TEST(Frame, ReaderReassemblesAnySplit) {
+  std::string stream;
+  for (int i = 0; i < 5; i++) {
+    Header h;
+    h.opcode = i % 2 ? kWrite : kRead;
+    h.req_id = uint64_t(i);
+    h.size = h.opcode == kWrite ? uint64_t(i * 7 + 1) : 64;
+    char buf[kHeaderSize];
+    encode_header(h, buf);
+    stream.append(buf, kHeaderSize);
+    if (h.opcode == kWrite) stream.append(size_t(h.size), char('a' + i));
+  }
+  for (size_t cut = 1; cut < stream.size(); cut++) {
+    Collect c;
+    FrameReader r(&c);
+    std::string why;
+    ASSERT_EQ(0, r.feed(stream.data(), cut, &why)) << why;
+    ASSERT_EQ(0, r.feed(stream.data() + cut, stream.size() - cut, &why)) << why;
+    ASSERT_EQ(5u, c.frames.size());
+    EXPECT_EQ(std::string(8, 'b'), c.payloads[1]);
+    EXPECT_EQ(std::string(22, 'd'), c.payloads[3]);
+  }
+}
+
+TEST(Auth, BodiesRoundTripAndTruncationsFail) {
+  AuthBody a{"g123", "client-1", std::string(kMacSize, 'm')};
+  std::string enc = encode_auth(a);
+  AuthBody back;
+  std::string why;
+  ASSERT_EQ(0, decode_auth(enc.data(), enc.size(), &back, &why));
+  EXPECT_EQ("g123", back.grant_id);
+  EXPECT_EQ("client-1", back.client_id);
+  for (size_t n = 0; n < enc.size(); n++) EXPECT_EQ(-EPROTO, decode_auth(enc.data(), n, &back, &why)) << n;
+  GrantBody g{1 << 20, 4096, 8192, 1}, gb;
+  std::string genc = encode_grant(g);
+  ASSERT_EQ(0, decode_grant(genc.data(), genc.size(), &gb, &why));
+  EXPECT_EQ(8192u, gb.length);
+  GrantBody impossible{100, 50, 60, 3};
+  genc = encode_grant(impossible);
+  EXPECT_EQ(-EPROTO, decode_grant(genc.data(), genc.size(), &gb, &why));
+}
+
+TEST(Auth, MacDependsOnEveryInput) {
+  std::string nonce(kNonceSize, 'n');
+  std::string m = compute_mac("secret-secret-secret-secret-0000", nonce, "g1", "c1");
+  EXPECT_EQ(kMacSize, m.size());
+  EXPECT_FALSE(macs_equal(m, compute_mac("secret-secret-secret-secret-0001", nonce, "g1", "c1")));
+  EXPECT_FALSE(macs_equal(m, compute_mac("secret-secret-secret-secret-0000", std::string(kNonceSize, 'o'), "g1", "c1")));
+  EXPECT_FALSE(macs_equal(m, compute_mac("secret-secret-secret-secret-0000", nonce, "g2", "c1")));
+  EXPECT_FALSE(macs_equal(m, compute_mac("secret-secret-secret-secret-0000", nonce, "g1", "c2")));
+  EXPECT_TRUE(macs_equal(m, compute_mac("secret-secret-secret-secret-0000", nonce, "g1", "c1")));
+  std::string bytes;
+  EXPECT_TRUE(from_hex(to_hex("\x01\xab"), &bytes));
+  EXPECT_EQ("\x01\xab", bytes);
+  EXPECT_FALSE(from_hex("zz", &bytes));
+}

@@ -1,0 +1,298 @@
+// Access by grant: the element, the range, the rights, the client; enforced by the server.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <thread>
+
+#include "harness.h"
+#include "proto/auth.h"
+#include "proto/frame.h"
+
+using namespace libd::proto;
+using test::make_action;
+using test::make_rig;
+
+class Networked : public ::testing::TestWithParam<std::string> {};
+INSTANTIATE_TEST_SUITE_P(Impl, Networked, ::testing::Values("shm", "tcp"), [](const auto &i) { return i.param; });
+
+namespace {
+std::string replace_key(std::string config, const std::string &key, const std::string &value) {
+  auto at = config.find(key + ",");
+  auto end = config.find(';', at);
+  return config.substr(0, at) + key + "," + value + (end == std::string::npos ? "" : config.substr(end));
+}
+}  // namespace
+
+TEST_P(Networked, WrongSecretIsRefused) {
+  auto rig = make_rig(GetParam(), 4096);
+  auto a = make_action("client-1");
+  std::string durl = "m;" + GetParam() + ";" + replace_key(rig.config, "secret", std::string(64, 'f'));
+  ASSERT_EQ(0, libd_action_add_transport(a.get(), durl.c_str()));
+  auto *t = libd_action_get_transport(a.get(), "m");
+  EXPECT_EQ(-EACCES, libd_transport_connect(t));
+  EXPECT_NE(std::string::npos, std::string(libd_last_error()).find("refused the grant")) << libd_last_error();
+  EXPECT_EQ(std::string::npos, std::string(libd_last_error()).find(rig.grant.secret)) << "secrets never in messages";
+  EXPECT_EQ(LIBD_STATE_ERROR, libd_transport_state(t));
+}
+
+TEST_P(Networked, AnotherClientsGrantIsRefused) {
+  auto rig = make_rig(GetParam(), 4096);
+  auto thief = make_action("client-2");  // same config, different action id
+  std::string durl = "m;" + GetParam() + ";" + rig.config;
+  ASSERT_EQ(0, libd_action_add_transport(thief.get(), durl.c_str()));
+  EXPECT_EQ(-EACCES, libd_transport_connect(libd_action_get_transport(thief.get(), "m")));
+  EXPECT_EQ(0, libd_transport_connect(rig.t)) << libd_last_error();
+}
+
+TEST_P(Networked, RevokeCutsTheClientOffAtOnce) {
+  auto rig = make_rig(GetParam(), 4096, 3, "timeout_ms,2000");
+  char *buf = nullptr;
+  ASSERT_EQ(0, libd_trdma_reg(rig.t, 64, reinterpret_cast<void **>(&buf)));
+  ASSERT_EQ(0, libd_trdma_write(rig.t, 8, 0, buf));
+  ASSERT_EQ(0, rig.server->revoke(rig.grant.id));
+  ASSERT_EQ(LIBD_STATE_ERROR, libd_transport_wait_state(rig.t, LIBD_STATE_ERROR, 2000)) << "client not told";
+  EXPECT_EQ(-ECONNRESET, libd_trdma_read(rig.t, 8, 0, buf));
+  EXPECT_EQ(-EACCES, libd_transport_recover(rig.t)) << "a revoked grant cannot reconnect";
+  EXPECT_EQ(-ENOENT, rig.server->revoke(rig.grant.id));
+}
+
+TEST_P(Networked, RangeGrantCoversOnlyItsRange) {
+  auto rig = make_rig(GetParam(), 1 << 16);
+  libd::Grant g;
+  g.element = "e1";
+  g.client = "ranger";
+  g.offset = 4096;
+  g.length = 8192;
+  g.rights = 3;
+  ASSERT_EQ(0, rig.server->grant(&g));
+  auto a = make_action("ranger");
+  std::string durl = "m;" + GetParam() + ";" + rig.server->client_config(g);
+  ASSERT_EQ(0, libd_action_add_transport(a.get(), durl.c_str()));
+  auto *t = libd_action_get_transport(a.get(), "m");
+  char *buf = nullptr;
+  ASSERT_EQ(0, libd_trdma_reg(t, 16384, reinterpret_cast<void **>(&buf)));
+  EXPECT_EQ(-ERANGE, libd_trdma_read(t, 8, 0, buf));
+  EXPECT_EQ(-ERANGE, libd_trdma_read(t, 8, 4096 + 8192 - 4, buf));
+  EXPECT_EQ(0, libd_trdma_write(t, 8192, 4096, buf)) << libd_last_error();
+  uint64_t end;
+  ASSERT_EQ(0, libd_trdma_remote(t, &end, nullptr));
+  EXPECT_EQ(4096u + 8192u, end);
+  libd::Grant bad = g;
+  bad.id.clear();
+  bad.offset = 1 << 16;
+  bad.length = 1;
+  EXPECT_EQ(-ERANGE, rig.server->grant(&bad));
+}
+
+TEST(Shm, ReadOnlyGrantIsMappedReadOnly) {
+  auto rig = make_rig("shm", 1 << 16, LIBD_RIGHT_READ);
+  void *buf = nullptr;
+  ASSERT_EQ(0, libd_trdma_reg(rig.t, 64, &buf));
+  ASSERT_EQ(0, libd_trdma_read(rig.t, 8, 0, buf));
+  // The kernel, not libd, enforces it: the mapping of the element's memfd has no write bit.
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  int found = 0;
+  while (std::getline(maps, line)) {
+    if (line.find("memfd:scad-e1") == std::string::npos) continue;
+    std::string perms = line.substr(line.find(' ') + 1, 4);
+    if (perms[3] == 's' && perms[0] == 'r') {  // the client's shared mapping (the server's is rw)
+      if (perms[1] == '-') found++;
+    }
+  }
+  EXPECT_EQ(1, found) << "expected exactly one read-only shared mapping of the element";
+}
+
+// ---- the server, at the protocol level -----------------------------------------------------
+
+namespace {
+
+struct RawClient {
+  int fd = -1;
+  ~RawClient() { if (fd >= 0) close(fd); }
+  bool connect_to(uint16_t port) {
+    fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons(port);
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    return ::connect(fd, reinterpret_cast<sockaddr *>(&sa), sizeof sa) == 0;
+  }
+  bool recv_exact(char *p, size_t n, int timeout_ms = 5000) {
+    size_t got = 0;
+    while (got < n) {
+      pollfd pf{fd, POLLIN, 0};
+      if (poll(&pf, 1, timeout_ms) <= 0) return false;
+      ssize_t r = recv(fd, p + got, n - got, 0);
+      if (r <= 0) return false;
+      got += size_t(r);
+    }
+    return true;
+  }
+  bool read_frame(Header *h, std::string *payload) {
+    char hdr[kHeaderSize];
+    if (!recv_exact(hdr, kHeaderSize)) return false;
+    std::string why;
+    if (decode_header(hdr, h, &why)) return false;
+    payload->assign(size_t(payload_length(*h)), '\0');
+    return payload->empty() || recv_exact(payload->data(), payload->size());
+  }
+  void send_frame(const Header &h, const std::string &body = {}) {
+    char hdr[kHeaderSize];
+    encode_header(h, hdr);
+    std::string all(hdr, kHeaderSize);
+    all += body;
+    ASSERT_EQ(ssize_t(all.size()), send(fd, all.data(), all.size(), MSG_NOSIGNAL));
+  }
+  // Full handshake with a grant.
+  bool authenticate(const libd::Grant &g, const std::string &client) {
+    Header h;
+    std::string nonce;
+    if (!read_frame(&h, &nonce) || h.opcode != kChallenge) return false;
+    Header a;
+    a.opcode = kAuth;
+    std::string body = encode_auth({g.id, client, compute_mac(g.secret, nonce, g.id, client)});
+    a.size = body.size();
+    send_frame(a, body);
+    std::string grant;
+    return read_frame(&h, &grant) && h.opcode == kAuthOk && h.status == 0;
+  }
+  bool closed_by_peer() {
+    char c;
+    pollfd pf{fd, POLLIN, 0};
+    if (poll(&pf, 1, 5000) <= 0) return false;
+    return recv(fd, &c, 1, 0) <= 0;
+  }
+};
+
+struct TcpServerRig {
+  libd::MemoryServer server;
+  libd::Grant grant;
+  uint16_t port = 0;
+  TcpServerRig() {
+    EXPECT_EQ(0, server.add_element("e1", 1 << 20));
+    EXPECT_EQ(0, server.listen_tcp("127.0.0.1", 0, &port));
+    grant.element = "e1";
+    grant.client = "raw";
+    grant.rights = 3;
+    EXPECT_EQ(0, server.grant(&grant));
+  }
+};
+
+}  // namespace
+
+TEST(Server, ChecksEveryRangeItselfAndKeepsTheConnection) {
+  TcpServerRig rig;
+  RawClient c;
+  ASSERT_TRUE(c.connect_to(rig.port));
+  ASSERT_TRUE(c.authenticate(rig.grant, "raw"));
+  Header r;
+  r.opcode = kRead;
+  r.req_id = 1;
+  r.addr = (1 << 20) - 4;
+  r.size = 8;  // past the element: the server must refuse even if a client does not check
+  c.send_frame(r);
+  Header resp;
+  std::string payload;
+  ASSERT_TRUE(c.read_frame(&resp, &payload));
+  EXPECT_EQ(kReadResp, resp.opcode);
+  EXPECT_EQ(-ERANGE, resp.status);
+  EXPECT_EQ(1u, resp.req_id);
+  EXPECT_TRUE(payload.empty());
+  // An out-of-range WRITE is drained, refused, and the stream stays in sync.
+  Header w;
+  w.opcode = kWrite;
+  w.req_id = 2;
+  w.addr = 1 << 20;
+  w.size = 100;
+  c.send_frame(w, std::string(100, 'x'));
+  ASSERT_TRUE(c.read_frame(&resp, &payload));
+  EXPECT_EQ(-ERANGE, resp.status);
+  EXPECT_EQ(2u, resp.req_id);
+  w.req_id = 3;
+  w.addr = 0;
+  c.send_frame(w, std::string(100, 'y'));
+  ASSERT_TRUE(c.read_frame(&resp, &payload));
+  EXPECT_EQ(0, resp.status);
+  r.req_id = 4;
+  r.addr = 0;
+  r.size = 100;
+  c.send_frame(r);
+  ASSERT_TRUE(c.read_frame(&resp, &payload));
+  EXPECT_EQ(std::string(100, 'y'), payload);
+}
+
+TEST(Server, RefusesUnauthenticatedAndGarbageClientsWithoutHarmingOthers) {
+  TcpServerRig rig;
+  RawClient good;
+  ASSERT_TRUE(good.connect_to(rig.port));
+  ASSERT_TRUE(good.authenticate(rig.grant, "raw"));
+
+  RawClient sneaky;  // skips AUTH
+  ASSERT_TRUE(sneaky.connect_to(rig.port));
+  Header h;
+  std::string nonce;
+  ASSERT_TRUE(sneaky.read_frame(&h, &nonce));
+  Header r;
+  r.opcode = kRead;
+  r.size = 8;
+  sneaky.send_frame(r);
+  EXPECT_TRUE(sneaky.closed_by_peer());
+
+  RawClient garbage;
+  ASSERT_TRUE(garbage.connect_to(rig.port));
+  ASSERT_TRUE(garbage.read_frame(&h, &nonce));
+  std::string junk(64, '\x7f');
+  send(garbage.fd, junk.data(), junk.size(), MSG_NOSIGNAL);
+  EXPECT_TRUE(garbage.closed_by_peer());
+
+  RawClient truncated;  // half a header, then gone
+  ASSERT_TRUE(truncated.connect_to(rig.port));
+  send(truncated.fd, "DS\x01", 3, MSG_NOSIGNAL);
+  close(truncated.fd);
+  truncated.fd = -1;
+
+  Header p;
+  p.opcode = kPing;
+  p.req_id = 9;
+  good.send_frame(p);
+  std::string none;
+  ASSERT_TRUE(good.read_frame(&h, &none));
+  EXPECT_EQ(kPong, h.opcode);
+  EXPECT_EQ(9u, h.req_id);
+}
+
+TEST(Server, ASlowReaderDoesNotBlockOthers) {
+  TcpServerRig rig;
+  libd::Grant g2 = rig.grant;
+  g2.id.clear();
+  g2.secret.clear();
+  g2.client = "client-1";
+  ASSERT_EQ(0, rig.server.grant(&g2));
+  RawClient slow;
+  ASSERT_TRUE(slow.connect_to(rig.port));
+  ASSERT_TRUE(slow.authenticate(rig.grant, "raw"));
+  int small = 4096;
+  setsockopt(slow.fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+  // Ask for 256 MiB of reads and never read the answers.
+  for (int i = 0; i < 256; i++) {
+    Header r;
+    r.opcode = kRead;
+    r.req_id = uint64_t(i);
+    r.size = 1 << 20;
+    slow.send_frame(r);
+  }
+  auto a = make_action("client-1");
+  std::string durl = "m;tcp;timeout_ms,3000;" + rig.server.client_config(g2);
+  ASSERT_EQ(0, libd_action_add_transport(a.get(), durl.c_str()));
+  auto *t = libd_action_get_transport(a.get(), "m");
+  void *buf = nullptr;
+  ASSERT_EQ(0, libd_trdma_reg(t, 1 << 20, &buf));
+  for (int i = 0; i < 50; i++) ASSERT_EQ(0, libd_trdma_read(t, 1 << 20, 0, buf)) << libd_last_error();
+}
