@@ -26,7 +26,7 @@ void ConnectResult::finish(int r, std::string w, GrantBody g) {
 
 TcpConn::TcpConn(IoLoop *loop, TcpCredentials creds, int64_t timeout_ms, std::shared_ptr<ConnectResult> result,
                  FailFn on_fail)
-    : loop_(loop), reader_(this), creds_(std::move(creds)), timeout_ms_(timeout_ms), result_(std::move(result)),
+    : reader_(this), creds_(std::move(creds)), timeout_ms_(timeout_ms), result_(std::move(result)),
       on_fail_(std::move(on_fail)) {}
 
 std::shared_ptr<TcpConn> TcpConn::start(IoLoop *loop, const sockaddr *addr, TcpCredentials creds, int64_t timeout_ms,

@@ -85,7 +85,6 @@ class TcpConn : public proto::FrameReader::Handler {
   static void on_alloc(uv_handle_t *h, size_t, uv_buf_t *buf);
   static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf);
 
-  IoLoop *loop_;
   uv_tcp_t tcp_;
   uv_connect_t creq_;
   uv_timer_t timer_;
