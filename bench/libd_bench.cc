@@ -1,0 +1,259 @@
+// libd-bench: measures a libd transport through the public C API, and the two local baselines it
+// is judged against — memcpy of the same access pattern, and a raw loopback TCP ping-pong — so
+// that bench/run can print ratios from one run on one machine. Output: one JSON object a line.
+//
+//   libd-bench transport IMPL CONFIG [--sizes 64,4096,...] [--inflight 1,16] [--budget-ms 300]
+//   libd-bench memcpy [--sizes ...]
+//   libd-bench pingpong [--busy-poll] [--size 64]
+//
+// Every figure is a median: latency is the median of per-operation times; bandwidth is the median
+// of several timed batches.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "libd.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+}
+
+std::vector<uint64_t> parse_list(const std::string &s) {
+  std::vector<uint64_t> out;
+  size_t start = 0;
+  while (start < s.size()) {
+    size_t end = s.find(',', start);
+    out.push_back(std::stoull(s.substr(start, end - start)));
+    if (end == std::string::npos) break;
+    start = end + 1;
+  }
+  return out;
+}
+
+void emit(const char *peer, const char *op, uint64_t size, int inflight, double gbps, double median_us) {
+  printf("{\"peer\": \"%s\", \"op\": \"%s\", \"size\": %llu, \"inflight\": %d, \"gbps\": %.4f, \"median_us\": %.3f}\n",
+         peer, op, (unsigned long long)size, inflight, gbps, median_us);
+  fflush(stdout);
+}
+
+[[noreturn]] void die(const char *what, int rc) {
+  fprintf(stderr, "libd-bench: %s: %s (%s)\n", what, libd_last_error(), libd_strerror(rc));
+  exit(1);
+}
+
+// How many repetitions fit the budget, at least 3, at most `cap`.
+int reps_for(double one_op_s, double budget_s, int cap) {
+  int n = one_op_s > 0 ? int(budget_s / one_op_s) : cap;
+  return std::max(3, std::min(n, cap));
+}
+
+constexpr uint64_t kSlotSpace = 256ull << 20;  // local buffer and remote space used for slots
+
+// ---- libd transports ----
+
+void bench_transport(const std::string &impl, const std::string &config, const std::vector<uint64_t> &sizes,
+                     const std::vector<uint64_t> &inflights, double budget_s) {
+  const char *aid = getenv("LIBD_ACTION_ID") ? getenv("LIBD_ACTION_ID") : "bench";
+  libd_action *action = libd_action_init(aid, 0, nullptr);
+  if (!action) die("action", -EINVAL);
+  std::string durl = "mem;" + impl;
+  if (int rc = libd_action_add_transport(action, durl.c_str())) die("add_transport", rc);
+  if (int rc = libd_action_config_transport(action, "mem", config.c_str())) die("config_transport", rc);
+  libd_transport *t = libd_action_get_transport(action, "mem");
+  uint64_t remote = 0;
+  if (int rc = libd_trdma_remote(t, &remote, nullptr)) die("connect", rc);
+  char *buf = nullptr;
+  if (int rc = libd_trdma_reg(t, kSlotSpace, reinterpret_cast<void **>(&buf))) die("reg", rc);
+  memset(buf, 0x5a, kSlotSpace);  // touch every page before timing
+  std::string peer = "scad-" + impl;
+
+  for (uint64_t size : sizes) {
+    for (uint64_t want : inflights) {
+      int n = int(std::min<uint64_t>(want, std::max<uint64_t>(1, std::min(kSlotSpace, remote) / size)));
+      if (n != int(want) && want != 1 && n == 1) continue;  // too big to have several in flight
+      for (int is_read = 0; is_read < 2; is_read++) {
+        // Warm-up: first touch of remote pages, connection set-up.
+        for (int i = 0; i < n; i++) {
+          int rc = is_read ? libd_trdma_read(t, size, uint64_t(i) * size, buf + uint64_t(i) * size)
+                           : libd_trdma_write(t, size, uint64_t(i) * size, buf + uint64_t(i) * size);
+          if (rc) die("warm-up", rc);
+        }
+        std::vector<double> lat_us, batch_gbps;
+        auto t_start = Clock::now();
+        if (n == 1) {
+          // One in flight: each operation timed on its own.
+          auto t0 = Clock::now();
+          for (int i = 0; i < 3; i++) {
+            int rc = is_read ? libd_trdma_read(t, size, 0, buf) : libd_trdma_write(t, size, 0, buf);
+            if (rc) die("op", rc);
+          }
+          int reps = reps_for(seconds_since(t0) / 3, budget_s, 20000);
+          for (int i = 0; i < reps; i++) {
+            auto a = Clock::now();
+            int rc = is_read ? libd_trdma_read(t, size, 0, buf) : libd_trdma_write(t, size, 0, buf);
+            if (rc) die("op", rc);
+            double s = seconds_since(a);
+            lat_us.push_back(s * 1e6);
+            batch_gbps.push_back(double(size) / s / 1e9);
+          }
+        } else {
+          // Many in flight: batches of n async operations on distinct slots.
+          std::vector<libd_op *> ops(size_t(n), nullptr);
+          int batches = 0;
+          while (batches < 5 || (seconds_since(t_start) < budget_s && batches < 2000)) {
+            auto a = Clock::now();
+            for (int i = 0; i < n; i++) {
+              uint64_t off = uint64_t(i) * size;
+              int rc = is_read ? libd_trdma_read_async(t, size, off, buf + off, &ops[size_t(i)])
+                               : libd_trdma_write_async(t, size, off, buf + off, &ops[size_t(i)]);
+              if (rc) die("async op", rc);
+            }
+            for (auto *op : ops) {
+              if (int rc = libd_op_wait(op, -1)) die("wait", rc);
+              libd_op_free(op);
+            }
+            double s = seconds_since(a);
+            batch_gbps.push_back(double(size) * n / s / 1e9);
+            lat_us.push_back(s * 1e6 / n);  // per-operation time at this depth
+            batches++;
+          }
+        }
+        emit(peer.c_str(), is_read ? "read" : "write", size, n, median(batch_gbps), median(lat_us));
+      }
+    }
+  }
+  libd_action_free(action);
+}
+
+// ---- memcpy of the same pattern: local buffer <-> a separate region of the same size ----
+
+void bench_memcpy(const std::vector<uint64_t> &sizes, double budget_s) {
+  auto map = [](uint64_t n) {
+    void *p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    memset(p, 0x5a, n);
+    return static_cast<char *>(p);
+  };
+  char *local = map(kSlotSpace), *region = map(kSlotSpace);
+  for (uint64_t size : sizes) {
+    for (int is_read = 0; is_read < 2; is_read++) {
+      char *dst = is_read ? local : region, *src = is_read ? region : local;
+      auto t0 = Clock::now();
+      for (int i = 0; i < 3; i++) memcpy(dst, src, size);
+      int reps = reps_for(seconds_since(t0) / 3, budget_s, 200000);
+      std::vector<double> lat_us, gbps;
+      for (int i = 0; i < reps; i++) {
+        auto a = Clock::now();
+        memcpy(dst, src, size);
+        asm volatile("" ::"r"(dst) : "memory");  // the copy is not optimised away
+        double s = seconds_since(a);
+        lat_us.push_back(s * 1e6);
+        gbps.push_back(double(size) / s / 1e9);
+      }
+      emit("memcpy", is_read ? "read" : "write", size, 1, median(gbps), median(lat_us));
+    }
+  }
+}
+
+// ---- raw loopback TCP ping-pong: the floor for a small remote read ----
+
+bool io_exact(int fd, char *p, size_t n, bool sending, bool busy) {
+  size_t done = 0;
+  while (done < n) {
+    ssize_t r = sending ? send(fd, p + done, n - done, MSG_NOSIGNAL) : recv(fd, p + done, n - done, busy ? MSG_DONTWAIT : 0);
+    if (r > 0) { done += size_t(r); continue; }
+    if (r < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+    return false;
+  }
+  return true;
+}
+
+void bench_pingpong(bool busy, size_t size, double budget_s) {
+  int lfd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(lfd, reinterpret_cast<sockaddr *>(&sa), sizeof sa);
+  socklen_t len = sizeof sa;
+  getsockname(lfd, reinterpret_cast<sockaddr *>(&sa), &len);
+  listen(lfd, 1);
+  int one = 1;
+  std::thread server([&] {
+    int fd = accept(lfd, nullptr, nullptr);
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    std::vector<char> b(size);
+    while (io_exact(fd, b.data(), size, false, busy) && io_exact(fd, b.data(), size, true, busy)) {}
+    close(fd);
+  });
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  if (connect(fd, reinterpret_cast<sockaddr *>(&sa), sizeof sa) != 0) { perror("connect"); exit(1); }
+  std::vector<char> b(size, 'p');
+  std::vector<double> lat;
+  auto t0 = Clock::now();
+  for (int i = 0; i < 200; i++) { io_exact(fd, b.data(), size, true, busy); io_exact(fd, b.data(), size, false, busy); }
+  int reps = reps_for(seconds_since(t0) / 200, budget_s, 20000);
+  for (int i = 0; i < reps; i++) {
+    auto a = Clock::now();
+    io_exact(fd, b.data(), size, true, busy);
+    io_exact(fd, b.data(), size, false, busy);
+    lat.push_back(seconds_since(a) * 1e6);
+  }
+  close(fd);
+  server.join();
+  close(lfd);
+  double m = median(lat);
+  emit(busy ? "tcp-pingpong-busypoll" : "tcp-pingpong", "roundtrip", size, 1, double(size) / (m / 1e6) / 1e9, m);
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  if (argc < 2) {
+    fprintf(stderr, "usage: libd-bench transport IMPL CONFIG | memcpy | pingpong [--busy-poll] [options]\n");
+    return 2;
+  }
+  std::string mode = argv[1];
+  std::vector<uint64_t> sizes = {64, 4096, 65536, 1 << 20, 16 << 20, 64 << 20}, inflights = {1, 16};
+  double budget_s = 0.3;
+  bool busy = false;
+  size_t pp_size = 64;
+  std::vector<std::string> pos;
+  for (int i = 2; i < argc; i++) {
+    std::string a = argv[i];
+    if (a == "--sizes" && i + 1 < argc) sizes = parse_list(argv[++i]);
+    else if (a == "--inflight" && i + 1 < argc) inflights = parse_list(argv[++i]);
+    else if (a == "--budget-ms" && i + 1 < argc) budget_s = atof(argv[++i]) / 1000;
+    else if (a == "--busy-poll") busy = true;
+    else if (a == "--size" && i + 1 < argc) pp_size = size_t(atol(argv[++i]));
+    else pos.push_back(a);
+  }
+  if (mode == "transport" && pos.size() == 2) bench_transport(pos[0], pos[1], sizes, inflights, budget_s);
+  else if (mode == "memcpy") bench_memcpy(sizes, budget_s);
+  else if (mode == "pingpong") bench_pingpong(busy, pp_size, budget_s);
+  else {
+    fprintf(stderr, "libd-bench: unknown mode or missing arguments\n");
+    return 2;
+  }
+  return 0;
+}
