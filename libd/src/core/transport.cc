@@ -323,7 +323,7 @@ int Transport::ensure_ready(Deadline deadline) {
   }
 }
 
-int Transport::submit(OpKind kind, std::vector<Segment> segs, std::shared_ptr<Op> *out) {
+int Transport::prepare(OpKind kind, std::vector<Segment> segs, std::shared_ptr<Op> *out) {
   if (this->kind() != LIBD_KIND_RDMA) return unsupported(kind == OpKind::Read ? "read" : "write");
   if (segs.empty()) return set_error(-EINVAL, "no segments");
   Deadline deadline = op_deadline();
@@ -345,7 +345,11 @@ int Transport::submit(OpKind kind, std::vector<Segment> segs, std::shared_ptr<Op
                                       ", +" + std::to_string(s.size) + ") is outside the granted [" +
                                       std::to_string(lo) + ", " + std::to_string(hi) + ")");
   }
-  auto op = std::make_shared<Op>(kind, std::move(segs), deadline, stats_);
+  *out = std::make_shared<Op>(kind, std::move(segs), deadline, stats_);
+  return 0;
+}
+
+int Transport::start(const std::shared_ptr<Op> &op, bool sync) {
   std::shared_lock<std::shared_mutex> io(io_mu_);
   if (int rc = check_local(op->segments())) return rc;  // re-registered meanwhile
   {
@@ -358,18 +362,29 @@ int Transport::submit(OpKind kind, std::vector<Segment> segs, std::shared_ptr<Op
   op->set_on_done([this] { inflight_.fetch_sub(1); });
   if (op->bytes() == 0) {
     op->complete(0);
-  } else if (int rc = do_post(op)) {
+    return 0;
+  }
+  int rc = sync ? do_run(op, io) : do_post(op);
+  if (rc) {
     std::string why = last_error();
     op->complete(rc);
     return set_error(rc, why);
   }
+  return 0;
+}
+
+int Transport::submit(OpKind kind, std::vector<Segment> segs, std::shared_ptr<Op> *out) {
+  std::shared_ptr<Op> op;
+  if (int rc = prepare(kind, std::move(segs), &op)) return rc;
+  if (int rc = start(op, false)) return rc;
   *out = std::move(op);
   return 0;
 }
 
 int Transport::run(OpKind kind, std::vector<Segment> segs) {
   std::shared_ptr<Op> op;
-  if (int rc = submit(kind, std::move(segs), &op)) return rc;
+  if (int rc = prepare(kind, std::move(segs), &op)) return rc;
+  if (int rc = start(op, true)) return rc;
   // The engine enforces the deadline; the grace covers its timer's granularity.
   int rc = op->wait_until(op->deadline().at() + std::chrono::milliseconds(500));
   if (rc == -ETIMEDOUT && !op->done()) {

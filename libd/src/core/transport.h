@@ -99,6 +99,12 @@ class Transport : public libd_transport {
   virtual int do_connect(Deadline deadline) { (void)deadline; return unsupported("connect"); }
   virtual void do_disconnect() {}
   virtual int do_post(const std::shared_ptr<Op> &op) { (void)op; return unsupported("read/write"); }
+  // A synchronous operation: by default posted like any other. An engine that can drive progress
+  // in the calling thread overrides it; it may release `io` once it holds what it needs.
+  virtual int do_run(const std::shared_ptr<Op> &op, std::shared_lock<std::shared_mutex> &io) {
+    (void)io;
+    return do_post(op);
+  }
   virtual int do_register(char *buf, size_t size) { (void)buf, (void)size; return 0; }
   virtual void do_terminate() {}  // servers stop here
 
@@ -118,6 +124,9 @@ class Transport : public libd_transport {
   int ensure_ready(Deadline deadline);
   int connect_locked(std::unique_lock<std::mutex> &lk, Deadline deadline, bool recovering);
   int error_locked();
+  // Checks and creates an operation (not yet started); prepare + start = submit.
+  int prepare(OpKind kind, std::vector<Segment> segs, std::shared_ptr<Op> *out);
+  int start(const std::shared_ptr<Op> &op, bool sync);
   int check_local(const std::vector<Segment> &segs);
   void free_owned_buffer();
 

@@ -4,7 +4,6 @@
 // Reads and writes are bounds-checked memcpy. The socket stays open as a liveness channel: when
 // the server goes away or revokes the grant, the shared loop sees it and the transport moves to
 // ERROR. Config keys: path, grant, secret; optional timeout_ms.
-#include <poll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -17,6 +16,7 @@
 #include "core/error.h"
 #include "core/transport.h"
 #include "io/ioloop.h"
+#include "io/sockio.h"
 #include "proto/auth.h"
 #include "proto/frame.h"
 
@@ -24,59 +24,6 @@ namespace libd {
 namespace {
 
 using namespace proto;
-
-// Blocking socket I/O bounded by a deadline.
-int wait_fd(int fd, short events, const Deadline &deadline) {
-  for (;;) {
-    struct pollfd p = {fd, events, 0};
-    int r = poll(&p, 1, int(deadline.remaining_ms()));
-    if (r > 0) return 0;
-    if (r == 0) return -ETIMEDOUT;
-    if (errno != EINTR) return -errno;
-  }
-}
-
-int recv_exact(int fd, char *buf, size_t n, const Deadline &deadline, int *passed_fd) {
-  size_t got = 0;
-  while (got < n) {
-    if (int rc = wait_fd(fd, POLLIN, deadline)) return rc;
-    struct iovec iov = {buf + got, n - got};
-    struct msghdr msg = {};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    alignas(struct cmsghdr) char cbuf[CMSG_SPACE(sizeof(int))];
-    if (passed_fd) {
-      msg.msg_control = cbuf;
-      msg.msg_controllen = sizeof cbuf;
-    }
-    ssize_t r = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
-    if (r == 0) return -ECONNRESET;
-    if (r < 0) {
-      if (errno == EINTR || errno == EAGAIN) continue;
-      return -errno;
-    }
-    if (passed_fd) {
-      for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c))
-        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) std::memcpy(passed_fd, CMSG_DATA(c), sizeof(int));
-    }
-    got += size_t(r);
-  }
-  return 0;
-}
-
-int send_all(int fd, const std::string &data, const Deadline &deadline) {
-  size_t sent = 0;
-  while (sent < data.size()) {
-    if (int rc = wait_fd(fd, POLLOUT, deadline)) return rc;
-    ssize_t r = send(fd, data.data() + sent, data.size() - sent, MSG_NOSIGNAL);
-    if (r < 0) {
-      if (errno == EINTR || errno == EAGAIN) continue;
-      return -errno;
-    }
-    sent += size_t(r);
-  }
-  return 0;
-}
 
 // Watches the unix socket on the shared loop; flips `alive` when the server hangs up.
 struct Watch {
@@ -129,7 +76,8 @@ class ShmTransport : public Transport {
     ah.size = body.size();
     char ahdr[kHeaderSize];
     encode_header(ah, ahdr);
-    if (int rc = send_all(fd, std::string(ahdr, kHeaderSize) + body, deadline)) return io_error(rc);
+    std::string msg = std::string(ahdr, kHeaderSize) + body;
+    if (int rc = send_all(fd, msg.data(), msg.size(), deadline)) return io_error(rc);
 
     int memfd = -1;
     if (int rc = recv_exact(fd, hdr, kHeaderSize, deadline, &memfd)) return io_error(rc);

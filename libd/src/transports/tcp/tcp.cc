@@ -1,7 +1,6 @@
-// rdma_tcp (tcp): one-sided reads and writes to a memory element over tcp, on the shared libuv
-// client loop. Config keys (from the memory element's grant): host, port, grant, secret;
-// optional timeout_ms (per-request deadline, default 10000).
-#include <arpa/inet.h>
+// rdma_tcp (tcp): one-sided reads and writes to a memory element over tcp. Config keys (from the
+// memory element's grant): host, port, grant, secret; optional timeout_ms (per-request deadline,
+// default 10000). See tcp_conn.h for how progress is made.
 #include <netdb.h>
 
 #include <cerrno>
@@ -37,64 +36,46 @@ class TcpTransport : public Transport {
     int gai = getaddrinfo(host.c_str(), port.c_str(), &hints, &res);
     if (gai != 0) return set_error(-EHOSTUNREACH, "cannot resolve '" + host + "': " + gai_strerror(gai));
     struct sockaddr_storage addr;
-    std::memcpy(&addr, res->ai_addr, res->ai_addrlen);
+    socklen_t len = res->ai_addrlen;
+    std::memcpy(&addr, res->ai_addr, len);
     freeaddrinfo(res);
-
-    auto result = std::make_shared<ConnectResult>();
     TcpCredentials creds{params_.get_or("grant", ""), params_.get_or("secret", ""), aid()};
-    int64_t budget = std::max<int64_t>(1, deadline.remaining_ms());
-    IoLoop &loop = IoLoop::shared();
-    loop.run_sync([&] {
-      conn_ = TcpConn::start(&loop, reinterpret_cast<sockaddr *>(&addr), creds, budget, result,
-                             [this](int err, const std::string &why) { fail(err, why); });
-    });
-    std::unique_lock<std::mutex> lk(result->mu);
-    // The connection's own timer ends the handshake at the deadline; the grace is for its tick.
-    result->cv.wait_until(lk, deadline.at() + std::chrono::milliseconds(200), [&] { return result->done; });
-    if (!result->done) return set_error(-ETIMEDOUT, "no handshake from " + host + ":" + port + " in time");
-    if (result->rc) return set_error(result->rc, result->why + " (" + host + ":" + port + ")");
-    set_remote(result->grant.offset, result->grant.length, result->grant.rights);
+    proto::GrantBody grant;
+    int rc = TcpConn::open(reinterpret_cast<sockaddr *>(&addr), len, creds, deadline,
+                           [this](int err, const std::string &why) { fail(err, why); }, &conn_, &grant);
+    if (rc) return set_error(rc, last_error() + " (" + host + ":" + port + ")");
+    set_remote(grant.offset, grant.length, grant.rights);
     return 0;
   }
 
   void do_disconnect() override {
     if (!conn_) return;
-    auto conn = std::move(conn_);
-    std::mutex m;
-    std::condition_variable cv;
-    bool closed = false;
-    IoLoop::shared().run_sync([&] {
-      conn->close(-ECONNABORTED, "the transport was closed", [&] {
-        std::lock_guard<std::mutex> lk(m);
-        closed = true;
-        cv.notify_all();
-      });
-    });
-    std::unique_lock<std::mutex> lk(m);
-    cv.wait(lk, [&] { return closed; });  // close callbacks run on the next loop turn
+    conn_->close(-ECONNABORTED, "the transport was closed");
+    conn_.reset();
   }
 
   int do_post(const std::shared_ptr<Op> &op) override {
+    arm_cancel(op);
+    conn_->post(op);
+    return 0;
+  }
+
+  int do_run(const std::shared_ptr<Op> &op, std::shared_lock<std::shared_mutex> &io) override {
+    arm_cancel(op);
     auto conn = conn_;
-    op->set_canceller([conn](Op *o) {
-      std::mutex m;
-      std::condition_variable cv;
-      bool drained = false;
-      IoLoop::shared().run_sync([&] {
-        conn->detach(o, [&] {
-          std::lock_guard<std::mutex> lk(m);
-          drained = true;
-          cv.notify_all();
-        });
-      });
-      std::unique_lock<std::mutex> lk(m);
-      cv.wait(lk, [&] { return drained; });  // bounded: the deadline closes the connection
-    });
-    IoLoop::shared().post([conn, op] { conn->submit(op); });
+    io.unlock();  // a leader may wait a whole deadline: recover/terminate must not wait for it
+    conn->run(op);
     return 0;
   }
 
  private:
+  void arm_cancel(const std::shared_ptr<Op> &op) {
+    std::weak_ptr<TcpConn> weak = conn_;
+    op->set_canceller([weak](Op *o) {
+      if (auto conn = weak.lock()) conn->detach(o);
+    });
+  }
+
   std::shared_ptr<TcpConn> conn_;
 };
 

@@ -1,215 +1,326 @@
 #include "transports/tcp/tcp_conn.h"
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstring>
 
 #include "core/error.h"
+#include "io/sockio.h"
 
 namespace libd {
 
 using namespace proto;
 
 namespace {
-constexpr size_t kDirectMin = 16 * 1024;
-constexpr uint64_t kTickMs = 20;
+constexpr size_t kDirectMin = 16 * 1024;  // payloads this large are received straight into place
+constexpr uint64_t kTickMs = 20;          // deadline check period while the loop has work
 }  // namespace
 
-void ConnectResult::finish(int r, std::string w, GrantBody g) {
-  std::lock_guard<std::mutex> lk(mu);
-  if (done) return;
-  done = true;
-  rc = r;
-  why = std::move(w);
-  grant = g;
-  cv.notify_all();
+// ---- set-up -------------------------------------------------------------------------------
+
+TcpConn::TcpConn(int fd, FailFn on_fail) : fd_(fd), on_fail_(std::move(on_fail)), frames_(this) {}
+
+TcpConn::~TcpConn() { ::close(fd_); }
+
+int TcpConn::open(const sockaddr *addr, socklen_t len, const TcpCredentials &creds, Deadline deadline, FailFn on_fail,
+                  std::shared_ptr<TcpConn> *out, GrantBody *grant) {
+  int fd = socket(addr->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return set_error(-errno, std::string("socket: ") + strerror(errno));
+  auto fail = [&](int rc, const std::string &why) {
+    ::close(fd);
+    return set_error(rc, why);
+  };
+  int one = 1, idle = 10;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+  if (int rc = connect_before(fd, addr, len, deadline))
+    return fail(rc, std::string("cannot connect to the memory element: ") + strerror(-rc));
+
+  auto io_fail = [&](int rc) {
+    return fail(rc, rc == -ETIMEDOUT ? "no handshake from the memory element in time"
+                                     : std::string("handshake with the memory element failed: ") + strerror(-rc));
+  };
+  char hdr[kHeaderSize];
+  Header h;
+  std::string why;
+  if (int rc = recv_exact(fd, hdr, kHeaderSize, deadline)) return io_fail(rc);
+  if (decode_header(hdr, &h, &why) || h.opcode != kChallenge || h.size != kNonceSize)
+    return fail(-EPROTO, "the memory element sent no valid challenge: " + why);
+  std::string nonce(kNonceSize, '\0');
+  if (int rc = recv_exact(fd, nonce.data(), kNonceSize, deadline)) return io_fail(rc);
+
+  std::string body = encode_auth({creds.grant_id, creds.client_id,
+                                  compute_mac(creds.secret, nonce, creds.grant_id, creds.client_id)});
+  Header ah;
+  ah.opcode = kAuth;
+  ah.size = body.size();
+  encode_header(ah, hdr);
+  std::string msg = std::string(hdr, kHeaderSize) + body;
+  if (int rc = send_all(fd, msg.data(), msg.size(), deadline)) return io_fail(rc);
+
+  if (int rc = recv_exact(fd, hdr, kHeaderSize, deadline)) return io_fail(rc);
+  if (decode_header(hdr, &h, &why) || h.opcode != kAuthOk)
+    return fail(-EPROTO, "the memory element sent no valid answer: " + why);
+  if (h.status != 0)
+    return fail(h.status, h.status == -EACCES
+                              ? "the memory element refused the grant (unknown or revoked grant, wrong secret, or another client's grant)"
+                              : std::string("the memory element refused the connection: ") + libd_strerror(h.status));
+  std::string gbody(size_t(payload_length(h)), '\0');
+  if (int rc = recv_exact(fd, gbody.data(), gbody.size(), deadline)) return io_fail(rc);
+  if (decode_grant(gbody.data(), gbody.size(), grant, &why)) return fail(-EPROTO, why);
+
+  std::shared_ptr<TcpConn> conn(new TcpConn(fd, std::move(on_fail)));
+  conn->start_watch();
+  *out = std::move(conn);
+  return 0;
 }
 
-TcpConn::TcpConn(IoLoop *loop, TcpCredentials creds, int64_t timeout_ms, std::shared_ptr<ConnectResult> result,
-                 FailFn on_fail)
-    : reader_(this), creds_(std::move(creds)), timeout_ms_(timeout_ms), result_(std::move(result)),
-      on_fail_(std::move(on_fail)) {}
+void TcpConn::start_watch() {
+  IoLoop &loop = IoLoop::shared();
+  loop.run_sync([&] {
+    poll_ = new uv_poll_t;
+    uv_poll_init_socket(loop.loop(), poll_, fd_);
+    poll_->data = this;
+    timer_ = new uv_timer_t;
+    uv_timer_init(loop.loop(), timer_);
+    timer_->data = this;
+    update_watch();
+  });
+}
 
-std::shared_ptr<TcpConn> TcpConn::start(IoLoop *loop, const sockaddr *addr, TcpCredentials creds, int64_t timeout_ms,
-                                        std::shared_ptr<ConnectResult> result, FailFn on_fail) {
-  std::shared_ptr<TcpConn> keep(new TcpConn(loop, std::move(creds), timeout_ms, std::move(result), std::move(on_fail)));
-  TcpConn *c = keep.get();
-  c->self_ = keep;
-  uv_tcp_init(loop->loop(), &c->tcp_);
-  uv_timer_init(loop->loop(), &c->timer_);
-  c->tcp_.data = c;
-  c->timer_.data = c;
-  c->creq_.data = c;
-  c->connect_deadline_ = Deadline::after_ms(timeout_ms).at();
-  uv_tcp_nodelay(&c->tcp_, 1);
-  uv_tcp_keepalive(&c->tcp_, 1, 10);
-  uv_timer_start(&c->timer_, [](uv_timer_t *t) { static_cast<TcpConn *>(t->data)->on_tick(); }, kTickMs, kTickMs);
-  int rc = uv_tcp_connect(&c->creq_, &c->tcp_, addr, [](uv_connect_t *req, int status) {
-    auto *c = static_cast<TcpConn *>(req->data);
-    if (c->phase_ == Phase::Closed) return;
-    if (status < 0) {
-      c->fail(status, std::string("cannot connect to the memory element: ") + uv_strerror(status));
+// ---- operations ---------------------------------------------------------------------------
+
+std::shared_ptr<TcpConn::OpState> TcpConn::enqueue_locked(const std::shared_ptr<Op> &op) {
+  auto st = std::make_shared<OpState>();
+  st->op = op;
+  st->segs_left = op->segments().size();
+  bool is_write = op->kind() == OpKind::Write;
+  for (size_t i = 0; i < op->segments().size() && !closed_; i++) {
+    const Segment &s = op->segments()[i];
+    uint64_t id = ++next_id_;
+    inflight_[id] = {st, i};
+    Header h;
+    h.opcode = is_write ? kWrite : kRead;
+    h.req_id = id;
+    h.addr = s.raddr;
+    h.size = s.size;
+    char hdr[kHeaderSize];
+    encode_header(h, hdr);
+    send_locked(hdr, is_write ? s.buf : nullptr, is_write ? size_t(s.size) : 0, st);
+  }
+  return st;
+}
+
+void TcpConn::post(const std::shared_ptr<Op> &op) {
+  Lock lk(mu_);
+  if (closed_) {
+    op->complete(-ENOTCONN, "the connection to the memory element is closed (" + close_why_ + ")");
+    return;
+  }
+  enqueue_locked(op);
+  if (reader_ == Reader::None) {
+    reader_ = Reader::Loop;
+    want_loop_locked();
+  }
+}
+
+void TcpConn::run(const std::shared_ptr<Op> &op) {
+  Lock lk(mu_);
+  if (closed_) {
+    op->complete(-ENOTCONN, "the connection to the memory element is closed (" + close_why_ + ")");
+    return;
+  }
+  if (reader_ != Reader::None || !sendq_.empty()) {
+    // Someone else is driving the socket: let them (or the loop) complete us.
+    lk.unlock();
+    post(op);
+    return;
+  }
+  reader_ = Reader::Leader;
+  auto st = enqueue_locked(op);
+  while (!st->finished && !closed_) {
+    short events = short(POLLIN | (sendq_.empty() ? 0 : POLLOUT));
+    int64_t left = std::chrono::duration_cast<std::chrono::milliseconds>(op->deadline().at() - Clock::now()).count();
+    if (left <= 0) {
+      fail_locked(-ETIMEDOUT, "no answer from the memory element within the deadline", true);
+      break;
+    }
+    lk.unlock();
+    struct pollfd p = {fd_, events, 0};
+    int r = ::poll(&p, 1, int(std::min<int64_t>(left, 1000)));
+    lk.lock();
+    if (r < 0 && errno != EINTR) {
+      fail_locked(-errno, std::string("poll: ") + strerror(errno), true);
+      break;
+    }
+    if (r > 0 && (p.revents & POLLOUT)) flush_locked();
+    if (r > 0 && (p.revents & (POLLIN | POLLHUP | POLLERR))) read_locked();
+  }
+  if (reader_ == Reader::Leader) {
+    reader_ = inflight_.empty() ? Reader::None : Reader::Loop;  // hand the rest to the loop
+    if (reader_ == Reader::Loop || !sendq_.empty()) want_loop_locked();
+  }
+}
+
+void TcpConn::detach(Op *op) {
+  Lock lk(mu_);
+  std::shared_ptr<OpState> st;
+  for (auto &[id, p] : inflight_)
+    if (p.st->op.get() == op) { st = p.st; break; }
+  if (!st)
+    for (auto &c : sendq_)
+      if (c.st && c.st->op.get() == op) { st = c.st; break; }
+  if (!st || st->finished) return;
+  st->detached = true;
+  op_error(st, -ECANCELED, "cancelled");
+  if (st->queued_sends > 0) {
+    // Its bytes are queued and part may be on the wire: the stream needs them whole. Wait until
+    // they are sent (the deadline closes the connection if the peer never takes them).
+    want_loop_locked();
+    cv_.wait(lk, [&] { return st->queued_sends == 0 || closed_; });
+  }
+  maybe_finish_locked(st);
+}
+
+void TcpConn::close(int err, const std::string &why) {
+  Lock lk(mu_);
+  fail_locked(err, why, false);
+}
+
+// ---- engine (all under mu_) -----------------------------------------------------------------
+
+void TcpConn::send_locked(const char *hdr, const char *data, size_t len, const std::shared_ptr<OpState> &st) {
+  Chunk c;
+  std::memcpy(c.hdr, hdr, kHeaderSize);
+  c.data = data;
+  c.len = len;
+  c.st = st;
+  bool was_empty = sendq_.empty();
+  sendq_.push_back(c);
+  st->queued_sends++;
+  if (was_empty && !flush_locked()) want_loop_locked();
+}
+
+bool TcpConn::flush_locked() {
+  while (!sendq_.empty() && !closed_) {
+    Chunk &c = sendq_.front();
+    struct iovec iov[2];
+    int n = 0;
+    if (c.hdr_off < kHeaderSize) iov[n++] = {c.hdr + c.hdr_off, kHeaderSize - c.hdr_off};
+    if (c.off < c.len) iov[n++] = {const_cast<char *>(c.data) + c.off, c.len - c.off};
+    struct msghdr msg = {};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = size_t(n);
+    ssize_t r = n ? sendmsg(fd_, &msg, MSG_NOSIGNAL | MSG_DONTWAIT) : 0;
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN) return false;
+      fail_locked(-ECONNRESET, std::string("lost the connection to the memory element: ") + strerror(errno), true);
+      return true;
+    }
+    size_t sent = size_t(r);
+    size_t h = std::min(sent, kHeaderSize - c.hdr_off);
+    c.hdr_off += h;
+    c.off += sent - h;
+    if (c.hdr_off < kHeaderSize || c.off < c.len) continue;  // partly sent: try the rest
+    auto st = std::move(c.st);
+    sendq_.pop_front();
+    if (--st->queued_sends == 0) {
+      cv_.notify_all();
+      maybe_finish_locked(st);
+    }
+  }
+  return sendq_.empty();
+}
+
+void TcpConn::read_locked() {
+  while (!closed_) {
+    char *target;
+    size_t len;
+    bool direct = frames_.direct_target(kDirectMin, &target, &len);
+    if (!direct) {
+      target = staging_;
+      len = kStagingSize;
+    }
+    ssize_t n = recv(fd_, target, len, MSG_DONTWAIT);
+    if (n == 0) {
+      fail_locked(-ECONNRESET, "the memory element closed the connection", true);
       return;
     }
-    c->phase_ = Phase::AwaitChallenge;
-    uv_read_start(reinterpret_cast<uv_stream_t *>(&c->tcp_), on_alloc, on_read);
-  });
-  if (rc < 0) c->fail(rc, std::string("cannot connect to the memory element: ") + uv_strerror(rc));
-  return keep;
-}
-
-void TcpConn::close(int err, const std::string &why, std::function<void()> done) {
-  if (done) {
-    if (closes_left_ == 0 && phase_ == Phase::Closed) { done(); return; }  // already fully closed
-    closed_ = std::move(done);
-  }
-  if (phase_ == Phase::Closed) return;
-  phase_ = Phase::Closed;
-  result_->finish(err, why);
-  // Fail what is in flight; operations whose writes are still queued finish in their write
-  // callback, which uv_close runs with UV_ECANCELED.
-  std::unordered_map<uint64_t, Pending> all;
-  all.swap(inflight_);
-  for (auto &[id, p] : all) set_error(p.st, err, why);
-  for (auto &[id, p] : all) maybe_finish(p.st);
-  closes_left_ = 2;
-  auto on_closed = [](uv_handle_t *h) {
-    auto *c = static_cast<TcpConn *>(h->data);
-    if (--c->closes_left_ == 0) {
-      auto keep = std::move(c->self_);  // may be the last reference
-      auto done = std::move(c->closed_);
-      if (done) done();
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno != EAGAIN) fail_locked(-ECONNRESET, std::string("lost the connection to the memory element: ") + strerror(errno), true);
+      return;
     }
-  };
-  uv_close(reinterpret_cast<uv_handle_t *>(&timer_), on_closed);
-  uv_close(reinterpret_cast<uv_handle_t *>(&tcp_), on_closed);
+    std::string why;
+    int rc = direct ? frames_.advance_direct(size_t(n), &why) : frames_.feed(target, size_t(n), &why);
+    if (rc) {
+      fail_locked(-EPROTO, "protocol error from the memory element: " + why, true);
+      return;
+    }
+    if (size_t(n) < len) return;  // drained what the kernel had
+  }
 }
 
-void TcpConn::fail(int err, const std::string &why) {
-  if (phase_ == Phase::Closed) return;
-  bool was_ready = phase_ == Phase::Ready;
-  // The transport learns first, so a caller woken by its failed operation already sees ERROR.
-  if (was_ready && on_fail_) on_fail_(err, why);
-  close(err, why);
-}
-
-void TcpConn::set_error(const std::shared_ptr<OpState> &st, int err, std::string why) {
+void TcpConn::op_error(const std::shared_ptr<OpState> &st, int err, std::string why) {
   if (st->error == 0) {
     st->error = err;
     st->why = std::move(why);
   }
 }
 
-void TcpConn::maybe_finish(const std::shared_ptr<OpState> &st) {
-  if (st->finished) return;
-  if (st->writes_left > 0) return;  // libuv may still read the caller's buffer
+void TcpConn::maybe_finish_locked(const std::shared_ptr<OpState> &st) {
+  if (st->finished || st->queued_sends > 0) return;  // queued bytes still point into its buffer
   if (st->error == 0 && st->segs_left > 0) return;
   st->finished = true;
   if (st->error) {
-    // Forget the other segments: their answers, if any come, are dropped.
+    // Forget its other segments: answers that still come are dropped.
     for (auto it = inflight_.begin(); it != inflight_.end();)
       it = it->second.st == st ? inflight_.erase(it) : std::next(it);
-    if (current_id_ && reader_.in_payload() && !inflight_.count(current_id_)) reader_.discard_current();
+    if (current_id_ && frames_.in_payload() && !inflight_.count(current_id_)) frames_.discard_current();
   }
-  if (st->drained) {
-    auto d = std::move(st->drained);
-    d();
-    return;  // detached: the canceller completes the operation
-  }
+  if (st->detached) return;  // the canceller completes it
   st->op->complete(st->error, st->why);
 }
 
-void TcpConn::submit(const std::shared_ptr<Op> &op) {
-  if (phase_ != Phase::Ready) {
-    op->complete(-ENOTCONN, "the connection to the memory element is closed");
-    return;
+void TcpConn::fail_locked(int err, const std::string &why, bool notify) {
+  if (closed_) return;
+  closed_ = true;
+  close_err_ = err;
+  close_why_ = why;
+  ::shutdown(fd_, SHUT_RDWR);  // wakes a leader blocked in poll()
+  // The transport learns first, so a caller woken by its failed operation already sees ERROR.
+  if (notify && on_fail_) on_fail_(err, why);
+  std::vector<std::shared_ptr<OpState>> all;
+  for (auto &[id, p] : inflight_) all.push_back(p.st);
+  for (auto &c : sendq_) {
+    c.st->queued_sends--;
+    all.push_back(c.st);
   }
-  auto st = std::make_shared<OpState>();
-  st->op = op;
-  st->segs_left = op->segments().size();
-  bool is_write = op->kind() == OpKind::Write;
-  // The canceller needs the state; it runs on the loop through IoLoop::run_sync.
-  for (size_t i = 0; i < op->segments().size(); i++) {
-    const Segment &s = op->segments()[i];
-    uint64_t id = ++next_id_;
-    inflight_[id] = {st, i};
-    auto *w = new WriteReq();
-    w->conn = this;
-    w->st = st;
-    Header h;
-    h.opcode = is_write ? kWrite : kRead;
-    h.req_id = id;
-    h.addr = s.raddr;
-    h.size = s.size;
-    encode_header(h, w->hdr);
-    uv_buf_t bufs[2] = {uv_buf_init(w->hdr, kHeaderSize), uv_buf_t{}};
-    unsigned n = 1;
-    if (is_write) {
-      bufs[1].base = s.buf;
-      bufs[1].len = size_t(s.size);
-      n = 2;
-    }
-    st->writes_left++;
-    send(w, bufs, n);
-    if (phase_ == Phase::Closed) return;
-  }
+  inflight_.clear();
+  sendq_.clear();
+  for (auto &st : all) op_error(st, err, why);
+  for (auto &st : all) maybe_finish_locked(st);
+  cv_.notify_all();
+  want_loop_locked();  // the loop closes its handles
 }
 
-void TcpConn::send(WriteReq *w, uv_buf_t *bufs, unsigned n) {
-  w->req.data = w;
-  int rc = uv_write(&w->req, reinterpret_cast<uv_stream_t *>(&tcp_), bufs, n, [](uv_write_t *req, int status) {
-    auto *w = static_cast<WriteReq *>(req->data);
-    TcpConn *c = w->conn;
-    auto st = std::move(w->st);
-    delete w;
-    if (st) {
-      st->writes_left--;
-      if (status < 0) c->set_error(st, status == UV_ECANCELED ? -ECONNABORTED : status,
-                                   std::string("send failed: ") + uv_strerror(status));
-      c->maybe_finish(st);
-    }
-    if (status < 0 && status != UV_ECANCELED)
-      c->fail(-ECONNRESET, std::string("lost the connection to the memory element: ") + uv_strerror(status));
-  });
-  if (rc < 0) {
-    auto st = std::move(w->st);
-    delete w;
-    if (st) {
-      st->writes_left--;
-      set_error(st, rc, std::string("send failed: ") + uv_strerror(rc));
-    }
-    fail(-ECONNRESET, std::string("lost the connection to the memory element: ") + uv_strerror(rc));
-    if (st) maybe_finish(st);
-  }
-}
-
-void TcpConn::detach(Op *op, std::function<void()> drained) {
-  std::shared_ptr<OpState> st;
+void TcpConn::check_deadlines_locked() {
+  auto now = Clock::now();
   for (auto &[id, p] : inflight_)
-    if (p.st->op.get() == op) { st = p.st; break; }
-  if (!st || st->finished) { drained(); return; }
-  set_error(st, -ECANCELED, "cancelled");
-  st->drained = std::move(drained);
-  maybe_finish(st);  // drains now, or when its queued writes are done
+    if (now >= p.st->op->deadline().at()) {
+      fail_locked(-ETIMEDOUT, "no answer from the memory element within the deadline", true);
+      return;
+    }
 }
 
 int TcpConn::on_header(const Header &h, char **dest) {
-  switch (phase_) {
-    case Phase::AwaitChallenge:
-      if (h.opcode != kChallenge || h.size != kNonceSize) return -EPROTO;
-      ctl_.assign(kNonceSize, '\0');
-      *dest = ctl_.data();
-      return 0;
-    case Phase::AwaitAuthOk:
-      if (h.opcode != kAuthOk) return -EPROTO;
-      ctl_.assign(size_t(payload_length(h)), '\0');
-      *dest = ctl_.data();
-      return 0;
-    case Phase::Ready:
-      break;
-    default:
-      return -EPROTO;
-  }
-  if (h.opcode == kGoodbye || h.opcode == kPong) return 0;
+  if (h.opcode == kPong) return 0;
   if (h.opcode != kReadResp && h.opcode != kWriteResp) return -EPROTO;
   current_id_ = h.req_id;
   auto it = inflight_.find(h.req_id);
@@ -222,38 +333,6 @@ int TcpConn::on_header(const Header &h, char **dest) {
 }
 
 int TcpConn::on_frame(const Header &h) {
-  if (phase_ == Phase::AwaitChallenge) {
-    AuthBody a{creds_.grant_id, creds_.client_id, compute_mac(creds_.secret, ctl_, creds_.grant_id, creds_.client_id)};
-    auto *w = new WriteReq();
-    w->conn = this;
-    w->body = encode_auth(a);
-    Header ah;
-    ah.opcode = kAuth;
-    ah.size = w->body.size();
-    encode_header(ah, w->hdr);
-    uv_buf_t bufs[2] = {uv_buf_init(w->hdr, kHeaderSize), uv_buf_init(w->body.data(), unsigned(w->body.size()))};
-    phase_ = Phase::AwaitAuthOk;
-    send(w, bufs, 2);
-    return 0;
-  }
-  if (phase_ == Phase::AwaitAuthOk) {
-    if (h.status != 0) {
-      std::string why = h.status == -EACCES
-                            ? "the memory element refused the grant (unknown or revoked grant, wrong secret, or another client's grant)"
-                            : std::string("the memory element refused the connection: ") + libd_strerror(h.status);
-      close(h.status, why);
-      return 0;
-    }
-    std::string why;
-    if (decode_grant(ctl_.data(), ctl_.size(), &grant_, &why)) return -EPROTO;
-    phase_ = Phase::Ready;
-    result_->finish(0, "", grant_);
-    return 0;
-  }
-  if (h.opcode == kGoodbye) {
-    fail(-ECONNRESET, "the memory element closed the connection (grant revoked or server stopping)");
-    return 0;
-  }
   if (h.opcode == kPong) return 0;
   current_id_ = 0;
   auto it = inflight_.find(h.req_id);
@@ -262,54 +341,81 @@ int TcpConn::on_frame(const Header &h) {
   inflight_.erase(it);
   st->segs_left--;
   if (h.status != 0)
-    set_error(st, h.status, std::string("the memory element refused the ") +
+    op_error(st, h.status, std::string("the memory element refused the ") +
                                 (h.opcode == kReadResp ? "read" : "write") + ": " + libd_strerror(h.status));
-  maybe_finish(st);
+  maybe_finish_locked(st);
   return 0;
 }
 
-void TcpConn::on_tick() {
-  auto now = Clock::now();
-  if (phase_ != Phase::Ready) {
-    if (now >= connect_deadline_)
-      close(-ETIMEDOUT, "no handshake from the memory element within " + std::to_string(timeout_ms_) + " ms");
+// ---- the loop side --------------------------------------------------------------------------
+
+void TcpConn::want_loop_locked() {
+  if (update_posted_) return;
+  update_posted_ = true;
+  auto self = shared_from_this();
+  IoLoop::shared().post([self] {
+    Lock lk(self->mu_);
+    self->update_posted_ = false;
+    lk.unlock();
+    self->update_watch();
+  });
+}
+
+void TcpConn::update_watch() {
+  Lock lk(mu_);
+  if (!poll_) return;  // handles already closed
+  if (closed_) {
+    // Each handle keeps the connection alive until its close callback has run.
+    for (uv_handle_t *h : {reinterpret_cast<uv_handle_t *>(poll_), reinterpret_cast<uv_handle_t *>(timer_)}) {
+      h->data = new std::shared_ptr<TcpConn>(shared_from_this());
+      uv_close(h, [](uv_handle_t *hh) {
+        delete static_cast<std::shared_ptr<TcpConn> *>(hh->data);
+        if (hh->type == UV_POLL) delete reinterpret_cast<uv_poll_t *>(hh);
+        else delete reinterpret_cast<uv_timer_t *>(hh);
+      });
+    }
+    poll_ = nullptr;
+    timer_ = nullptr;
     return;
   }
-  for (auto &[id, p] : inflight_) {
-    if (now >= p.st->op->deadline().at()) {
-      fail(-ETIMEDOUT, "no answer from the memory element within " + std::to_string(timeout_ms_) + " ms");
+  int events = UV_DISCONNECT | (reader_ == Reader::Loop ? UV_READABLE : 0) | (sendq_.empty() ? 0 : UV_WRITABLE);
+  if (events != watching_) {
+    watching_ = events;
+    uv_poll_start(poll_, events, on_poll);
+  }
+  bool busy = reader_ == Reader::Loop || !sendq_.empty();
+  if (busy && !uv_is_active(reinterpret_cast<uv_handle_t *>(timer_)))
+    uv_timer_start(timer_, [](uv_timer_t *t) {
+      auto *c = static_cast<TcpConn *>(t->data);
+      Lock lk(c->mu_);
+      c->check_deadlines_locked();
+    }, kTickMs, kTickMs);
+  else if (!busy)
+    uv_timer_stop(timer_);
+}
+
+void TcpConn::on_poll(uv_poll_t *h, int status, int events) {
+  auto *c = static_cast<TcpConn *>(h->data);
+  {
+    Lock lk(c->mu_);
+    if (c->closed_) return;  // an update to close the handles is on its way
+    if (status < 0) {
+      c->fail_locked(-ECONNRESET, std::string("lost the connection to the memory element: ") + uv_strerror(status), true);
       return;
     }
+    if (events & UV_WRITABLE) c->flush_locked();
+    if (c->reader_ == Reader::Loop && (events & (UV_READABLE | UV_DISCONNECT))) {
+      c->read_locked();
+      if (!c->closed_ && c->inflight_.empty()) c->reader_ = Reader::None;
+    } else if (c->reader_ == Reader::None && (events & UV_DISCONNECT)) {
+      char b;
+      ssize_t r = recv(c->fd_, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+      if (r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR))
+        c->fail_locked(-ECONNRESET, "the memory element closed the connection", true);
+    }
+    if (c->closed_) return;
   }
-}
-
-void TcpConn::on_alloc(uv_handle_t *h, size_t, uv_buf_t *buf) {
-  auto *c = static_cast<TcpConn *>(h->data);
-  char *p;
-  size_t len;
-  if (c->reader_.direct_target(kDirectMin, &p, &len)) {
-    buf->base = p;
-    buf->len = len;
-  } else {
-    buf->base = c->staging_;
-    buf->len = kStagingSize;
-  }
-}
-
-void TcpConn::on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
-  auto *c = static_cast<TcpConn *>(s->data);
-  if (c->phase_ == Phase::Closed) return;
-  if (n < 0) {
-    c->fail(n == UV_EOF ? -ECONNRESET : int(n),
-            n == UV_EOF ? "the memory element closed the connection"
-                        : std::string("lost the connection to the memory element: ") + uv_strerror(int(n)));
-    return;
-  }
-  if (n == 0) return;
-  std::string why;
-  int rc = buf->base == c->staging_ ? c->reader_.feed(buf->base, size_t(n), &why)
-                                    : c->reader_.advance_direct(size_t(n), &why);
-  if (rc && c->phase_ != Phase::Closed) c->fail(-EPROTO, "protocol error from the memory element: " + why);
+  c->update_watch();
 }
 
 }  // namespace libd
