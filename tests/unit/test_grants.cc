@@ -4,8 +4,10 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <fstream>
 #include <thread>
@@ -295,4 +297,64 @@ TEST(Server, ASlowReaderDoesNotBlockOthers) {
   void *buf = nullptr;
   ASSERT_EQ(0, libd_trdma_reg(t, 1 << 20, &buf));
   for (int i = 0; i < 50; i++) ASSERT_EQ(0, libd_trdma_read(t, 1 << 20, 0, buf)) << libd_last_error();
+}
+
+// Scad's model: a memory element is an action whose rdma_server transport serves it.
+TEST(ServerTransport, ServesPublishesItsAddressGrantsAndStops) {
+  std::string sock = test::unique_socket_path("srv");
+  auto server = make_action("memory-element");
+  std::string durl = "mem;tcp_server;size,1MiB;path," + sock;
+  ASSERT_EQ(0, libd_action_add_transport(server.get(), durl.c_str())) << libd_last_error();
+  auto *s = libd_action_get_transport(server.get(), "mem");
+  EXPECT_EQ(LIBD_KIND_RDMA_SERVER, libd_transport_kind(s));
+  char msg[512];
+  EXPECT_EQ(-ENODATA, libd_transport_get_message(s, msg, sizeof msg, nullptr));
+  char config[512];
+  EXPECT_EQ(-ENOTCONN, libd_trdma_server_grant(s, "c", 0, 0, 3, config, sizeof config));
+  void *nope = nullptr;
+  EXPECT_EQ(-EOPNOTSUPP, libd_trdma_reg(s, 64, &nope));
+
+  ASSERT_EQ(0, libd_trdma_server_serve(s)) << libd_last_error();
+  EXPECT_EQ(LIBD_STATE_READY, libd_transport_state(s));
+  size_t needed = 0;
+  EXPECT_EQ(-ERANGE, libd_transport_get_message(s, msg, 4, &needed));
+  ASSERT_GT(libd_transport_get_message(s, msg, sizeof msg, &needed), 0);
+  EXPECT_NE(std::string::npos, std::string(msg).find("port,")) << msg;
+  EXPECT_NE(std::string::npos, std::string(msg).find("path," + sock)) << msg;
+
+  int len = libd_trdma_server_grant(s, "reader", 0, 0, LIBD_RIGHT_READ | LIBD_RIGHT_WRITE, config, sizeof config);
+  ASSERT_GT(len, 0) << libd_last_error();
+  std::string grant_id = std::string(config).substr(std::string(config).find("grant,") + 6);
+  grant_id = grant_id.substr(0, grant_id.find(';'));
+
+  std::atomic<int> run_rc{1};
+  std::thread runner([&] { run_rc = libd_trdma_server_run(s); });  // Scad's blocking serve
+
+  for (const char *impl : {"tcp", "shm"}) {
+    auto client = make_action("reader");
+    std::string cdurl = std::string("m;") + impl + ";" + config;
+    ASSERT_EQ(0, libd_action_add_transport(client.get(), cdurl.c_str()));
+    auto *t = libd_action_get_transport(client.get(), "m");
+    char *buf = nullptr;
+    ASSERT_EQ(0, libd_trdma_reg(t, 4096, reinterpret_cast<void **>(&buf)));
+    memcpy(buf, impl, 3);
+    ASSERT_EQ(0, libd_trdma_write(t, 3, 1000, buf)) << libd_last_error();
+    ASSERT_EQ(0, libd_trdma_read(t, 3, 1000, buf + 100));
+    EXPECT_EQ(0, memcmp(buf + 100, impl, 3));
+  }
+  auto client = make_action("reader");
+  std::string cdurl = std::string("m;tcp;") + config;
+  ASSERT_EQ(0, libd_action_add_transport(client.get(), cdurl.c_str()));
+  auto *t = libd_action_get_transport(client.get(), "m");
+  ASSERT_EQ(0, libd_transport_connect(t));
+  ASSERT_EQ(0, libd_trdma_server_revoke(s, grant_id.c_str()));
+  EXPECT_EQ(LIBD_STATE_ERROR, libd_transport_wait_state(t, LIBD_STATE_ERROR, 2000));
+  EXPECT_EQ(-ENOENT, libd_trdma_server_revoke(s, "g-unknown"));
+
+  ASSERT_EQ(0, libd_trdma_server_stop(s));
+  runner.join();
+  EXPECT_EQ(0, run_rc.load());
+  EXPECT_EQ(LIBD_STATE_TERMINATED, libd_transport_state(s));
+  struct stat st;
+  EXPECT_NE(0, stat(sock.c_str(), &st)) << "the socket file is removed on stop";
 }
