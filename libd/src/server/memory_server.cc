@@ -9,6 +9,8 @@
 
 #include <cerrno>
 #include <cstring>
+#include <array>
+#include <deque>
 #include <vector>
 
 #include "core/error.h"
@@ -76,6 +78,8 @@ class MemoryServer::Conn : public FrameReader::Handler {
   void close() {
     if (closing_) return;
     closing_ = true;
+    delete batch_;
+    batch_ = nullptr;
     srv_->conns_.erase(this);
     srv_->nconns_--;
     uv_timer_stop(&auth_timer_);
@@ -146,10 +150,13 @@ class MemoryServer::Conn : public FrameReader::Handler {
     uv_pipe_t pipe;
   };
 
+  // One uv_write carrying every frame produced while handling one read from the socket: many
+  // small answers cost one system call instead of one each.
   struct WriteReq {
     uv_write_t req;
-    char hdr[kHeaderSize];
-    std::string body;
+    std::deque<std::array<char, kHeaderSize>> hdrs;  // deque: stable addresses while growing
+    std::deque<std::string> bodies;
+    std::vector<uv_buf_t> bufs;
     std::shared_ptr<Element> element;  // keeps READ data mapped until sent
     Conn *conn;
   };
@@ -240,37 +247,52 @@ class MemoryServer::Conn : public FrameReader::Handler {
     return 0;
   }
 
+  WriteReq *batch() {
+    if (!batch_) {
+      batch_ = new WriteReq();
+      batch_->conn = this;
+    }
+    return batch_;
+  }
+
   void send_frame(const Header &h, const std::string &body) {
     if (closing_) return;
     if (unix_) { send_raw(h, body, -1); return; }
-    auto *w = new WriteReq();
-    w->conn = this;
-    encode_header(h, w->hdr);
-    w->body = body;
-    uv_buf_t bufs[2] = {uv_buf_init(w->hdr, kHeaderSize), uv_buf_init(w->body.data(), unsigned(w->body.size()))};
-    submit(w, bufs, body.empty() ? 1 : 2);
+    WriteReq *w = batch();
+    w->hdrs.emplace_back();
+    encode_header(h, w->hdrs.back().data());
+    w->bufs.push_back(uv_buf_init(w->hdrs.back().data(), kHeaderSize));
+    if (!body.empty()) {
+      w->bodies.push_back(body);
+      w->bufs.push_back(uv_buf_init(w->bodies.back().data(), unsigned(body.size())));
+    }
+    if (!in_read_) flush();
   }
 
   void send_data(const Header &h, char *data) {
     if (closing_) return;
-    auto *w = new WriteReq();
-    w->conn = this;
-    encode_header(h, w->hdr);
-    uv_buf_t bufs[2] = {uv_buf_init(w->hdr, kHeaderSize), uv_buf_t{}};
-    int n = 1;
+    WriteReq *w = batch();
+    w->hdrs.emplace_back();
+    encode_header(h, w->hdrs.back().data());
+    w->bufs.push_back(uv_buf_init(w->hdrs.back().data(), kHeaderSize));
     if (data && h.size) {
       w->element = element_;
-      bufs[1].base = data;
-      bufs[1].len = size_t(h.size);
-      n = 2;
+      uv_buf_t b;
+      b.base = data;
+      b.len = size_t(h.size);
+      w->bufs.push_back(b);
     }
-    submit(w, bufs, n);
+    if (!in_read_) flush();
   }
 
-  void submit(WriteReq *w, uv_buf_t *bufs, int n) {
+  void flush() {
+    WriteReq *w = batch_;
+    batch_ = nullptr;
+    if (!w) return;
+    if (closing_) { delete w; return; }
     w->req.data = w;
     writes_++;
-    int rc = uv_write(&w->req, stream(), bufs, unsigned(n), [](uv_write_t *req, int status) {
+    int rc = uv_write(&w->req, stream(), w->bufs.data(), unsigned(w->bufs.size()), [](uv_write_t *req, int status) {
       auto *w = static_cast<WriteReq *>(req->data);
       Conn *c = w->conn;
       delete w;
@@ -313,8 +335,11 @@ class MemoryServer::Conn : public FrameReader::Handler {
     if (n < 0) { c->close(); return; }
     if (n == 0 || c->closing_ || c->close_after_writes_) return;
     std::string why;
+    c->in_read_ = true;
     int rc = buf->base == c->staging_ ? c->reader_.feed(buf->base, size_t(n), &why)
                                       : c->reader_.advance_direct(size_t(n), &why);
+    c->in_read_ = false;
+    c->flush();
     if (rc) c->close();  // a protocol violation ends this connection only
   }
 
@@ -326,6 +351,8 @@ class MemoryServer::Conn : public FrameReader::Handler {
   std::string nonce_;
   std::string ctl_;
   bool got_auth_ = false, authed_ = false, closing_ = false, paused_ = false, close_after_writes_ = false;
+  bool in_read_ = false;       // answers are batched until the read is handled
+  WriteReq *batch_ = nullptr;  // the answers batched so far
   int pending_closes_ = 0;
   int writes_ = 0;
   int write_status_ = 0;

@@ -82,7 +82,7 @@ class TcpConn : public proto::FrameReader::Handler, public std::enable_shared_fr
   TcpConn(int fd, FailFn on_fail);
   void start_watch();
   std::shared_ptr<OpState> enqueue_locked(const std::shared_ptr<Op> &op);
-  void send_locked(const char *hdr, const char *data, size_t len, const std::shared_ptr<OpState> &st);
+  void queue_locked(const char *hdr, const char *data, size_t len, const std::shared_ptr<OpState> &st);
   bool flush_locked();  // true when sendq_ is empty
   void read_locked();   // consumes what the socket holds
   void maybe_finish_locked(const std::shared_ptr<OpState> &st);
