@@ -60,7 +60,8 @@ INSTANTIATE_TEST_SUITE_P(
                       BadDurl{"mem;tcp;,v", 9, "empty key"},
                       BadDurl{"mem;tcp;a,1;a,2", 13, "duplicate key 'a'"},
                       BadDurl{"mem;tcp;a,x\ny", 12, "byte 0x0a"},
-                      BadDurl{"mem;tcp;a\x01,1", 10, "byte 0x01"}));
+                      BadDurl{"mem;tcp;a\x01,1", 10, "byte 0x01"}),
+    [](const ::testing::TestParamInfo<BadDurl> &info) { return "case" + std::to_string(info.index); });
 
 TEST(Durl, RejectsOverlongParts) {
   Durl d;

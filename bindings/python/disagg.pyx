@@ -1,0 +1,581 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""disagg — the Python face of libd, compatible with Scad's binding.
+
+    from disagg import LibdAction
+    action = LibdAction('my-action')
+    action.add_transport('mem1;tcp')
+    action.config_transport('mem1', config)          # relayed by the control plane
+    t = action.get_transport('mem1', 'rdma')
+    t.reg(1 << 20)                                   # t.buf: zero-copy, writable memoryview
+    t.buf[0:5] = b'hello'
+    t.write(5, 0, 0)                                 # (size, remote addr, local offset)
+    t.read(5, 0, 64)
+
+Errors are exceptions, never integer codes: MemoryError (no buffer registered), ValueError (out of
+range, bad argument), KeyError (no such transport), TimeoutError (deadline), ConnectionError (peer
+gone: the transport is in ERROR until recover()), PermissionError (the grant does not allow it).
+Every call that waits releases the GIL; threads may share a transport.
+"""
+import asyncio
+import errno as _errno
+import mmap
+import os
+import time
+from concurrent.futures import CancelledError
+
+from cpython.exc cimport PyErr_CheckSignals
+from libc.stdint cimport uint64_t
+from libc.stdlib cimport free, malloc
+from libc.string cimport strlen
+
+cimport clibd
+
+__all__ = ["LibdAction", "LibdTransport", "LibdTransportRDMA", "LibdTransportRDMAServer", "Operation",
+           "CancelledError", "STATES"]
+
+STATES = {clibd.LIBD_STATE_INIT: "INIT", clibd.LIBD_STATE_INITD: "INITD", clibd.LIBD_STATE_READY: "READY",
+          clibd.LIBD_STATE_ERROR: "ERROR", clibd.LIBD_STATE_TERMINATED: "TERMINATED"}
+_STATE_BITS = {v: k for k, v in STATES.items()}
+
+_CONNECTION_ERRNOS = {_errno.ECONNRESET, _errno.ENOTCONN, _errno.ECONNREFUSED, _errno.ECONNABORTED,
+                      _errno.ESHUTDOWN, _errno.EPIPE, _errno.EHOSTUNREACH}
+
+
+cdef str _last_error():
+    return clibd.libd_last_error().decode("utf-8", "replace")
+
+
+cdef object _error(int rc, str what=""):
+    """The exception for a negative errno from libd, with libd's message for this thread."""
+    cdef int e = -rc
+    msg = _last_error() or clibd.libd_strerror(rc).decode()
+    if what:
+        msg = f"{what}: {msg}"
+    if e == _errno.ENOBUFS or e == _errno.ENOMEM:
+        exc = MemoryError(msg)
+    elif e in (_errno.ERANGE, _errno.EINVAL, _errno.EEXIST, _errno.E2BIG, _errno.EBUSY):
+        exc = ValueError(msg)
+    elif e == _errno.ENOENT:
+        exc = KeyError(msg)
+    elif e == _errno.ECANCELED:
+        exc = CancelledError(msg)
+    elif e == _errno.EOPNOTSUPP:
+        exc = NotImplementedError(msg)
+    elif e == _errno.ETIMEDOUT:
+        return TimeoutError(e, msg)
+    elif e in _CONNECTION_ERRNOS:
+        return ConnectionError(e, msg)
+    elif e == _errno.EACCES or e == _errno.EPERM:
+        return PermissionError(e, msg)
+    else:
+        return OSError(e, msg)
+    exc.errno = e
+    return exc
+
+
+cdef inline int _check(int rc, str what="") except -1:
+    if rc < 0:
+        raise _error(rc, what)
+    return rc
+
+
+cdef bytes _b(s):
+    if isinstance(s, bytes):
+        return s
+    return str(s).encode("utf-8")
+
+
+cdef class LibdAction:
+    """One compute element's action object: an id, options, and named transports.
+
+    LibdAction(aid, **options) — options reach libd as Scad's '+key value' arguments (for example
+    timeout_ms=5000). Scad's LibdAction(cv, aid, **options) is accepted too.
+    """
+    cdef clibd.libd_action *_c
+    cdef dict _wrappers
+    cdef public object runtime_url
+    cdef object _runtime
+    cdef public list profile_points
+
+    def __cinit__(self, *args, **options):
+        self._c = NULL
+
+    def __init__(self, *args, **options):
+        if len(args) == 2:      # Scad: LibdAction(cv, aid, ...)
+            aid = args[1]
+        elif len(args) == 1:
+            aid = args[0]
+        else:
+            raise TypeError("LibdAction(aid, **options)")
+        argv_list = []
+        for k, v in options.items():
+            argv_list.append(_b("+" + k))
+            argv_list.append(_b(",".join(map(str, v)) if isinstance(v, (list, tuple)) else v))
+        cdef int argc = len(argv_list)
+        cdef char **argv = <char **>malloc((argc + 1) * sizeof(char *))
+        if argv == NULL:
+            raise MemoryError()
+        for i in range(argc):
+            argv[i] = argv_list[i]
+        baid = _b(aid)
+        self._c = clibd.libd_action_init(baid, argc, argv)
+        free(argv)
+        if self._c == NULL:
+            raise ValueError(_last_error())
+        self._wrappers = {}
+        self._runtime = None
+        self.profile_points = []
+
+    def __dealloc__(self):
+        if self._c != NULL:
+            with nogil:
+                clibd.libd_action_free(self._c)
+            self._c = NULL
+
+    cdef clibd.libd_action *_action(self) except NULL:
+        if self._c == NULL:
+            raise ConnectionError(_errno.ESHUTDOWN, "the action was terminated")
+        return self._c
+
+    @property
+    def id(self):
+        return clibd.libd_action_id(self._action()).decode()
+
+    def add_transport(self, durl):
+        """Adds a transport from a durl 'NAME;IMPL;KEY,VALUE;...'. ValueError names the position."""
+        bdurl = _b(durl)
+        cdef clibd.libd_action *a = self._action()
+        cdef const char *c = bdurl
+        cdef int rc
+        with nogil:
+            rc = clibd.libd_action_add_transport(a, c)
+        _check(rc)
+
+    def config_transport(self, name, config):
+        """Merges 'KEY,VALUE;...' into a transport's configuration (what the runtime relays)."""
+        bname, bconfig = _b(name), _b(config)
+        cdef clibd.libd_action *a = self._action()
+        cdef const char *n = bname
+        cdef const char *c = bconfig
+        cdef int rc
+        with nogil:
+            rc = clibd.libd_action_config_transport(a, n, c)
+        _check(rc)
+
+    def transport_names(self):
+        cdef char buf[8192]
+        _check(clibd.libd_action_transport_names(self._action(), buf, sizeof(buf)))
+        names = buf.decode()
+        return names.split(",") if names else []
+
+    def get_transport(self, name, ttype="rdma"):
+        """The transport `name` as an 'rdma' (client) or 'rdma_server' (memory element) object.
+
+        Returns at once; the first operation waits (up to the deadline) for the transport to be
+        configured. KeyError names the transports that exist.
+        """
+        if ttype not in ("rdma", "rdma_server"):
+            raise KeyError(f"unknown transport type {ttype!r} (known: 'rdma', 'rdma_server')")
+        w = self._wrappers.get(name)
+        if w is None:
+            bname = _b(name)
+            t = clibd.libd_action_get_transport(self._action(), bname)
+            if t == NULL:
+                raise KeyError(_last_error())
+            kind = clibd.libd_transport_kind(t)
+            cls = LibdTransportRDMA if kind == clibd.LIBD_KIND_RDMA else LibdTransportRDMAServer
+            w = cls.__new__(cls)
+            (<LibdTransport>w)._bind(self, name)
+            self._wrappers[name] = w
+        want = LibdTransportRDMA if ttype == "rdma" else LibdTransportRDMAServer
+        if not isinstance(w, want):
+            kind = "rdma" if isinstance(w, LibdTransportRDMA) else "rdma_server"
+            raise KeyError(f"transport {name!r} is of type {kind!r}, not {ttype!r}")
+        return w
+
+    def terminate(self):
+        """Terminates every transport and frees the action. Idempotent."""
+        cdef clibd.libd_action *a = self._c
+        self._c = NULL
+        for w in self._wrappers.values():
+            (<LibdTransport>w)._t = NULL
+        if a != NULL:
+            with nogil:
+                clibd.libd_action_free(a)
+
+    def profile(self, point):
+        """Scad's profiling hook: records (point, monotonic ns)."""
+        self.profile_points.append((point, time.monotonic_ns()))
+
+    @property
+    def runtime(self):
+        """Asks the runtime for new elements: runtime.invoke(template, trans, props), release(name)."""
+        if self._runtime is None:
+            from scad.runtime_client import RuntimeClient
+            self._runtime = RuntimeClient(self, self.runtime_url)
+        return self._runtime
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.terminate()
+        return False
+
+
+cdef class LibdTransport:
+    """What every transport has: a name, a state machine, counters."""
+    cdef clibd.libd_transport *_t
+    cdef LibdAction _action_obj
+    cdef public str name
+
+    cdef _bind(self, LibdAction action, str name):
+        self._action_obj = action
+        self.name = name
+        self._t = clibd.libd_action_get_transport(action._c, _b(name))
+
+    cdef clibd.libd_transport *_tr(self) except NULL:
+        if self._t == NULL:
+            raise ConnectionError(_errno.ESHUTDOWN, f"transport {self.name!r} was terminated")
+        return self._t
+
+    @property
+    def action(self):
+        return self._action_obj
+
+    @property
+    def impl(self):
+        return clibd.libd_transport_impl(self._tr()).decode()
+
+    @property
+    def state(self):
+        """'INIT', 'INITD', 'READY', 'ERROR' or 'TERMINATED'."""
+        if self._t == NULL:
+            return "TERMINATED"
+        return STATES[clibd.libd_transport_state(self._t)]
+
+    def wait_state(self, states, timeout=None):
+        """Waits until the state is one of `states` (a name or names); returns it."""
+        if isinstance(states, str):
+            states = [states]
+        cdef unsigned mask = 0
+        for s in states:
+            mask |= _STATE_BITS[s]
+        cdef int ms = -1 if timeout is None else int(timeout * 1000)
+        cdef clibd.libd_transport *t = self._tr()
+        cdef int rc
+        with nogil:
+            rc = clibd.libd_transport_wait_state(t, mask, ms)
+        _check(rc)
+        return STATES[rc]
+
+    def wait_change(self, uint64_t seq=0, timeout=None):
+        """Waits for a state change after `seq`; returns (new_seq, state). Never misses one."""
+        cdef int ms = -1 if timeout is None else int(timeout * 1000)
+        cdef clibd.libd_transport *t = self._tr()
+        cdef int rc
+        with nogil:
+            rc = clibd.libd_transport_wait_change(t, &seq, ms)
+        _check(rc)
+        return seq, STATES[rc]
+
+    @property
+    def error(self):
+        """Why the transport is in ERROR ('' if it is not)."""
+        cdef char buf[1024]
+        if self._t == NULL:
+            return ""
+        if clibd.libd_transport_error(self._t, buf, sizeof(buf)) < 0:
+            return ""
+        return buf.decode("utf-8", "replace")
+
+    def connect(self):
+        cdef clibd.libd_transport *t = self._tr()
+        cdef int rc
+        with nogil:
+            rc = clibd.libd_transport_connect(t)
+        _check(rc)
+
+    def recover(self):
+        """ERROR -> READY: reconnects. ConnectionError while the peer is still gone."""
+        cdef clibd.libd_transport *t = self._tr()
+        cdef int rc
+        with nogil:
+            rc = clibd.libd_transport_recover(t)
+        _check(rc)
+
+    def terminate(self):
+        cdef clibd.libd_transport *t = self._t
+        if t == NULL:
+            return
+        with nogil:
+            clibd.libd_transport_terminate(t)
+
+    def get_msg(self):
+        """The out-of-band message (Scad's get_msg): (length, text); (0, '') if none yet."""
+        cdef size_t needed = 0
+        cdef char small[1]
+        cdef clibd.libd_transport *t = self._tr()
+        rc = clibd.libd_transport_get_message(t, small, 0, &needed)
+        if rc == -_errno.ENODATA:
+            return 0, ""
+        cdef char *buf = <char *>malloc(needed)
+        try:
+            rc = clibd.libd_transport_get_message(t, buf, needed, NULL)
+            _check(rc)
+            return rc, buf[:rc].decode()
+        finally:
+            free(buf)
+
+    @property
+    def message(self):
+        return self.get_msg()[1]
+
+    def set(self, key, value):
+        """Transport-specific knobs (for example the fake transport's faults)."""
+        _check(clibd.libd_transport_set(self._tr(), _b(key), _b(value)))
+
+    def stats(self):
+        """Counters: ops, bytes, errors and latency percentiles (ns)."""
+        cdef clibd.libd_stats s
+        _check(clibd.libd_transport_stats(self._tr(), &s))
+        return {"read_ops": s.read_ops, "write_ops": s.write_ops, "read_bytes": s.read_bytes,
+                "write_bytes": s.write_bytes, "errors": s.errors,
+                "latency_p50_ns": clibd.libd_stats_percentile_ns(&s, 0.5),
+                "latency_p99_ns": clibd.libd_stats_percentile_ns(&s, 0.99)}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.terminate()
+        return False
+
+    def __repr__(self):
+        return f"<{type(self).__name__} {self.name!r} {self.state}>"
+
+
+cdef class LibdTransportRDMA(LibdTransport):
+    """One-sided access to a memory element: reg(), then read()/write() and their variants."""
+    cdef char *_base
+    cdef size_t _size
+    cdef unsigned char[::1] _view   # holds the buffer export: the memory outlives any terminate
+    cdef object _owner
+    cdef public object buf
+
+    def reg(self, size_t size, LibdTransportRDMA other=None):
+        """Registers a local buffer of `size` bytes (or shares `other`'s). Sets self.buf."""
+        cdef clibd.libd_transport *t = self._tr()
+        if size == 0:
+            raise ValueError("reg: size must be > 0")
+        if other is not None:
+            if other._base == NULL:
+                raise MemoryError(f"transport {other.name!r} has no registered buffer to share")
+            if size > other._size:
+                raise ValueError(f"reg: {size} bytes is larger than {other.name!r}'s buffer of {other._size}")
+            owner = other._owner
+        else:
+            # Python owns the memory (an anonymous mapping: page-aligned, zeroed), so a memoryview
+            # kept after terminate() stays valid; libd only registers it.
+            owner = mmap.mmap(-1, size)
+        cdef unsigned char[::1] view = owner
+        cdef void *p = <void *>&view[0]
+        cdef int rc
+        with nogil:
+            rc = clibd.libd_trdma_reg(t, size, &p)
+        _check(rc, "reg")
+        self._owner = owner
+        self._view = view
+        self._base = <char *>&view[0]
+        self._size = size
+        self.buf = memoryview(owner)[:size]
+
+    @property
+    def size(self):
+        return self._size
+
+    @property
+    def array(self):
+        """The local buffer as a numpy uint8 array (zero copy); needs numpy."""
+        import numpy
+        if self._base == NULL:
+            raise MemoryError(f"transport {self.name!r}: no local buffer registered; call reg() first")
+        return numpy.frombuffer(self.buf, dtype=numpy.uint8)
+
+    cdef inline char *_local(self, size_t size, size_t offset) except NULL:
+        if self._base == NULL:
+            raise MemoryError(f"transport {self.name!r}: no local buffer registered; call reg() first")
+        if offset > self._size or size > self._size - offset:
+            raise ValueError(f"transport {self.name!r}: local range [{offset}, +{size}) is outside "
+                             f"the registered buffer of {self._size} bytes")
+        return self._base + offset
+
+    def read(self, size_t size, uint64_t addr, size_t offset=0):
+        """Remote [addr, addr+size) -> local buffer at offset. Blocks (GIL released)."""
+        cdef char *p = self._local(size, offset)
+        cdef clibd.libd_transport *t = self._tr()
+        cdef int rc
+        with nogil:
+            rc = clibd.libd_trdma_read(t, size, addr, p)
+        if rc < 0:
+            raise _error(rc)
+
+    def write(self, size_t size, uint64_t addr, size_t offset=0):
+        """Local buffer at offset -> remote [addr, addr+size). Blocks (GIL released)."""
+        cdef char *p = self._local(size, offset)
+        cdef clibd.libd_transport *t = self._tr()
+        cdef int rc
+        with nogil:
+            rc = clibd.libd_trdma_write(t, size, addr, p)
+        if rc < 0:
+            raise _error(rc)
+
+    def read_async(self, size_t size, uint64_t addr, size_t offset=0):
+        """Starts a read; returns an Operation (wait(), done(), status, cancel(), await)."""
+        return self._start(False, [(size, addr, offset)])
+
+    def write_async(self, size_t size, uint64_t addr, size_t offset=0):
+        return self._start(True, [(size, addr, offset)])
+
+    def readv(self, entries):
+        """A batch of (size, addr, offset) reads; one bad entry refuses the whole batch."""
+        self._start(False, entries).wait()
+
+    def writev(self, entries):
+        self._start(True, entries).wait()
+
+    def readv_async(self, entries):
+        return self._start(False, entries)
+
+    def writev_async(self, entries):
+        return self._start(True, entries)
+
+    cdef Operation _start(self, bint is_write, entries):
+        cdef int n = len(entries)
+        if n == 0:
+            raise ValueError("a batch needs at least one (size, addr, offset) entry")
+        cdef clibd.libd_iov *iov = <clibd.libd_iov *>malloc(n * sizeof(clibd.libd_iov))
+        if iov == NULL:
+            raise MemoryError()
+        cdef clibd.libd_op *op = NULL
+        cdef clibd.libd_transport *t
+        cdef int rc
+        cdef size_t size, offset
+        try:
+            for i, entry in enumerate(entries):
+                if len(entry) == 2:
+                    size, addr = entry
+                    offset = 0
+                else:
+                    size, addr, offset = entry
+                iov[i].buf = self._local(size, offset)
+                iov[i].size = size
+                iov[i].raddr = addr
+            t = self._tr()
+            with nogil:
+                if is_write:
+                    rc = clibd.libd_trdma_writev_async(t, iov, n, &op)
+                else:
+                    rc = clibd.libd_trdma_readv_async(t, iov, n, &op)
+            _check(rc)
+        finally:
+            free(iov)
+        cdef Operation o = Operation.__new__(Operation)
+        o._op = op
+        o._keep = (self, self._owner)   # the buffer lives while the operation may touch it
+        return o
+
+    def remote(self):
+        """(size, rights) of the remote region this transport may reach ('r', 'w' or 'rw')."""
+        cdef uint64_t size = 0
+        cdef unsigned rights = 0
+        cdef clibd.libd_transport *t = self._tr()
+        cdef int rc
+        with nogil:
+            rc = clibd.libd_trdma_remote(t, &size, &rights)
+        _check(rc)
+        return size, ("r" if rights & 1 else "") + ("w" if rights & 2 else "")
+
+
+cdef class Operation:
+    """An operation in flight. wait(timeout) raises what the operation failed with; `await op`
+    works in asyncio; cancel() returns once libd no longer touches the buffers."""
+    cdef clibd.libd_op *_op
+    cdef object _keep
+
+    def __dealloc__(self):
+        if self._op != NULL:
+            with nogil:
+                clibd.libd_op_free(self._op)
+
+    @property
+    def status(self):
+        """0 when done, -EINPROGRESS while running, a negative errno if it failed."""
+        return clibd.libd_op_poll(self._op)
+
+    def done(self):
+        return clibd.libd_op_poll(self._op) != -_errno.EINPROGRESS
+
+    def wait(self, timeout=None):
+        """Waits; TimeoutError if `timeout` (seconds) passes first (the operation goes on)."""
+        cdef int ms = -1 if timeout is None else max(0, int(timeout * 1000))
+        cdef int rc
+        with nogil:
+            rc = clibd.libd_op_wait(self._op, ms)
+        if rc == -_errno.ETIMEDOUT and clibd.libd_op_poll(self._op) == -_errno.EINPROGRESS:
+            raise TimeoutError(_errno.ETIMEDOUT, "wait timed out; the operation goes on")
+        if rc < 0:
+            raise _error(rc)
+
+    def cancel(self):
+        """Cancels; True if it was cancelled, False if it had already finished."""
+        cdef int rc
+        with nogil:
+            rc = clibd.libd_op_cancel(self._op)
+        return rc == -_errno.ECANCELED
+
+    def __await__(self):
+        loop = asyncio.get_running_loop()
+        return loop.run_in_executor(None, self.wait).__await__()
+
+
+cdef class LibdTransportRDMAServer(LibdTransport):
+    """The memory element side: serve() it, grant() clients, revoke() them, stop()."""
+
+    def serve(self, block=True):
+        """Starts serving. With block=True (Scad's behaviour) returns when stop() is called."""
+        cdef clibd.libd_transport *t = self._tr()
+        cdef int rc
+        with nogil:
+            rc = clibd.libd_trdma_server_serve(t)
+        _check(rc, "serve")
+        if not block:
+            return
+        cdef unsigned done_mask = clibd.LIBD_STATE_INITD | clibd.LIBD_STATE_TERMINATED
+        while True:
+            if self._t == NULL:
+                return
+            t = self._t
+            with nogil:
+                rc = clibd.libd_transport_wait_state(t, done_mask, 200)
+            if rc >= 0:
+                return
+            PyErr_CheckSignals()   # Ctrl-C stops a blocking serve
+
+    def stop(self):
+        cdef clibd.libd_transport *t = self._t
+        if t == NULL:
+            return
+        with nogil:
+            clibd.libd_trdma_server_stop(t)
+
+    def grant(self, client, uint64_t offset=0, uint64_t length=0, rights="rw"):
+        """Gives `client` (an action id) access; returns the configuration to relay to it."""
+        cdef unsigned r = (1 if "r" in rights else 0) | (2 if "w" in rights else 0)
+        cdef char out[2048]
+        bclient = _b(client)
+        _check(clibd.libd_trdma_server_grant(self._tr(), bclient, offset, length, r, out, sizeof(out)), "grant")
+        return out.decode()
+
+    def revoke(self, grant_id):
+        _check(clibd.libd_trdma_server_revoke(self._tr(), _b(grant_id)), "revoke")

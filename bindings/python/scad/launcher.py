@@ -1,0 +1,69 @@
+"""Runs one user action: loads its file, calls main(args, action) with a configured LibdAction,
+and returns the result as JSON. The action is always terminated (its transports released), also
+when main raises; an exception becomes an error result, never a crash of the host.
+
+As a program (what the host agent starts):
+    python -m scad.launcher < spec.json
+where spec is {"aid", "code", "main", "args", "transports": [{"durl", "config"}], "options",
+"runtime_url"}. The user's prints go to stderr; stdout carries exactly one JSON line: the result.
+"""
+import contextlib
+import importlib.util
+import json
+import sys
+import traceback
+import uuid
+
+import disagg
+
+
+def load_main(code, main="main"):
+    name = f"scad_action_{uuid.uuid4().hex}"
+    spec = importlib.util.spec_from_file_location(name, code)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load action code from {code!r}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    fn = getattr(module, main, None)
+    if not callable(fn):
+        raise AttributeError(f"{code!r} has no function {main!r}")
+    return fn
+
+
+def run_action(spec):
+    """Returns {"ok": True, "result": ...} or {"ok": False, "error": {"type", "message", "traceback"}}."""
+    action = None
+    try:
+        action = disagg.LibdAction(spec.get("aid") or f"action-{uuid.uuid4().hex[:8]}", **spec.get("options", {}))
+        if spec.get("runtime_url"):
+            action.runtime_url = spec["runtime_url"]
+        for t in spec.get("transports", []):
+            action.add_transport(t["durl"])
+            if t.get("config"):
+                action.config_transport(t["durl"].split(";", 1)[0], t["config"])
+        fn = load_main(spec["code"], spec.get("main", "main"))
+        result = fn(spec.get("args", {}), action)
+        json.dumps(result)  # the result must be JSON: say so here, not in the host
+        return {"ok": True, "result": result}
+    except BaseException as e:  # noqa: BLE001 - a user's SystemExit or KeyboardInterrupt is an error result too
+        return {"ok": False, "error": {"type": type(e).__name__, "message": str(e),
+                                       "traceback": traceback.format_exc()}}
+    finally:
+        if action is not None:
+            action.terminate()
+
+
+def main():
+    try:
+        spec = json.load(sys.stdin)
+    except ValueError as e:
+        print(json.dumps({"ok": False, "error": {"type": "ValueError", "message": f"bad spec: {e}"}}))
+        return 2
+    with contextlib.redirect_stdout(sys.stderr):
+        out = run_action(spec)
+    print(json.dumps(out), flush=True)
+    return 0 if out["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,83 @@
+"""action.runtime: asks the host's runtime for new memory elements while an action runs.
+
+The contract (docs/runtime-endpoint.md): the launcher learns the endpoint from the environment —
+SCAD_RUNTIME_URL (e.g. http://127.0.0.1:7070) and SCAD_RUNTIME_TOKEN (a bearer token for this
+action) — and speaks JSON over HTTP:
+
+    POST   {url}/v1/actions/{aid}/elements         {"template": T, "name": N, "props": {...}}
+           201 {"name": N, "durl": "N;IMPL", "config": "KEY,VALUE;..."}
+    DELETE {url}/v1/actions/{aid}/elements/{name}  204
+
+Errors come back as {"error": "..."} with a 4xx/5xx status.
+"""
+import json
+import os
+import urllib.error
+import urllib.parse
+import urllib.request
+
+
+class RuntimeRequestError(RuntimeError):
+    """The runtime refused or failed a request; `status` is the HTTP status (0: unreachable)."""
+
+    def __init__(self, status, message):
+        super().__init__(message)
+        self.status = status
+
+
+class RuntimeClient:
+    def __init__(self, action, url=None, token=None, timeout=30.0):
+        self._action = action
+        self.url = (url or os.environ.get("SCAD_RUNTIME_URL", "")).rstrip("/")
+        self.token = token if token is not None else os.environ.get("SCAD_RUNTIME_TOKEN", "")
+        self.timeout = timeout
+
+    def _request(self, method, path, body=None):
+        if not self.url:
+            raise RuntimeRequestError(0, "no runtime endpoint: this action was not started by a Scad runtime "
+                                         "(SCAD_RUNTIME_URL is not set)")
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.url + path, data=data, method=method)
+        req.add_header("Content-Type", "application/json")
+        if self.token:
+            req.add_header("Authorization", "Bearer " + self.token)
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                raw = resp.read()
+                return json.loads(raw) if raw else {}
+        except urllib.error.HTTPError as e:
+            try:
+                detail = json.loads(e.read()).get("error", "")
+            except Exception:
+                detail = ""
+            raise RuntimeRequestError(e.code, f"runtime refused {method} {path}: {e.code} {detail or e.reason}") from None
+        except (urllib.error.URLError, OSError) as e:
+            raise RuntimeRequestError(0, f"runtime at {self.url} unreachable: {getattr(e, 'reason', e)}") from None
+
+    def _path(self, *parts):
+        return "/v1/actions/" + "/".join(urllib.parse.quote(str(p), safe="") for p in (self._action.id, *parts))
+
+    def invoke(self, template, trans, props=None):
+        """Starts a new element from `template`, joins it to this action as transport `trans` and
+        returns once the transport is usable."""
+        if trans in self._action.transport_names():
+            raise ValueError(f"this action already has a transport named {trans!r}")
+        reply = self._request("POST", self._path("elements"),
+                              {"template": template, "name": trans, "props": props or {}})
+        try:
+            durl, config = reply["durl"], reply["config"]
+        except (KeyError, TypeError):
+            raise RuntimeRequestError(500, f"runtime answered without durl/config: {reply!r}") from None
+        self._action.add_transport(durl)
+        self._action.config_transport(trans, config)
+        t = self._action.get_transport(trans, "rdma")
+        t.connect()   # usable on return, or the error now
+        return t
+
+    def release(self, name):
+        """Releases an element this action invoked; the runtime revokes access at once."""
+        try:
+            self._action.get_transport(name, "rdma").terminate()
+        except KeyError:
+            raise KeyError(f"this action has no transport named {name!r}") from None
+        self._request("DELETE", self._path("elements", name))

@@ -1,0 +1,308 @@
+"""The Python action API (disagg) against real memory elements (libd-memd processes)."""
+import asyncio
+import gc
+import os
+import threading
+import time
+
+import pytest
+
+import disagg
+from disagg import LibdAction
+
+IMPLS = ["shm", "tcp"]
+
+
+def client(memd_server, impl, aid="it-client", **options):
+    a = LibdAction(aid, **options)
+    a.add_transport(f"mem1;{impl}")
+    a.config_transport("mem1", memd_server.config())
+    return a, a.get_transport("mem1", "rdma")
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_scad_readme_calls(memd, impl):
+    server = memd()
+    action, t = client(server, impl)
+    t.reg(1 << 20)
+    t.buf[0:5] = b"hello"
+    assert t.write(5, 0, 0) is None
+    t.read(5, 0, 64)
+    assert bytes(t.buf[64:69]) == b"hello"
+    t.write(5, addr=100, offset=0)        # Scad's keyword names
+    t.read(5, addr=100, offset=200)
+    assert bytes(t.buf[200:205]) == b"hello"
+    action.terminate()
+
+
+def test_get_transport_errors_name_what_exists(memd):
+    server = memd()
+    action, _ = client(server, "tcp")
+    with pytest.raises(KeyError, match="it has: mem1"):
+        action.get_transport("mem2", "rdma")
+    with pytest.raises(KeyError, match="'rdma', 'rdma_server'"):
+        action.get_transport("mem1", "rdma_nonsense")
+    with pytest.raises(KeyError, match="of type 'rdma', not 'rdma_server'"):
+        action.get_transport("mem1", "rdma_server")
+    with pytest.raises(ValueError, match="position 5"):
+        action.add_transport("mem2")
+    with pytest.raises(ValueError, match="already exists"):
+        action.add_transport("mem1;tcp")
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_errors_are_exceptions_and_the_transport_stays_usable(memd, impl):
+    server = memd(element="mem1=1MiB")
+    action, t = client(server, impl)
+    with pytest.raises(MemoryError, match="reg"):
+        t.read(8, 0)
+    t.reg(4096)
+    with pytest.raises(ValueError, match="outside the registered buffer"):
+        t.read(8, 0, 4092)
+    with pytest.raises(ValueError, match="outside the granted"):
+        t.read(16, (1 << 20) - 8)
+    assert t.state == "READY"
+    t.buf[0:4] = b"ok!!"
+    t.write(4, (1 << 20) - 4)
+    t.read(4, (1 << 20) - 4, 8)
+    assert bytes(t.buf[8:12]) == b"ok!!"
+
+
+def test_read_only_grant_refuses_writes(memd):
+    server = memd(rights="r")
+    for impl in IMPLS:
+        action, t = client(server, impl)
+        t.reg(64)
+        with pytest.raises(PermissionError, match="does not allow writes"):
+            t.write(8, 0)
+        t.read(8, 0)
+        action.terminate()
+
+
+def test_unconfigured_transport_times_out_within_the_deadline():
+    action = LibdAction("lonely", timeout_ms=300)
+    action.add_transport("mem1;tcp")
+    t = action.get_transport("mem1", "rdma")      # returns at once
+    assert t.state == "INIT"
+    t.reg(64)
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError, match="not configured within 300 ms"):
+        t.read(8, 0)
+    assert 0.25 < time.monotonic() - t0 < 2.0
+
+
+def test_configuration_arriving_late_wakes_the_waiting_operation(memd):
+    server = memd()
+    action = LibdAction("it-client", timeout_ms=5000)
+    action.add_transport("mem1;tcp")
+    t = action.get_transport("mem1", "rdma")
+    t.reg(64)
+    errors = []
+
+    def op():
+        try:
+            t.read(8, 0)
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    th = threading.Thread(target=op)
+    th.start()
+    th.join(0.2)
+    assert th.is_alive(), "the read cannot finish before the transport is configured"
+    assert t.state == "INIT"
+    action.config_transport("mem1", server.config())
+    th.join(5)
+    assert not th.is_alive() and errors == []
+    assert t.state == "READY"
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_killed_memory_element_is_a_connection_error_and_recover_works_when_back(memd, impl):
+    server = memd(element="mem1=8MiB")
+    action, t = client(server, impl, timeout_ms=1000)
+    t.reg(1 << 20)
+    t.write(1 << 20, 0)
+    server.kill()
+    t0 = time.monotonic()
+    with pytest.raises(ConnectionError):
+        for _ in range(1000):          # shm learns of the death from the loop a moment later
+            t.read(1 << 20, 0)
+    assert time.monotonic() - t0 < 2.0
+    assert t.state == "ERROR"
+    assert "closed the connection" in t.error or "gone" in t.error
+    with pytest.raises(ConnectionError):
+        t.recover()
+    server.start()                      # same addresses, same grants (restored from its file)
+    t.recover()
+    assert t.state == "READY"
+    t.read(16, 0)
+    assert bytes(t.buf[:16]) == bytes(16)
+
+
+def test_killed_mid_operation_fails_within_the_deadline(memd):
+    server = memd(element="mem1=512MiB")
+    action, t = client(server, "tcp", timeout_ms=2000)
+    t.reg(512 << 20)
+    op = t.read_async(512 << 20, 0)
+    server.kill()
+    t0 = time.monotonic()
+    try:
+        op.wait(10)
+        pytest.skip("the 512 MiB read finished before the server died")
+    except ConnectionError:
+        pass
+    assert time.monotonic() - t0 < 2.5
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_threads_hammer_one_transport_with_verified_data(memd, impl):
+    server = memd(element="mem1=8MiB")
+    action, t = client(server, impl)
+    slice_ = 64 * 1024
+    t.reg(16 * slice_)
+    failures = []
+
+    def worker(i):
+        local = 2 * i * slice_
+        for k in range(100):
+            n = 1 + (k * 7919 + i * 104729) % slice_
+            data = os.urandom(n)
+            t.buf[local:local + n] = data
+            t.write(n, i * slice_, local)
+            t.read(n, i * slice_, local + slice_)
+            if bytes(t.buf[local + slice_:local + slice_ + n]) != data:
+                failures.append((i, k))
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert failures == []
+    stats = t.stats()
+    assert stats["read_ops"] == 800 and stats["write_ops"] == 800
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_async_batches_and_asyncio(memd, impl):
+    server = memd(element="mem1=4MiB")
+    action, t = client(server, impl)
+    t.reg(1 << 20)
+    pattern = os.urandom(256 * 1024)
+    t.buf[0:len(pattern)] = pattern
+    ops = [t.write_async(4096, i * 4096, i * 4096) for i in range(64)]
+    for op in ops:
+        op.wait(10)
+        assert op.done() and op.status == 0
+    t.readv([(4096, i * 4096, (1 << 19) + i * 4096) for i in range(64)])
+    assert bytes(t.buf[1 << 19:(1 << 19) + 256 * 1024]) == pattern
+    t.writev([(100, 0, 0), (100, 1000, 100)])
+
+    async def go():
+        await t.read_async(4096, 0, 8192)
+        await asyncio.gather(*(t.read_async(4096, i * 4096, 4096 * i) for i in range(8)))
+
+    asyncio.run(go())
+    with pytest.raises(ValueError):
+        t.readv([(100, 0, 0), (100, 4 << 20, 0)])  # one bad entry refuses the batch
+    with pytest.raises(ValueError):
+        t.readv([])
+
+
+def test_cancel_and_wait_timeout_on_the_fake_transport():
+    action = LibdAction("faker")
+    action.add_transport("m;fake;size,4096")
+    t = action.get_transport("m", "rdma")
+    t.reg(4096)
+    t.set("delay_ms", "300")
+    t.set("fault", "delay")
+    op = t.write_async(16, 0)
+    with pytest.raises(TimeoutError, match="goes on"):
+        op.wait(0.01)
+    op.wait(5)
+    op = t.read_async(16, 0, 1024)
+    assert op.cancel() is True
+    with pytest.raises(disagg.CancelledError):
+        op.wait()
+    t.set("fault", "disconnect")
+    with pytest.raises(ConnectionError):
+        t.read(8, 0)
+    assert t.state == "ERROR"
+    t.set("fault", "none")
+    t.recover()
+    t.read(8, 0)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_large_transfer_verified(memd, impl):
+    size = 256 << 20
+    server = memd(element="mem1=256MiB")
+    action, t = client(server, impl)
+    t.reg(2 * size)
+    np = pytest.importorskip("numpy")
+    arr = t.array
+    arr[:size] = np.random.default_rng(1).integers(0, 256, size, dtype=np.uint8)
+    t.write(size, 0, 0)
+    t.read(size, 0, size)
+    assert np.array_equal(arr[:size], arr[size:])
+
+
+def test_buffers_survive_terminate_and_rss_does_not_grow(memd):
+    import resource  # noqa: F401 - Linux: read RSS from /proc
+
+    def rss():
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    def cycle():
+        a = LibdAction("cycler")
+        a.add_transport("m;local;size,8MiB")
+        t = a.get_transport("m", "rdma")
+        t.reg(8 << 20)
+        t.buf[0:4] = b"data"
+        t.write(8 << 20, 0)
+        view = t.buf
+        a.terminate()
+        assert bytes(view[0:4]) == b"data"     # the memoryview outlives the action safely
+        with pytest.raises(ConnectionError):
+            t.read(8, 0)
+
+    for _ in range(20):
+        cycle()
+    gc.collect()
+    before = rss()
+    for _ in range(200):
+        cycle()
+    gc.collect()
+    grown = rss() - before
+    assert grown < 32 << 20, f"RSS grew by {grown >> 20} MiB over 200 reg/terminate cycles"
+
+
+def test_a_memory_element_written_in_python():
+    server = LibdAction("py-element")
+    server.add_transport("mem;tcp_server;size,1MiB")
+    srv = server.get_transport("mem", "rdma_server")
+    done = threading.Event()
+
+    def serve():
+        srv.serve()          # Scad's blocking serve
+        done.set()
+
+    th = threading.Thread(target=serve)
+    th.start()
+    srv.wait_state("READY", timeout=5)
+    assert srv.message.startswith("host,127.0.0.1;port,")
+    config = srv.grant("py-client", rights="rw")
+    with LibdAction("py-client") as c:
+        c.add_transport("m;tcp;" + config)
+        t = c.get_transport("m", "rdma")
+        t.reg(64)
+        t.buf[0:3] = b"abc"
+        t.write(3, 10)
+        t.read(3, 10, 32)
+        assert bytes(t.buf[32:35]) == b"abc"
+        assert t.remote() == (1 << 20, "rw")
+    srv.stop()
+    assert done.wait(5)
+    th.join()
+    assert srv.state == "TERMINATED"
