@@ -9,7 +9,7 @@ import threading
 import disagg
 
 
-class TestRuntime:
+class RuntimeEndpoint:
     def __init__(self, token="t0ken", refuse_templates=()):
         self.token = token
         self.refuse = set(refuse_templates)

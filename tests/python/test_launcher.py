@@ -1,0 +1,115 @@
+"""The launcher and action.runtime: DESIGN.md's example end to end, errors as results."""
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from conftest import BUILD, ROOT
+from runtime_server import RuntimeEndpoint
+from scad.launcher import run_action
+from scad.runtime_client import RuntimeClient, RuntimeRequestError
+
+ACTIONS = pathlib.Path(__file__).parent / "actions"
+
+
+@pytest.fixture
+def runtime(monkeypatch):
+    rt = RuntimeEndpoint()
+    monkeypatch.setenv("SCAD_RUNTIME_URL", rt.url)
+    monkeypatch.setenv("SCAD_RUNTIME_TOKEN", rt.token)
+    yield rt
+    rt.close()
+
+
+def spec(memd_server, impl, code, aid="it-client", args=None):
+    return {"aid": aid, "code": str(ACTIONS / code), "main": "main", "args": args or {},
+            "transports": [{"durl": f"mem1;{impl}", "config": memd_server.config()}]}
+
+
+@pytest.mark.parametrize("impl", ["shm", "tcp"])
+def test_design_example_runs_unchanged(memd, runtime, impl):
+    server = memd()
+    out = run_action(spec(server, impl, "design_example.py"))
+    assert out == {"ok": True, "result": {"ok": True}}, out.get("error")
+    posts = [r for r in runtime.requests if r[0] == "POST"]
+    assert posts[0][2] == {"template": "mem1", "name": "mem2", "props": {"size": 1 << 30}}
+    assert [r[0] for r in runtime.requests] == ["POST", "DELETE"]
+    assert runtime.elements == {}, "release freed the element"
+    # The data the action wrote is in the memory element for the next action.
+    import disagg
+    with disagg.LibdAction("it-client") as a:
+        a.add_transport("mem1;tcp;" + server.config())
+        t = a.get_transport("mem1", "rdma")
+        t.reg(8)
+        t.read(5, 0)
+        assert bytes(t.buf[:5]) == b"hello"
+
+
+def test_invoke_returns_a_usable_transport_and_release_revokes(memd, runtime):
+    server = memd()
+    out = run_action(spec(server, "tcp", "grow_and_use.py", args={"size": 1 << 20}))
+    assert out["ok"], out.get("error")
+    assert out["result"] == {"seen": "grow", "transports": ["mem1", "scratch"]}
+
+
+def test_runtime_errors_are_clear(memd, runtime):
+    import disagg
+    a = disagg.LibdAction("it-client")
+    with pytest.raises(RuntimeRequestError, match="409 template 'big' cannot be met"):
+        runtime.refuse.add("big")
+        a.runtime.invoke("big", "m")
+    with pytest.raises(KeyError, match="no transport named 'ghost'"):
+        a.runtime.release("ghost")
+    bad = RuntimeClient(a, runtime.url, token="wrong")
+    with pytest.raises(RuntimeRequestError, match="401") as e:
+        bad.invoke("mem1", "x")
+    assert e.value.status == 401
+    nowhere = RuntimeClient(a, "http://127.0.0.1:9")
+    with pytest.raises(RuntimeRequestError, match="unreachable"):
+        nowhere.invoke("mem1", "y")
+    a.terminate()
+
+
+def test_no_endpoint_says_so(monkeypatch):
+    monkeypatch.delenv("SCAD_RUNTIME_URL", raising=False)
+    import disagg
+    a = disagg.LibdAction("alone")
+    with pytest.raises(RuntimeRequestError, match="SCAD_RUNTIME_URL is not set"):
+        a.runtime.invoke("mem1", "m")
+
+
+@pytest.mark.parametrize("how,etype", [("raise", "RuntimeError"), ("exit", "SystemExit"), ("not-json", "TypeError")])
+def test_failures_become_error_results_and_the_action_is_terminated(memd, how, etype):
+    server = memd()
+    out = run_action(spec(server, "tcp", "faulty.py", args={"how": how}))
+    assert out["ok"] is False
+    assert out["error"]["type"] == etype
+    assert "Traceback" in out["error"]["traceback"]
+    # Terminated means released: the memory element serves the next action without trouble.
+    assert run_action(spec(server, "tcp", "faulty.py", args={"how": "fine"}))["result"] == {"fine": True}
+
+
+def test_bad_code_is_an_error_result(memd, tmp_path):
+    server = memd()
+    out = run_action(spec(server, "tcp", "does_not_exist.py"))
+    assert out["ok"] is False and out["error"]["type"] in ("FileNotFoundError", "ImportError")
+    (tmp_path / "nomain.py").write_text("x = 1\n")
+    s = spec(server, "tcp", "x")
+    s["code"] = str(tmp_path / "nomain.py")
+    out = run_action(s)
+    assert out["error"]["type"] == "AttributeError" and "no function 'main'" in out["error"]["message"]
+
+
+def test_launcher_as_a_program_prints_only_the_result_on_stdout(memd):
+    server = memd()
+    env = {"PYTHONPATH": f"{BUILD / 'python'}:{ROOT / 'bindings' / 'python'}", "PATH": "/usr/bin:/bin"}
+    proc = subprocess.run([sys.executable, "-m", "scad.launcher"], input=json.dumps(spec(server, "shm", "faulty.py")),
+                          capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == {"ok": True, "result": {"fine": True}}
+    assert "user output goes to stderr" in proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "scad.launcher"], input="{not json", capture_output=True, text=True,
+                          timeout=60, env=env)
+    assert proc.returncode == 2 and json.loads(proc.stdout)["error"]["message"].startswith("bad spec")
