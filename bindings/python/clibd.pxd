@@ -61,6 +61,9 @@ cdef extern from "libd.h" nogil:
     int libd_trdma_read(libd_transport *trans, size_t size, uint64_t raddr, void *buf)
     int libd_trdma_write(libd_transport *trans, size_t size, uint64_t raddr, const void *buf)
 
+    int libd_trdma_read_nowait(libd_transport *trans, size_t size, uint64_t raddr, void *buf)
+    int libd_trdma_write_nowait(libd_transport *trans, size_t size, uint64_t raddr, const void *buf)
+
     ctypedef struct libd_iov:
         size_t size
         uint64_t raddr

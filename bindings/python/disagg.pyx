@@ -41,6 +41,11 @@ _CONNECTION_ERRNOS = {_errno.ECONNRESET, _errno.ENOTCONN, _errno.ECONNREFUSED, _
                       _errno.ESHUTDOWN, _errno.EPIPE, _errno.EHOSTUNREACH}
 
 
+cdef enum:
+    _EAGAIN = 11            # errno.EAGAIN on Linux
+    _NOWAIT_MAX = 16384     # copies up to this size may run without releasing the GIL
+
+
 cdef str _last_error():
     return clibd.libd_last_error().decode("utf-8", "replace")
 
@@ -377,7 +382,9 @@ cdef class LibdTransportRDMA(LibdTransport):
         else:
             # Python owns the memory (an anonymous mapping: page-aligned, zeroed), so a memoryview
             # kept after terminate() stays valid; libd only registers it.
-            owner = mmap.mmap(-1, size)
+            # Private, not shared: anonymous shared memory is shmem, which gets no transparent huge
+            # pages (measured: 25% less bandwidth at 16 MiB than the C API's buffers).
+            owner = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE)
         cdef unsigned char[::1] view = owner
         cdef void *p = <void *>&view[0]
         cdef int rc
@@ -411,22 +418,30 @@ cdef class LibdTransportRDMA(LibdTransport):
         return self._base + offset
 
     def read(self, size_t size, uint64_t addr, size_t offset=0):
-        """Remote [addr, addr+size) -> local buffer at offset. Blocks (GIL released)."""
+        """Remote [addr, addr+size) -> local buffer at offset. Blocks with the GIL released."""
         cdef char *p = self._local(size, offset)
         cdef clibd.libd_transport *t = self._tr()
-        cdef int rc
-        with nogil:
-            rc = clibd.libd_trdma_read(t, size, addr, p)
+        cdef int rc = -_EAGAIN
+        # A small copy that cannot wait costs less than handing the GIL over and back; libd
+        # says -EAGAIN if it would have to wait, and then the GIL is released.
+        if size <= _NOWAIT_MAX:
+            rc = clibd.libd_trdma_read_nowait(t, size, addr, p)
+        if rc == -_EAGAIN:
+            with nogil:
+                rc = clibd.libd_trdma_read(t, size, addr, p)
         if rc < 0:
             raise _error(rc)
 
     def write(self, size_t size, uint64_t addr, size_t offset=0):
-        """Local buffer at offset -> remote [addr, addr+size). Blocks (GIL released)."""
+        """Local buffer at offset -> remote [addr, addr+size). Blocks with the GIL released."""
         cdef char *p = self._local(size, offset)
         cdef clibd.libd_transport *t = self._tr()
-        cdef int rc
-        with nogil:
-            rc = clibd.libd_trdma_write(t, size, addr, p)
+        cdef int rc = -_EAGAIN
+        if size <= _NOWAIT_MAX:
+            rc = clibd.libd_trdma_write_nowait(t, size, addr, p)
+        if rc == -_EAGAIN:
+            with nogil:
+                rc = clibd.libd_trdma_write(t, size, addr, p)
         if rc < 0:
             raise _error(rc)
 

@@ -139,6 +139,13 @@ int libd_trdma_remote(libd_transport *trans, uint64_t *size, unsigned *rights);
 int libd_trdma_read(libd_transport *trans, size_t size, uint64_t raddr, void *buf);
 int libd_trdma_write(libd_transport *trans, size_t size, uint64_t raddr, const void *buf);
 
+/* Non-blocking forms: move the data only if that can finish in the calling thread without
+ * waiting — the transport is READY, nothing else holds it, and its engine copies in place (shm,
+ * local). Otherwise return -EAGAIN having done nothing, and the caller uses the blocking form.
+ * Bindings use them to skip a thread hand-off (Python's GIL) that would cost more than the copy. */
+int libd_trdma_read_nowait(libd_transport *trans, size_t size, uint64_t raddr, void *buf);
+int libd_trdma_write_nowait(libd_transport *trans, size_t size, uint64_t raddr, const void *buf);
+
 /* Scatter/gather: each entry moves size bytes between buf and raddr. */
 typedef struct libd_iov {
     size_t size;

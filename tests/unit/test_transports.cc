@@ -151,3 +151,32 @@ TEST_P(EveryTransport, RegistrationIsReplacedAndReusedForFree) {
   ASSERT_EQ(0, libd_trdma_write(rig.t, 8192, 0, mine.data()));
   EXPECT_EQ(-ERANGE, libd_trdma_write(rig.t, 8, 0, buf)) << "the old buffer is no longer registered";
 }
+
+// The non-blocking forms move data only where that cannot wait; everything else is -EAGAIN with
+// nothing done, and the blocking form then does the work (and reports errors properly).
+TEST_P(EveryTransport, NowaitOnlyWhereNothingCanWait) {
+  auto rig = make_rig(GetParam(), 1 << 16);
+  char *buf = nullptr;
+  ASSERT_EQ(0, libd_trdma_reg(rig.t, 4096, reinterpret_cast<void **>(&buf)));
+  bool inline_copy = GetParam() == "local" || GetParam() == "shm";
+  if (libd_transport_state(rig.t) != LIBD_STATE_READY)
+    EXPECT_EQ(-EAGAIN, libd_trdma_write_nowait(rig.t, 8, 0, buf)) << "not connected yet: it would wait";
+  ASSERT_EQ(0, libd_transport_connect(rig.t));
+  memcpy(buf, "nowait!!", 8);
+  int rc = libd_trdma_write_nowait(rig.t, 8, 64, buf);
+  if (!inline_copy) {
+    EXPECT_EQ(-EAGAIN, rc);
+    ASSERT_EQ(0, libd_trdma_write(rig.t, 8, 64, buf));
+  } else {
+    ASSERT_EQ(0, rc);
+  }
+  memset(buf, 0, 8);
+  rc = libd_trdma_read_nowait(rig.t, 8, 64, buf + 100);
+  EXPECT_EQ(inline_copy ? 0 : -EAGAIN, rc);
+  if (rc == 0) EXPECT_EQ(0, memcmp(buf + 100, "nowait!!", 8));
+  EXPECT_EQ(-EAGAIN, libd_trdma_read_nowait(rig.t, 8, 1 << 16, buf)) << "out of range: the blocking form reports it";
+  EXPECT_EQ(-EAGAIN, libd_trdma_read_nowait(rig.t, 8, 0, buf + 4095));
+  libd_stats st;
+  libd_transport_stats(rig.t, &st);
+  EXPECT_EQ(inline_copy ? 1u : 0u, st.read_ops);
+}

@@ -167,6 +167,14 @@ int libd_trdma_write(libd_transport *t, size_t size, uint64_t raddr, const void 
   CHECK_T(t);
   return T(t)->run(OpKind::Write, {{size, raddr, static_cast<char *>(const_cast<void *>(buf))}});
 }
+int libd_trdma_read_nowait(libd_transport *t, size_t size, uint64_t raddr, void *buf) {
+  CHECK_T(t);
+  return T(t)->run_nowait(OpKind::Read, {size, raddr, static_cast<char *>(buf)});
+}
+int libd_trdma_write_nowait(libd_transport *t, size_t size, uint64_t raddr, const void *buf) {
+  CHECK_T(t);
+  return T(t)->run_nowait(OpKind::Write, {size, raddr, static_cast<char *>(const_cast<void *>(buf))});
+}
 int libd_trdma_readv(libd_transport *t, const libd_iov *iov, int n) {
   CHECK_T(t);
   std::vector<Segment> segs;

@@ -402,6 +402,35 @@ int Transport::run(OpKind kind, std::vector<Segment> segs) {
   return 0;
 }
 
+int Transport::run_nowait(OpKind kind, Segment seg) {
+  if (!completes_inline() || this->kind() != LIBD_KIND_RDMA) return -EAGAIN;
+  std::shared_lock<std::shared_mutex> io(io_mu_, std::try_to_lock);
+  if (!io.owns_lock()) return -EAGAIN;  // a reconnect or a re-registration is under way
+  {
+    std::unique_lock<std::mutex> lk(mu_, std::try_to_lock);
+    if (!lk.owns_lock() || state_ != LIBD_STATE_READY) return -EAGAIN;
+    unsigned need = kind == OpKind::Read ? LIBD_RIGHT_READ : LIBD_RIGHT_WRITE;
+    uint64_t lo = remote_base_, hi = remote_base_ + remote_len_;
+    // Anything to report goes through the blocking form, which says it properly.
+    if (!(remote_rights_ & need) || seg.raddr < lo || seg.raddr > hi || seg.size > hi - seg.raddr) return -EAGAIN;
+  }
+  if (check_local({seg})) return -EAGAIN;
+  auto op = std::make_shared<Op>(kind, std::vector<Segment>{seg}, op_deadline(), stats_);
+  inflight_.fetch_add(1);
+  op->set_on_done([this] { inflight_.fetch_sub(1); });
+  if (int rc = do_post(op)) {
+    op->complete(rc);
+    return rc;
+  }
+  int rc = op->status();
+  if (rc == -EINPROGRESS) return -EIO;  // an engine that broke its completes_inline() promise
+  if (rc) {
+    std::string why = op->message();
+    return set_error(rc, "transport " + quote(name_) + ": " + (why.empty() ? libd_strerror(rc) : why));
+  }
+  return 0;
+}
+
 int Transport::serve_blocking() {
   if (int rc = serve()) return rc;
   std::unique_lock<std::mutex> lk(mu_);

@@ -77,6 +77,8 @@ class Transport : public libd_transport {
   int submit(OpKind kind, std::vector<Segment> segs, std::shared_ptr<Op> *out);
   // submit + wait; never longer than the deadline plus a grace period.
   int run(OpKind kind, std::vector<Segment> segs);
+  // run() only if it cannot wait (see libd_trdma_read_nowait); -EAGAIN otherwise.
+  int run_nowait(OpKind kind, Segment seg);
 
   // ---- rdma_server ----
   virtual int serve() { return unsupported("serve"); }
@@ -106,6 +108,8 @@ class Transport : public libd_transport {
     return do_post(op);
   }
   virtual int do_register(char *buf, size_t size) { (void)buf, (void)size; return 0; }
+  // True if do_post completes every operation before returning, without waiting (a copy).
+  virtual bool completes_inline() const { return false; }
   virtual void do_terminate() {}  // servers stop here
 
   // For implementations: a failure found at run time (peer gone, protocol error).

@@ -30,6 +30,8 @@ class LocalTransport : public Transport {
 
   void do_disconnect() override { region_.reset(); }
 
+  bool completes_inline() const override { return true; }
+
   int do_post(const std::shared_ptr<Op> &op) override {
     for (const auto &s : op->segments())
       copy_segment(region_->data(), op->kind() == OpKind::Read, s.size, s.raddr, s.buf);

@@ -155,6 +155,8 @@ class ShmTransport : public Transport {
     alive_.reset();
   }
 
+  bool completes_inline() const override { return true; }
+
   int do_post(const std::shared_ptr<Op> &op) override {
     if (!alive_->load(std::memory_order_relaxed)) {
       op->complete(-ECONNRESET, "the memory element is gone");
