@@ -306,3 +306,32 @@ def test_a_memory_element_written_in_python():
     assert done.wait(5)
     th.join()
     assert srv.state == "TERMINATED"
+
+
+def test_reg_shares_another_transports_buffer_and_with_releases(memd):
+    server = memd()
+    action, t = client(server, "tcp")
+    action.add_transport("mem1b;shm;" + server.config())
+    t2 = action.get_transport("mem1b", "rdma")
+    t.reg(1 << 16)
+    t2.reg(4096, t)                       # Scad: reg(size, other) shares other's buffer
+    t.buf[0:6] = b"shared"
+    t2.write(6, 500)                      # written from the shared buffer over shm
+    t.read(6, 500, 100)                   # read back over tcp
+    assert bytes(t.buf[100:106]) == b"shared"
+    assert bytes(t2.buf[0:6]) == b"shared"
+    with pytest.raises(ValueError, match="larger than"):
+        t2.reg(1 << 20, t)
+    with pytest.raises(MemoryError, match="no registered buffer"):
+        t.reg(64, _unregistered(action))
+    with t2:
+        t2.read(6, 500)
+    assert t2.state == "TERMINATED"
+    with pytest.raises(ConnectionError, match="terminated"):
+        t2.read(6, 500)
+    t.read(6, 500)                        # the other transport is untouched
+
+
+def _unregistered(action):
+    action.add_transport("spare;local;size,4096")
+    return action.get_transport("spare", "rdma")

@@ -328,6 +328,10 @@ int Transport::prepare(OpKind kind, std::vector<Segment> segs, std::shared_ptr<O
   if (segs.empty()) return set_error(-EINVAL, "no segments");
   Deadline deadline = op_deadline();
   {
+    std::lock_guard<std::mutex> lk(mu_);  // "terminated" explains more than "no buffer"
+    if (state_ == LIBD_STATE_TERMINATED) return set_error(-ESHUTDOWN, "transport " + quote(name_) + " is terminated");
+  }
+  {
     std::shared_lock<std::shared_mutex> io(io_mu_);
     if (int rc = check_local(segs)) return rc;
   }
