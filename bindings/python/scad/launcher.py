@@ -11,6 +11,7 @@ import contextlib
 import importlib.util
 import json
 import sys
+import time
 import traceback
 import uuid
 
@@ -31,8 +32,11 @@ def load_main(code, main="main"):
 
 
 def run_action(spec):
-    """Returns {"ok": True, "result": ...} or {"ok": False, "error": {"type", "message", "traceback"}}."""
+    """Returns {"ok": True, "result": ...} or {"ok": False, "error": {"type", "message", "traceback"}},
+    with "init_ms" (loading the code and wiring the action) and "run_ms" (main itself)."""
     action = None
+    t0 = time.monotonic()
+    timing = {}
     try:
         action = disagg.LibdAction(spec.get("aid") or f"action-{uuid.uuid4().hex[:8]}", **spec.get("options", {}))
         if spec.get("runtime_url"):
@@ -42,12 +46,15 @@ def run_action(spec):
             if t.get("config"):
                 action.config_transport(t["durl"].split(";", 1)[0], t["config"])
         fn = load_main(spec["code"], spec.get("main", "main"))
+        t1 = time.monotonic()
+        timing["init_ms"] = int((t1 - t0) * 1000)
         result = fn(spec.get("args", {}), action)
+        timing["run_ms"] = int((time.monotonic() - t1) * 1000)
         json.dumps(result)  # the result must be JSON: say so here, not in the host
-        return {"ok": True, "result": result}
+        return {"ok": True, "result": result, **timing}
     except BaseException as e:  # noqa: BLE001 - a user's SystemExit or KeyboardInterrupt is an error result too
         return {"ok": False, "error": {"type": type(e).__name__, "message": str(e),
-                                       "traceback": traceback.format_exc()}}
+                                       "traceback": traceback.format_exc()}, **timing}
     finally:
         if action is not None:
             action.terminate()

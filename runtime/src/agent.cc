@@ -1,0 +1,127 @@
+#include "agent.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <chrono>
+#include <sstream>
+
+#include "core/error.h"
+#include "process.h"
+
+namespace scad {
+
+using nlohmann::json;
+
+Agent::Agent(AgentOptions opts) : opts_(std::move(opts)) {}
+
+int Agent::start(std::string *why) {
+  std::string run = opts_.home + "/run";
+  mkdir(run.c_str(), 0700);
+  server_.set_capacity(opts_.pool_bytes);
+  if (int rc = server_.listen_unix(run + "/memory.sock")) {
+    *why = libd::last_error();
+    return rc;
+  }
+  uint16_t port;
+  if (int rc = server_.listen_tcp(opts_.tcp_host, 0, &port)) {
+    *why = libd::last_error();
+    return rc;
+  }
+  return 0;
+}
+
+int Agent::create_element(const std::string &id, uint64_t size, std::string *why) {
+  int rc = server_.add_element(id, size);
+  if (rc) *why = libd::last_error();
+  return rc;
+}
+
+void Agent::remove_element(const std::string &id) { server_.remove_element(id); }
+
+int Agent::grant(const std::string &element, const std::string &client, unsigned rights,
+                 const std::string &trans_name, TransportGrant *out, std::string *why) {
+  libd::Grant g;
+  g.element = element;
+  g.client = client;
+  g.rights = rights;
+  if (int rc = server_.grant(&g)) {
+    *why = libd::last_error();
+    return rc;
+  }
+  out->durl = trans_name + ";shm";
+  out->config = server_.client_config(g);
+  out->grant_id = g.id;
+  return 0;
+}
+
+static std::string now_iso() {
+  auto now = std::chrono::system_clock::now();
+  auto t = std::chrono::system_clock::to_time_t(now);
+  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
+  char buf[64];
+  struct tm tm;
+  gmtime_r(&t, &tm);
+  strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S", &tm);
+  char out[80];
+  snprintf(out, sizeof out, "%s.%03lldZ", buf, (long long)ms);
+  return out;
+}
+
+ComputeOutcome Agent::run_compute(const ComputeSpec &spec) {
+  ComputeOutcome o;
+  json transports = json::array();
+  for (auto &t : spec.transports) transports.push_back({{"durl", t.durl}, {"config", t.config}});
+  json launcher = {{"aid", spec.aid}, {"code", spec.code}, {"main", spec.main}, {"args", spec.args},
+                   {"transports", transports}};
+  std::map<std::string, std::string> env = {
+      {"PYTHONPATH", opts_.pythonpath}, {"PATH", "/usr/local/bin:/usr/bin:/bin"}, {"HOME", opts_.home},
+      {"PYTHONUNBUFFERED", "1"}, {"SCAD_RUNTIME_URL", spec.runtime_url}, {"SCAD_RUNTIME_TOKEN", spec.runtime_token},
+      {"SCAD_ACTION_ID", spec.aid}};
+  ProcessResult pr;
+  auto t0 = std::chrono::steady_clock::now();
+  int rc = run_process({opts_.python, "-m", "scad.launcher"}, env, launcher.dump(), spec.timeout_ms, &pr);
+  o.duration_ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+  std::string stamp = now_iso();
+  std::istringstream err(pr.err);
+  for (std::string line; std::getline(err, line);) o.logs.push_back(stamp + " stderr: " + line);
+  if (rc) {
+    o.status = "whisk internal error";
+    o.error = {{"type", "StartError"}, {"message", "cannot start " + opts_.python + ": " + strerror(-rc)}};
+    return o;
+  }
+  if (pr.timed_out) {
+    o.status = "action developer error";
+    o.error = {{"type", "TimeoutError"},
+               {"message", "the compute element ran longer than its limit of " + std::to_string(spec.timeout_ms) + " ms"}};
+    return o;
+  }
+  // The launcher prints exactly one JSON line; anything else means the process died under it.
+  json reply = json::parse(pr.out, nullptr, false);
+  if (reply.is_discarded() || !reply.is_object() || !reply.contains("ok")) {
+    o.status = "action developer error";
+    std::string how = pr.signal ? "was killed by signal " + std::to_string(pr.signal)
+                                : "exited with status " + std::to_string(pr.exit_code) + " without a result";
+    o.error = {{"type", "Crash"}, {"message", "the compute element crashed: it " + how}};
+    return o;
+  }
+  o.ok = reply["ok"].get<bool>();
+  o.init_ms = reply.value("init_ms", int64_t(0));
+  if (o.ok) {
+    o.status = "success";
+    o.result = reply["result"];
+  } else {
+    o.status = "application error";
+    o.error = reply["error"];
+    if (o.error.contains("traceback")) {
+      std::istringstream tb(o.error["traceback"].get<std::string>());
+      for (std::string line; std::getline(tb, line);) o.logs.push_back(stamp + " stderr: " + line);
+      o.error.erase("traceback");
+    }
+  }
+  return o;
+}
+
+}  // namespace scad

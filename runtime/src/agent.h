@@ -1,0 +1,75 @@
+// The host agent: a memory pool that hosts memory elements in this process (one MemoryServer,
+// serving shm on a unix socket and tcp on the host's address), and a runner that starts compute
+// elements as processes of the Python launcher (`python -m scad.launcher`) with their action object
+// wired to the memory elements they may reach.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "server/memory_server.h"
+
+namespace scad {
+
+struct AgentOptions {
+  std::string home;            // state directory: sockets live in home/run
+  std::string host_id = "local";
+  std::string tcp_host = "127.0.0.1";
+  std::string python;          // the interpreter that runs compute elements
+  std::string pythonpath;      // where it finds disagg and scad
+  uint64_t pool_bytes = 4ull << 30;
+  double cpus = 2;
+};
+
+struct TransportGrant {
+  std::string durl;    // "NAME;IMPL"
+  std::string config;  // what the client's config_transport gets
+  std::string grant_id;
+};
+
+struct ComputeSpec {
+  std::string aid;
+  std::string code;    // path of the user's file
+  std::string main = "main";
+  nlohmann::json args = nlohmann::json::object();
+  std::vector<TransportGrant> transports;
+  std::string runtime_url, runtime_token;
+  int64_t timeout_ms = 60000;
+};
+
+struct ComputeOutcome {
+  bool ok = false;
+  nlohmann::json result;      // main's return value
+  nlohmann::json error;       // {"type", "message"} when not ok
+  std::string status;         // success | application error | action developer error
+  std::vector<std::string> logs;
+  int64_t duration_ms = 0;
+  int64_t init_ms = 0;        // loading the user's code, as the launcher measured it
+};
+
+class Agent {
+ public:
+  explicit Agent(AgentOptions opts);
+  int start(std::string *why);
+  const AgentOptions &options() const { return opts_; }
+
+  // Memory pool. -ENOSPC with a reason when the pool cannot hold it.
+  int create_element(const std::string &id, uint64_t size, std::string *why);
+  void remove_element(const std::string &id);
+  uint64_t pool_used() { return server_.used_bytes(); }
+  // A grant on an element for one client; the transport is shm (client and element share this host).
+  int grant(const std::string &element, const std::string &client, unsigned rights, const std::string &trans_name,
+            TransportGrant *out, std::string *why);
+
+  ComputeOutcome run_compute(const ComputeSpec &spec);
+
+ private:
+  AgentOptions opts_;
+  libd::MemoryServer server_;
+};
+
+}  // namespace scad

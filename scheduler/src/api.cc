@@ -1,0 +1,335 @@
+#include "api.h"
+
+#include <openssl/evp.h>
+
+#include <regex>
+#include <set>
+
+namespace scad {
+
+namespace {
+
+const std::regex kName("[A-Za-z0-9_][A-Za-z0-9_.@-]{0,255}");
+
+std::string txid() { return random_hex(16); }
+
+void reply(httplib::Response &res, int status, const json &body) {
+  res.status = status;
+  if (!body.is_null()) res.set_content(body.dump(), "application/json");
+}
+
+void error(httplib::Response &res, int status, const std::string &msg, json extra = json::object()) {
+  json body = {{"error", msg}, {"code", txid()}};
+  body.update(extra);
+  reply(res, status, body);
+}
+
+std::string b64decode(const std::string &in) {
+  if (in.empty() || in.size() % 4) return "";
+  std::string out(in.size() / 4 * 3, '\0');
+  int n = EVP_DecodeBlock(reinterpret_cast<unsigned char *>(out.data()), reinterpret_cast<const unsigned char *>(in.data()),
+                          int(in.size()));
+  if (n < 0) return "";
+  size_t pad = (in.end()[-1] == '=') + (in.end()[-2] == '=');
+  out.resize(size_t(n) - pad);
+  return out;
+}
+
+// The namespace the request's Basic credentials authenticate, or "" (and the error sent).
+std::string authenticate(Store &store, const httplib::Request &req, httplib::Response &res) {
+  std::string h = req.get_header_value("Authorization");
+  if (h.rfind("Basic ", 0) != 0) {
+    res.set_header("WWW-Authenticate", "Basic realm=\"scad\"");
+    error(res, 401, "The supplied authentication is invalid: use Basic auth with the uuid:key from $SCAD_HOME/wskprops");
+    return "";
+  }
+  std::string creds = b64decode(h.substr(6));
+  auto colon = creds.find(':');
+  std::optional<std::string> ns;
+  if (colon != std::string::npos) ns = store.authenticate(creds.substr(0, colon), creds.substr(colon + 1));
+  if (!ns) {
+    error(res, 401, "The supplied authentication is invalid");
+    return "";
+  }
+  return *ns;
+}
+
+// Authenticates and checks that the path's namespace is the caller's ("_" means the caller's own).
+std::string authorize(Store &store, const httplib::Request &req, httplib::Response &res, const std::string &path_ns) {
+  std::string ns = authenticate(store, req, res);
+  if (ns.empty()) return "";
+  if (path_ns != "_" && path_ns != ns) {
+    error(res, 403, "The supplied authentication is not authorized to access '" + path_ns + "'");
+    return "";
+  }
+  return ns;
+}
+
+bool parse_body(const httplib::Request &req, httplib::Response &res, json *out, bool allow_empty = true) {
+  if (req.body.empty() && allow_empty) {
+    *out = json::object();
+    return true;
+  }
+  *out = json::parse(req.body, nullptr, false);
+  if (out->is_discarded()) {
+    error(res, 400, "The request content was malformed: the body is not JSON");
+    return false;
+  }
+  return true;
+}
+
+bool check_name(httplib::Response &res, const std::string &what, const std::string &name) {
+  if (std::regex_match(name, kName)) return true;
+  error(res, 400, "The " + what + " name '" + name + "' is not valid: use letters, digits, '_', '.', '@', '-'");
+  return false;
+}
+
+int int_param(const httplib::Request &req, const char *key, int dflt, int max) {
+  if (!req.has_param(key)) return dflt;
+  try {
+    return std::clamp(std::stoi(req.get_param_value(key)), 0, max);
+  } catch (...) {
+    return dflt;
+  }
+}
+
+// OpenWhisk's answer to an invocation: 202 with the id, or the record (or its result).
+void invocation_reply(httplib::Response &res, const std::string &id, bool finished, const json &record, bool result_only) {
+  if (!finished) {
+    reply(res, 202, {{"activationId", id}});
+    return;
+  }
+  bool ok = record["response"]["success"].get<bool>();
+  int status = ok ? 200 : (record["response"]["status"] == "whisk internal error" ? 500 : 502);
+  reply(res, status, result_only ? record["response"]["result"] : record);
+}
+
+json action_view(const json &doc) {
+  json v = doc;
+  v["exec"].erase("code");
+  v["exec"]["binary"] = false;
+  v["version"] = "0.0." + std::to_string(doc.value("version", int64_t(1)));
+  return v;
+}
+
+json app_view(const json &doc) {
+  json files = json::array();
+  for (auto &[f, c] : doc["files"].items()) files.push_back(f);
+  return {{"namespace", doc["namespace"]}, {"name", doc["name"]}, {"version", doc["version"]},
+          {"updated", doc.value("updated", int64_t(0))}, {"manifest", doc["manifest"]}, {"files", files}};
+}
+
+}  // namespace
+
+void install_routes(httplib::Server &srv, Store &store, Engine &engine, Agent &agent, ApiOptions opts) {
+  srv.set_payload_max_length(opts.max_body);
+  const std::string NS = "/api/v1/namespaces/([^/]+)";
+
+  srv.Get("/api/v1", [](const httplib::Request &, httplib::Response &res) {
+    reply(res, 200, {{"description", "Scad: a serverless runtime for disaggregated applications"},
+                     {"api_paths", {"/api/v1"}}, {"openwhisk_compatible", true}});
+  });
+  srv.Get("/api/v1/namespaces", [&, opts](const httplib::Request &req, httplib::Response &res) {
+    std::string ns = authenticate(store, req, res);
+    if (!ns.empty()) reply(res, 200, json::array({ns}));
+  });
+
+  // ---- OpenWhisk actions ----
+  srv.Get(NS + "/actions", [&, opts](const httplib::Request &req, httplib::Response &res) {
+    std::string ns = authorize(store, req, res, req.matches[1]);
+    if (ns.empty()) return;
+    json out = json::array();
+    for (auto &d : store.list_docs("actions", ns)) out.push_back(action_view(d));
+    reply(res, 200, out);
+  });
+  srv.Put(NS + "/actions/([^/]+)", [&, opts](const httplib::Request &req, httplib::Response &res) {
+    std::string ns = authorize(store, req, res, req.matches[1]), name = req.matches[2];
+    json body;
+    if (ns.empty() || !check_name(res, "action", name) || !parse_body(req, res, &body, false)) return;
+    auto old = store.get_doc("actions", ns, name);
+    if (old && req.get_param_value("overwrite") != "true") {
+      error(res, 409, "resource already exists: use ?overwrite=true to replace action '" + name + "'");
+      return;
+    }
+    const json &exec = body.value("exec", json::object());
+    std::string kind = exec.value("kind", "");
+    if (kind.rfind("python", 0) != 0 || !exec.contains("code") || !exec["code"].is_string()) {
+      error(res, 400, "exec must be {\"kind\": \"python:3\", \"code\": \"...\"} (kind '" + kind + "' is not supported)");
+      return;
+    }
+    json params = body.value("parameters", json::array());
+    if (!params.is_array()) {
+      error(res, 400, "parameters must be a list of {key, value}");
+      return;
+    }
+    json doc = {{"namespace", ns}, {"name", name},
+                {"exec", {{"kind", kind}, {"code", exec["code"]}, {"main", exec.value("main", "main")}}},
+                {"parameters", params}, {"limits", body.value("limits", json{{"timeout", 60000}})},
+                {"annotations", body.value("annotations", json::array())}, {"publish", false},
+                {"version", old ? old->value("version", int64_t(0)) + 1 : int64_t(1)}};
+    store.put_doc("actions", ns, name, doc);
+    reply(res, 200, action_view(doc));
+  });
+  srv.Get(NS + "/actions/([^/]+)", [&, opts](const httplib::Request &req, httplib::Response &res) {
+    std::string ns = authorize(store, req, res, req.matches[1]);
+    if (ns.empty()) return;
+    auto doc = store.get_doc("actions", ns, req.matches[2]);
+    if (!doc) return error(res, 404, "The requested resource does not exist.");
+    json v = action_view(*doc);
+    if (req.get_param_value("code") != "false") v["exec"]["code"] = (*doc)["exec"]["code"];
+    reply(res, 200, v);
+  });
+  srv.Delete(NS + "/actions/([^/]+)", [&, opts](const httplib::Request &req, httplib::Response &res) {
+    std::string ns = authorize(store, req, res, req.matches[1]);
+    if (ns.empty()) return;
+    auto doc = store.get_doc("actions", ns, req.matches[2]);
+    if (!doc || !store.delete_doc("actions", ns, req.matches[2])) return error(res, 404, "The requested resource does not exist.");
+    reply(res, 200, action_view(*doc));
+  });
+  srv.Post(NS + "/actions/([^/]+)", [&, opts](const httplib::Request &req, httplib::Response &res) {
+    std::string ns = authorize(store, req, res, req.matches[1]);
+    json params;
+    if (ns.empty() || !parse_body(req, res, &params)) return;
+    auto doc = store.get_doc("actions", ns, req.matches[2]);
+    if (!doc) return error(res, 404, "The requested resource does not exist.");
+    bool blocking = req.get_param_value("blocking") == "true";
+    json record;
+    bool finished = false;
+    std::string id = engine.invoke_action(ns, *doc, params, blocking ? opts.blocking_wait_ms : 0, &record, &finished);
+    invocation_reply(res, id, finished, record, req.get_param_value("result") == "true");
+  });
+
+  // ---- activations ----
+  srv.Get(NS + "/activations", [&, opts](const httplib::Request &req, httplib::Response &res) {
+    std::string ns = authorize(store, req, res, req.matches[1]);
+    if (ns.empty()) return;
+    auto list = store.list_activations(ns, req.get_param_value("name"), int_param(req, "limit", 30, 200),
+                                       int_param(req, "skip", 0, 1 << 30));
+    json out = json::array();
+    bool docs = req.get_param_value("docs") == "true";
+    for (auto &r : list) {
+      if (!docs) {
+        r.erase("logs");
+        r["response"].erase("result");
+      }
+      out.push_back(r);
+    }
+    reply(res, 200, out);
+  });
+  srv.Get(NS + "/activations/([^/]+)(/logs|/result)?", [&, opts](const httplib::Request &req, httplib::Response &res) {
+    std::string ns = authorize(store, req, res, req.matches[1]);
+    if (ns.empty()) return;
+    auto r = store.get_activation(ns, req.matches[2]);
+    if (!r) return error(res, 404, "The requested resource does not exist.");
+    std::string part = req.matches[3];
+    if (part == "/logs") return reply(res, 200, {{"logs", (*r)["logs"]}});
+    if (part == "/result") return reply(res, 200, (*r)["response"]);
+    reply(res, 200, *r);
+  });
+
+  // ---- applications ----
+  srv.Get(NS + "/apps", [&, opts](const httplib::Request &req, httplib::Response &res) {
+    std::string ns = authorize(store, req, res, req.matches[1]);
+    if (ns.empty()) return;
+    json out = json::array();
+    for (auto &d : store.list_docs("apps", ns)) out.push_back(app_view(d));
+    reply(res, 200, out);
+  });
+  srv.Put(NS + "/apps/([^/]+)", [&, opts](const httplib::Request &req, httplib::Response &res) {
+    std::string ns = authorize(store, req, res, req.matches[1]), name = req.matches[2];
+    json body;
+    if (ns.empty() || !check_name(res, "application", name) || !parse_body(req, res, &body, false)) return;
+    if (!body.contains("manifest") || !body.contains("files") || !body["files"].is_object()) {
+      error(res, 400, "the body must be {\"manifest\": TEXT-or-OBJECT, \"files\": {NAME: CONTENT}}");
+      return;
+    }
+    json manifest = body["manifest"];
+    std::string why;
+    if (manifest.is_string() && !manifest_to_json(manifest.get<std::string>(), &manifest, &why))
+      return error(res, 400, why, {{"problems", {why}}});
+    std::set<std::string> files;
+    for (auto &[f, c] : body["files"].items()) {
+      if (!c.is_string() || f.find("..") != std::string::npos || f.empty() || f[0] == '/')
+        return error(res, 400, "file '" + f + "': names must be relative paths inside the application, content text");
+      files.insert(f);
+    }
+    const auto &o = agent.options();
+    Capacity cap{o.pool_bytes, 0, o.cpus};
+    auto problems = validate_manifest(manifest, files, cap, nullptr);
+    if (manifest.is_object() && manifest.value("name", name) != name)
+      problems.push_back("the manifest's name '" + manifest.value("name", std::string()) + "' differs from '" + name + "'");
+    if (!problems.empty())
+      return error(res, 400, "invalid manifest: " + std::to_string(problems.size()) + " problem(s); nothing was deployed",
+                   {{"problems", problems}});
+    auto old = store.get_doc("apps", ns, name);
+    json doc = {{"namespace", ns}, {"name", name}, {"manifest", manifest}, {"files", body["files"]},
+                {"version", old ? old->value("version", int64_t(0)) + 1 : int64_t(1)}};
+    store.put_doc("apps", ns, name, doc);
+    reply(res, 200, app_view(doc));
+  });
+  srv.Get(NS + "/apps/([^/]+)", [&, opts](const httplib::Request &req, httplib::Response &res) {
+    std::string ns = authorize(store, req, res, req.matches[1]);
+    if (ns.empty()) return;
+    auto doc = store.get_doc("apps", ns, req.matches[2]);
+    if (!doc) return error(res, 404, "The requested resource does not exist.");
+    reply(res, 200, app_view(*doc));
+  });
+  srv.Delete(NS + "/apps/([^/]+)", [&, opts](const httplib::Request &req, httplib::Response &res) {
+    std::string ns = authorize(store, req, res, req.matches[1]);
+    if (ns.empty()) return;
+    if (!store.delete_doc("apps", ns, req.matches[2])) return error(res, 404, "The requested resource does not exist.");
+    reply(res, 200, {{"deleted", req.matches[2].str()}});
+  });
+  srv.Post(NS + "/apps/([^/]+)", [&, opts](const httplib::Request &req, httplib::Response &res) {
+    std::string ns = authorize(store, req, res, req.matches[1]);
+    json params;
+    if (ns.empty() || !parse_body(req, res, &params)) return;
+    auto doc = store.get_doc("apps", ns, req.matches[2]);
+    if (!doc) return error(res, 404, "The requested resource does not exist.");
+    bool blocking = req.get_param_value("blocking") == "true";
+    json record;
+    bool finished = false;
+    std::string id = engine.invoke_app(ns, *doc, params, blocking ? opts.blocking_wait_ms : 0, &record, &finished);
+    invocation_reply(res, id, finished, record, req.get_param_value("result") == "true");
+  });
+
+  // ---- elements and hosts ----
+  srv.Get(NS + "/elements", [&, opts](const httplib::Request &req, httplib::Response &res) {
+    std::string ns = authorize(store, req, res, req.matches[1]);
+    if (!ns.empty()) reply(res, 200, engine.elements(ns));
+  });
+  srv.Get("/api/v1/hosts", [&, opts](const httplib::Request &req, httplib::Response &res) {
+    if (authenticate(store, req, res).empty()) return;
+    reply(res, 200, json::array({engine.host_info()}));
+  });
+
+  // ---- the runtime endpoint for running actions (bearer token per compute instance) ----
+  auto bearer = [](const httplib::Request &req) {
+    std::string h = req.get_header_value("Authorization");
+    return h.rfind("Bearer ", 0) == 0 ? h.substr(7) : std::string();
+  };
+  srv.Post("/v1/actions/([^/]+)/elements", [&, bearer](const httplib::Request &req, httplib::Response &res) {
+    json body, out;
+    if (!parse_body(req, res, &body, false)) return;
+    int status = engine.runtime_invoke(bearer(req), req.matches[1], body, &out);
+    reply(res, status, out);
+  });
+  srv.Delete("/v1/actions/([^/]+)/elements/([^/]+)", [&, bearer](const httplib::Request &req, httplib::Response &res) {
+    json out;
+    int status = engine.runtime_release(bearer(req), req.matches[1], req.matches[2], &out);
+    reply(res, status, status == 204 ? json() : out);
+  });
+
+  srv.set_exception_handler([](const httplib::Request &, httplib::Response &res, std::exception_ptr ep) {
+    std::string what = "unknown";
+    try {
+      std::rethrow_exception(ep);
+    } catch (const std::exception &e) {
+      what = e.what();
+    } catch (...) {
+    }
+    error(res, 500, "internal error: " + what);
+  });
+}
+
+}  // namespace scad

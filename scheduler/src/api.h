@@ -1,0 +1,19 @@
+// The REST API: the subset of Apache OpenWhisk's controller API that clients and habits rely on
+// (actions, activations, Basic auth with uuid:key, namespaces), Scad's own resources (applications,
+// elements, hosts), and the runtime endpoint for running actions (docs/rest-api.md).
+#pragma once
+#include <httplib.h>
+
+#include "engine.h"
+#include "store.h"
+
+namespace scad {
+
+struct ApiOptions {
+  int64_t blocking_wait_ms = 60000;  // OpenWhisk's: a blocking invoke answers 202 after this
+  size_t max_body = 64ull << 20;     // an application's files, inline
+};
+
+void install_routes(httplib::Server &srv, Store &store, Engine &engine, Agent &agent, ApiOptions opts);
+
+}  // namespace scad

@@ -1,0 +1,148 @@
+// scad-server: the single-machine platform — scheduler and host agent in one process.
+//
+//   scad-server [--home DIR] [--host 127.0.0.1] [--port 3233] [--python PATH] [--pythonpath P]
+//               [--pool 4GiB] [--cpus N]
+//
+// State lives in DIR (default $SCAD_HOME or ~/.scad): scad.db (SQLite, WAL), the code of deployed
+// versions, the memory pool's socket, and wskprops (APIHOST and AUTH, as OpenWhisk's wsk reads it).
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <thread>
+
+#include "agent.h"
+#include "api.h"
+#include "core/params.h"
+#include "engine.h"
+#include "store.h"
+
+namespace {
+
+[[noreturn]] void usage(const std::string &why) {
+  std::cerr << "scad-server: " << why << "\n"
+            << "usage: scad-server [--home DIR] [--host ADDR] [--port N] [--python PATH] [--pythonpath P]\n"
+            << "                   [--pool SIZE] [--cpus N]\n";
+  exit(2);
+}
+
+std::string read_file(const std::string &path) {
+  std::ifstream f(path);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+// Keeps AUTH from an earlier start (the key is stored only hashed) and refreshes APIHOST.
+bool write_wskprops(const std::string &home, const std::string &apihost, const scad::Credentials &c) {
+  std::string path = home + "/wskprops", auth, ns = c.ns;
+  if (!c.key.empty()) {
+    auth = c.uuid + ":" + c.key;
+  } else {
+    std::istringstream in(read_file(path));
+    for (std::string line; std::getline(in, line);)
+      if (line.rfind("AUTH=", 0) == 0) auth = line.substr(5);
+    if (auth.empty()) return false;
+  }
+  std::string tmp = path + ".tmp";
+  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return false;
+  std::string text = "APIHOST=" + apihost + "\nAUTH=" + auth + "\nNAMESPACE=" + ns + "\n";
+  bool ok = write(fd, text.data(), text.size()) == ssize_t(text.size());
+  close(fd);
+  return ok && rename(tmp.c_str(), path.c_str()) == 0;
+}
+
+httplib::Server *g_server = nullptr;
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  const char *env_home = getenv("SCAD_HOME");
+  std::string home = env_home ? env_home : std::string(getenv("HOME") ? getenv("HOME") : "/tmp") + "/.scad";
+  std::string host = "127.0.0.1";
+  int port = 3233;
+  scad::AgentOptions ao;
+  ao.python = "/usr/bin/python3";
+  ao.cpus = double(std::max(1u, std::thread::hardware_concurrency()));
+  for (int i = 1; i < argc; i++) {
+    std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) usage(a + " needs a value");
+      return argv[++i];
+    };
+    if (a == "--home") home = value();
+    else if (a == "--host") host = value();
+    else if (a == "--port") port = std::stoi(value());
+    else if (a == "--python") ao.python = value();
+    else if (a == "--pythonpath") ao.pythonpath = value();
+    else if (a == "--cpus") ao.cpus = std::stod(value());
+    else if (a == "--pool") {
+      if (!libd::parse_size(value(), &ao.pool_bytes)) usage("--pool takes a size such as 4GiB");
+    } else usage("unknown argument '" + a + "'");
+  }
+  if (mkdir(home.c_str(), 0700) != 0 && errno != EEXIST) {
+    std::cerr << "scad-server: cannot create " << home << ": " << strerror(errno) << "\n";
+    return 1;
+  }
+  ao.home = home;
+  ao.tcp_host = host;
+
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);  // every thread started below inherits this
+  signal(SIGPIPE, SIG_IGN);
+
+  scad::Store store;
+  std::string why;
+  if (store.open(home + "/scad.db", &why)) {
+    std::cerr << "scad-server: " << why << "\n";
+    return 1;
+  }
+  int lost = store.fail_unfinished("the scheduler stopped while this activation ran");
+  scad::Credentials creds = store.ensure_namespace("guest");
+
+  scad::Agent agent(ao);
+  if (agent.start(&why)) {
+    std::cerr << "scad-server: cannot start the memory pool: " << why << "\n";
+    return 1;
+  }
+  httplib::Server srv;
+  srv.new_task_queue = [] { return new httplib::ThreadPool(32); };
+  int bound = port == 0 ? srv.bind_to_any_port(host) : (srv.bind_to_port(host, port) ? port : -1);
+  if (bound <= 0) {
+    std::cerr << "scad-server: cannot listen on " << host << ":" << port << " (in use? choose --port)\n";
+    return 1;
+  }
+  std::string url = "http://" + host + ":" + std::to_string(bound);
+  scad::Engine engine(store, agent, home, url);
+  scad::install_routes(srv, store, engine, agent, {});
+  store.put_host(engine.host_info());
+  if (!write_wskprops(home, url, creds)) {
+    std::cerr << "scad-server: " << home << "/wskprops has no AUTH and the key is only stored hashed; "
+              << "remove " << home << "/scad.db to start afresh\n";
+    return 1;
+  }
+  std::ofstream(home + "/server.json") << "{\"pid\": " << getpid() << ", \"url\": \"" << url << "\"}\n";
+  std::cout << "scad: platform up at " << url << " (state in " << home << "; credentials in " << home
+            << "/wskprops)" << (lost ? "; " + std::to_string(lost) + " unfinished activation(s) marked failed" : "")
+            << std::endl;
+
+  g_server = &srv;
+  std::thread signals([&] {
+    int sig;
+    sigwait(&sigs, &sig);
+    srv.stop();
+  });
+  signals.detach();
+  srv.listen_after_bind();
+  unlink((home + "/server.json").c_str());
+  return 0;
+}

@@ -1,0 +1,56 @@
+// The application manifest (scad.yaml; JSON accepted): parsing and validation. Every problem is
+// reported, with the element and field it is about — never just the first one.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace scad {
+
+using nlohmann::json;
+
+struct TransportDecl {
+  std::string element;  // the memory element it reaches
+  unsigned rights = 3;  // LIBD_RIGHT_READ | LIBD_RIGHT_WRITE
+};
+
+struct ElementDecl {
+  std::string name;
+  std::string kind;  // memory | compute
+  uint64_t size = 0;                       // memory
+  std::string code, main = "main";         // compute
+  double cpu = 1;
+  uint64_t memory = 256ull << 20;
+  int parallelism = 1;
+  int64_t timeout_ms = 60000;
+  std::map<std::string, TransportDecl> transports;  // name given to get_transport -> target
+  std::vector<std::string> dependents;
+};
+
+struct Manifest {
+  std::string name;
+  std::map<std::string, ElementDecl> elements;
+  // Compute elements in an order where every parent comes before its children.
+  std::vector<std::string> order;
+  std::map<std::string, std::vector<std::string>> parents;
+  std::vector<std::string> sinks;
+};
+
+// What the largest host can give: a manifest asking for more cannot be met.
+struct Capacity {
+  uint64_t memory_pool = 0;
+  uint64_t compute_memory = 0;
+  double cpus = 0;
+};
+
+// Parses YAML or JSON text into its JSON form (plain YAML scalars become numbers/bools where they
+// look like them; quoted ones stay strings). false and *why on a syntax error.
+bool manifest_to_json(const std::string &text, json *out, std::string *why);
+// Validates; `files` are the names shipped with the application. Empty problems means valid.
+std::vector<std::string> validate_manifest(const json &doc, const std::set<std::string> &files, const Capacity &cap,
+                                           Manifest *out);
+
+}  // namespace scad

@@ -1,0 +1,233 @@
+#include "store.h"
+
+#include <openssl/evp.h>
+
+#include <chrono>
+#include <stdexcept>
+
+#include "proto/auth.h"
+
+namespace scad {
+
+namespace {
+
+// A prepared statement that finalizes itself.
+class Stmt {
+ public:
+  Stmt(sqlite3 *db, const std::string &sql) {
+    if (sqlite3_prepare_v2(db, sql.c_str(), -1, &s_, nullptr) != SQLITE_OK)
+      throw std::runtime_error(std::string("sqlite prepare: ") + sqlite3_errmsg(db));
+  }
+  ~Stmt() { sqlite3_finalize(s_); }
+  Stmt &bind(int i, const std::string &v) {
+    sqlite3_bind_text(s_, i, v.c_str(), int(v.size()), SQLITE_TRANSIENT);
+    return *this;
+  }
+  Stmt &bind(int i, int64_t v) {
+    sqlite3_bind_int64(s_, i, v);
+    return *this;
+  }
+  bool step() {
+    int rc = sqlite3_step(s_);
+    if (rc == SQLITE_ROW) return true;
+    if (rc == SQLITE_DONE) return false;
+    throw std::runtime_error(std::string("sqlite step: ") + sqlite3_errmsg(sqlite3_db_handle(s_)));
+  }
+  std::string text(int col) {
+    auto p = sqlite3_column_text(s_, col);
+    return p ? reinterpret_cast<const char *>(p) : "";
+  }
+
+ private:
+  sqlite3_stmt *s_ = nullptr;
+};
+
+int64_t now_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+std::string sha256_hex(const std::string &data) {
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  EVP_Digest(data.data(), data.size(), md, &len, EVP_sha256(), nullptr);
+  return libd::proto::to_hex(std::string(reinterpret_cast<char *>(md), len));
+}
+
+std::string random_hex(size_t bytes) { return libd::proto::to_hex(libd::proto::random_bytes(bytes)); }
+
+std::string new_uuid() {
+  std::string h = random_hex(16);
+  h[12] = '4';  // version 4, random
+  h[16] = "89ab"[h[16] % 4];
+  return h.substr(0, 8) + "-" + h.substr(8, 4) + "-" + h.substr(12, 4) + "-" + h.substr(16, 4) + "-" + h.substr(20);
+}
+
+Store::~Store() {
+  if (db_) sqlite3_close(db_);
+}
+
+void Store::exec(const std::string &sql) {
+  char *err = nullptr;
+  if (sqlite3_exec(db_, sql.c_str(), nullptr, nullptr, &err) != SQLITE_OK) {
+    std::string msg = err ? err : "?";
+    sqlite3_free(err);
+    throw std::runtime_error("sqlite: " + msg);
+  }
+}
+
+int Store::open(const std::string &path, std::string *why) {
+  if (sqlite3_open_v2(path.c_str(), &db_, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX,
+                      nullptr) != SQLITE_OK) {
+    *why = "cannot open " + path + ": " + (db_ ? sqlite3_errmsg(db_) : "out of memory");
+    return -1;
+  }
+  sqlite3_busy_timeout(db_, 5000);
+  try {
+    exec("PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA foreign_keys=ON;");
+    exec(R"(
+      CREATE TABLE IF NOT EXISTS namespaces (name TEXT PRIMARY KEY, uuid TEXT UNIQUE NOT NULL, key_sha256 TEXT NOT NULL);
+      CREATE TABLE IF NOT EXISTS apps (namespace TEXT NOT NULL, name TEXT NOT NULL, doc TEXT NOT NULL,
+                                       updated INTEGER NOT NULL, PRIMARY KEY (namespace, name));
+      CREATE TABLE IF NOT EXISTS actions (namespace TEXT NOT NULL, name TEXT NOT NULL, doc TEXT NOT NULL,
+                                          updated INTEGER NOT NULL, PRIMARY KEY (namespace, name));
+      CREATE TABLE IF NOT EXISTS activations (id TEXT PRIMARY KEY, namespace TEXT NOT NULL, name TEXT NOT NULL,
+                                              start INTEGER NOT NULL, finished INTEGER NOT NULL, record TEXT NOT NULL);
+      CREATE INDEX IF NOT EXISTS activations_by_ns ON activations (namespace, start DESC);
+      CREATE TABLE IF NOT EXISTS hosts (id TEXT PRIMARY KEY, doc TEXT NOT NULL, last_seen INTEGER NOT NULL);
+    )");
+  } catch (const std::exception &e) {
+    *why = e.what();
+    return -1;
+  }
+  return 0;
+}
+
+Credentials Store::ensure_namespace(const std::string &ns) {
+  std::lock_guard<std::mutex> lk(mu_);
+  Stmt q(db_, "SELECT uuid FROM namespaces WHERE name = ?");
+  q.bind(1, ns);
+  if (q.step()) return {ns, q.text(0), ""};
+  Credentials c{ns, new_uuid(), random_hex(32)};
+  Stmt ins(db_, "INSERT INTO namespaces (name, uuid, key_sha256) VALUES (?, ?, ?)");
+  ins.bind(1, ns).bind(2, c.uuid).bind(3, sha256_hex(c.key)).step();
+  return c;
+}
+
+std::optional<std::string> Store::authenticate(const std::string &uuid, const std::string &key) {
+  std::lock_guard<std::mutex> lk(mu_);
+  Stmt q(db_, "SELECT name, key_sha256 FROM namespaces WHERE uuid = ?");
+  q.bind(1, uuid);
+  if (!q.step()) return std::nullopt;
+  // Hashes of equal length compared in constant time.
+  if (!libd::proto::macs_equal(q.text(1), sha256_hex(key))) return std::nullopt;
+  return q.text(0);
+}
+
+static void check_table(const std::string &t) {
+  if (t != "apps" && t != "actions") throw std::invalid_argument("unknown table " + t);
+}
+
+void Store::put_doc(const std::string &table, const std::string &ns, const std::string &name, const json &doc) {
+  check_table(table);
+  std::lock_guard<std::mutex> lk(mu_);
+  Stmt q(db_, "INSERT INTO " + table + " (namespace, name, doc, updated) VALUES (?, ?, ?, ?) "
+              "ON CONFLICT (namespace, name) DO UPDATE SET doc = excluded.doc, updated = excluded.updated");
+  q.bind(1, ns).bind(2, name).bind(3, doc.dump()).bind(4, now_ms()).step();
+}
+
+std::optional<json> Store::get_doc(const std::string &table, const std::string &ns, const std::string &name) {
+  check_table(table);
+  std::lock_guard<std::mutex> lk(mu_);
+  Stmt q(db_, "SELECT doc FROM " + table + " WHERE namespace = ? AND name = ?");
+  q.bind(1, ns).bind(2, name);
+  if (!q.step()) return std::nullopt;
+  return json::parse(q.text(0));
+}
+
+bool Store::delete_doc(const std::string &table, const std::string &ns, const std::string &name) {
+  check_table(table);
+  std::lock_guard<std::mutex> lk(mu_);
+  Stmt q(db_, "DELETE FROM " + table + " WHERE namespace = ? AND name = ?");
+  q.bind(1, ns).bind(2, name).step();
+  return sqlite3_changes(db_) > 0;
+}
+
+std::vector<json> Store::list_docs(const std::string &table, const std::string &ns) {
+  check_table(table);
+  std::lock_guard<std::mutex> lk(mu_);
+  Stmt q(db_, "SELECT doc FROM " + table + " WHERE namespace = ? ORDER BY name");
+  q.bind(1, ns);
+  std::vector<json> out;
+  while (q.step()) out.push_back(json::parse(q.text(0)));
+  return out;
+}
+
+void Store::put_activation(const json &r) {
+  std::lock_guard<std::mutex> lk(mu_);
+  Stmt q(db_, "INSERT INTO activations (id, namespace, name, start, finished, record) VALUES (?, ?, ?, ?, ?, ?) "
+              "ON CONFLICT (id) DO UPDATE SET finished = excluded.finished, record = excluded.record");
+  q.bind(1, r["activationId"].get<std::string>())
+      .bind(2, r["namespace"].get<std::string>())
+      .bind(3, r["name"].get<std::string>())
+      .bind(4, r["start"].get<int64_t>())
+      .bind(5, int64_t(r.value("end", int64_t(0)) != 0))
+      .bind(6, r.dump())
+      .step();
+}
+
+std::optional<json> Store::get_activation(const std::string &ns, const std::string &id) {
+  std::lock_guard<std::mutex> lk(mu_);
+  Stmt q(db_, "SELECT record FROM activations WHERE namespace = ? AND id = ?");
+  q.bind(1, ns).bind(2, id);
+  if (!q.step()) return std::nullopt;
+  return json::parse(q.text(0));
+}
+
+std::vector<json> Store::list_activations(const std::string &ns, const std::string &name, int limit, int skip) {
+  std::lock_guard<std::mutex> lk(mu_);
+  Stmt q(db_, name.empty() ? "SELECT record FROM activations WHERE namespace = ? ORDER BY start DESC LIMIT ? OFFSET ?"
+                           : "SELECT record FROM activations WHERE namespace = ? AND name = ? ORDER BY start DESC LIMIT ? OFFSET ?");
+  int i = 1;
+  q.bind(i++, ns);
+  if (!name.empty()) q.bind(i++, name);
+  q.bind(i++, int64_t(limit)).bind(i++, int64_t(skip));
+  std::vector<json> out;
+  while (q.step()) out.push_back(json::parse(q.text(0)));
+  return out;
+}
+
+int Store::fail_unfinished(const std::string &why) {
+  std::vector<json> open;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    Stmt q(db_, "SELECT record FROM activations WHERE finished = 0");
+    while (q.step()) open.push_back(json::parse(q.text(0)));
+  }
+  for (auto &r : open) {
+    r["end"] = now_ms();
+    r["duration"] = r["end"].get<int64_t>() - r["start"].get<int64_t>();
+    r["response"] = {{"status", "whisk internal error"}, {"statusCode", 3}, {"success", false},
+                     {"result", {{"error", why}}}};
+    put_activation(r);
+  }
+  return int(open.size());
+}
+
+void Store::put_host(const json &host) {
+  std::lock_guard<std::mutex> lk(mu_);
+  Stmt q(db_, "INSERT INTO hosts (id, doc, last_seen) VALUES (?, ?, ?) "
+              "ON CONFLICT (id) DO UPDATE SET doc = excluded.doc, last_seen = excluded.last_seen");
+  q.bind(1, host["id"].get<std::string>()).bind(2, host.dump()).bind(3, now_ms()).step();
+}
+
+std::vector<json> Store::list_hosts() {
+  std::lock_guard<std::mutex> lk(mu_);
+  Stmt q(db_, "SELECT doc FROM hosts ORDER BY id");
+  std::vector<json> out;
+  while (q.step()) out.push_back(json::parse(q.text(0)));
+  return out;
+}
+
+}  // namespace scad

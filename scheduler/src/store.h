@@ -1,0 +1,59 @@
+// The scheduler's state in SQLite (WAL): namespaces and their keys (hashed), applications,
+// OpenWhisk actions, activation records, hosts and elements. Everything a restarted scheduler
+// needs; writes are transactions, so a crash leaves either the old or the new state.
+#pragma once
+#include <sqlite3.h>
+
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace scad {
+
+using nlohmann::json;
+
+struct Credentials {
+  std::string ns, uuid, key;  // key only when just created
+};
+
+class Store {
+ public:
+  ~Store();
+  // Opens (creating) the database. 0 or -1 with *why.
+  int open(const std::string &path, std::string *why);
+
+  // Namespaces: the default one is made on first start; its key is returned once.
+  Credentials ensure_namespace(const std::string &ns);
+  // The namespace a uuid:key pair authenticates, if any.
+  std::optional<std::string> authenticate(const std::string &uuid, const std::string &key);
+
+  // Documents (apps, actions) by namespace and name.
+  void put_doc(const std::string &table, const std::string &ns, const std::string &name, const json &doc);
+  std::optional<json> get_doc(const std::string &table, const std::string &ns, const std::string &name);
+  bool delete_doc(const std::string &table, const std::string &ns, const std::string &name);
+  std::vector<json> list_docs(const std::string &table, const std::string &ns);
+
+  // Activation records.
+  void put_activation(const json &record);  // keyed by activationId
+  std::optional<json> get_activation(const std::string &ns, const std::string &id);
+  std::vector<json> list_activations(const std::string &ns, const std::string &name, int limit, int skip);
+  // Marks activations that were running when the scheduler stopped; returns how many.
+  int fail_unfinished(const std::string &why);
+
+  // Hosts.
+  void put_host(const json &host);
+  std::vector<json> list_hosts();
+
+ private:
+  void exec(const std::string &sql);
+  std::mutex mu_;
+  sqlite3 *db_ = nullptr;
+};
+
+std::string sha256_hex(const std::string &data);
+std::string random_hex(size_t bytes);
+std::string new_uuid();
+
+}  // namespace scad
