@@ -3,7 +3,7 @@ import os
 import re
 import subprocess
 
-from conftest import binary
+from scadtest import binary
 
 
 def run_client(impl, config, aid="it-client", size_mib=8, rounds=2):

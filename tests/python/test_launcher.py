@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from conftest import BUILD, ROOT
+from scadtest import BUILD, ROOT
 from runtime_server import RuntimeEndpoint
 from scad.launcher import run_action
 from scad.runtime_client import RuntimeClient, RuntimeRequestError

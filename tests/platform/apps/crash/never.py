@@ -1,0 +1,1 @@
+def main(args, action): return {"ran": True}

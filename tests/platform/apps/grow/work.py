@@ -1,0 +1,14 @@
+def main(args, action):
+    t = action.runtime.invoke('scratch_tmpl', 'scratch', {'size': args.get('size', 8 << 20)})
+    t.reg(4096)
+    t.buf[0:5] = b'grown'
+    t.write(5, args.get('size', 8 << 20) - 5)
+    t.read(5, args.get('size', 8 << 20) - 5, 64)
+    size, rights = t.remote()
+    action.runtime.release('scratch')
+    try:
+        t.read(5, 0)
+        after = 'still readable'
+    except ConnectionError:
+        after = 'refused'
+    return {'read_back': bytes(t.buf[64:69]).decode(), 'size': size, 'after_release': after}

@@ -1,0 +1,172 @@
+"""The platform end to end on a real scad-server: deploy, invoke, DAG fan-out/fan-in with shared
+memory, invoke/release from inside an action, bad manifests, auth, crashes, restarts, OpenWhisk
+actions, and the CLI."""
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import threading
+
+from scadtest import ROOT, Platform
+
+APPS = pathlib.Path(__file__).parent / "apps"
+DEMO = ROOT / "actions" / "sumsq"
+
+
+def test_deploy_and_invoke_the_demo_dag(platform):
+    status, app = platform.deploy(DEMO)
+    assert status == 200, app
+    assert app["version"] == 1 and sorted(app["files"]) == ["generate.py", "partial.py", "total.py"]
+    status, rec = platform.invoke("sumsq", {"n": 100000})
+    assert status == 200, rec
+    result = rec["response"]["result"]
+    assert result == {"n": 100000, "instances": 4, "sum_of_squares": result["sum_of_squares"], "verified": True}
+    assert rec["response"]["status"] == "success" and rec["duration"] > 0
+    keys = {a["key"] for a in rec["annotations"]}
+    assert {"waitTime", "initTime", "kind", "path"} <= keys
+    # Every instance of the fan-out ran and logged under its own name.
+    status, logs = platform.call("GET", f"/api/v1/namespaces/_/activations/{rec['activationId']}/logs")
+    assert status == 200
+    status, elements = platform.call("GET", "/api/v1/namespaces/_/elements")
+    assert elements == [], "memory elements are freed when the activation ends"
+    status, only = platform.invoke("sumsq", {"n": 1000}, result=True)
+    assert status == 200 and only["verified"] and only["n"] == 1000
+
+
+def test_non_blocking_invoke_returns_an_id_then_the_record(platform):
+    platform.deploy(DEMO)
+    fifo = platform.home / "go"
+    os.mkfifo(fifo)
+    platform.deploy(APPS / "slow")
+    status, body = platform.invoke("slow", {"fifo": str(fifo)}, blocking=False)
+    assert status == 202 and set(body) == {"activationId"}
+    with open(fifo, "w"):    # blocks until the action opened its end: it is running now
+        status, running = platform.call("GET", f"/api/v1/namespaces/_/activations/{body['activationId']}")
+        assert running["response"]["status"] == "running"
+        status, els = platform.call("GET", "/api/v1/namespaces/_/elements")
+        assert [e["kind"] for e in els] == ["memory"]
+    status, listing = platform.call("GET", "/api/v1/namespaces/_/activations", params="?limit=5")
+    assert body["activationId"] in [a["activationId"] for a in listing]
+
+
+def test_invoke_and_release_from_inside_an_action(platform):
+    assert platform.deploy(APPS / "grow")[0] == 200
+    status, rec = platform.invoke("grow", {"size": 4 << 20})
+    assert status == 200, rec
+    assert rec["response"]["result"] == {"read_back": "grown", "size": 4 << 20, "after_release": "refused"}
+
+
+def test_bad_manifests_list_every_problem_and_deploy_nothing(platform):
+    status, body = platform.deploy(APPS / "bad")
+    assert status == 400
+    problems = "\n".join(body["problems"])
+    for expected in ["size 2 TiB cannot be met", "unknown element 'nowhere'", "unknown dependent 'ghost'",
+                     "code file 'missing.py' is missing", "'parallelism' must be an integer",
+                     "unknown field 'colour'", "dependents form a cycle"]:
+        assert expected in problems, problems
+    assert platform.call("GET", "/api/v1/namespaces/_/apps/bad")[0] == 404
+    status, body = platform.call("PUT", "/api/v1/namespaces/_/apps/x", {"manifest": "name: [unclosed", "files": {}})
+    assert status == 400 and "not valid YAML" in body["error"]
+    status, body = platform.call("PUT", "/api/v1/namespaces/_/apps/x", raw=b"{not json")
+    assert status == 400 and "not JSON" in body["error"]
+
+
+def test_authentication_and_namespaces(platform):
+    assert platform.call("GET", "/api/v1/namespaces/_/apps", auth="")[0] == 401
+    uuid, key = platform.auth.split(":")
+    assert platform.call("GET", "/api/v1/namespaces/_/apps", auth=f"{uuid}:{'0' * len(key)}")[0] == 401
+    assert platform.call("GET", "/api/v1/namespaces/_/apps", auth="nobody:nothing")[0] == 401
+    assert platform.call("GET", "/api/v1/namespaces/someone-else/apps")[0] == 403
+    status, body = platform.call("GET", "/api/v1/namespaces")
+    assert status == 200 and body == ["guest"]
+    assert oct(os.stat(platform.home / "wskprops").st_mode & 0o777) == "0o600"
+    # The runtime endpoint refuses callers without a live token.
+    req_status, body = platform.call("POST", "/v1/actions/anyone/elements", {"template": "t", "name": "n"}, auth="")
+    assert req_status == 401
+
+
+def test_a_crashing_compute_element_fails_the_activation_and_frees_everything(platform):
+    platform.deploy(APPS / "crash")
+    status, rec = platform.invoke("crash")
+    assert status == 502
+    resp = rec["response"]
+    assert resp["status"] == "action developer error" and not resp["success"]
+    assert "crashed" in resp["result"]["error"] and "signal 9" in resp["result"]["error"]
+    assert any("about to crash" in line for line in rec["logs"])
+    assert platform.call("GET", "/api/v1/namespaces/_/elements")[1] == []
+    status, hosts = platform.call("GET", "/api/v1/hosts")
+    assert hosts[0]["memory_pool_used"] == 0 and hosts[0]["cpus_free"] == 2
+
+
+def test_a_restarted_scheduler_keeps_apps_and_finished_activations(platform):
+    platform.deploy(DEMO)
+    platform.deploy(APPS / "slow")
+    status, done = platform.invoke("sumsq", {"n": 1000})
+    assert status == 200
+    fifo = platform.home / "hold"
+    os.mkfifo(fifo)
+    status, body = platform.invoke("slow", {"fifo": str(fifo)}, blocking=False)
+    writer = open(fifo, "w")      # the slow activation is now running
+    platform.stop(signal.SIGKILL)  # a crash mid-way
+    writer.close()
+    platform.start()
+    assert "1 unfinished activation(s) marked failed" in platform.banner
+    status, apps = platform.call("GET", "/api/v1/namespaces/_/apps")
+    assert sorted(a["name"] for a in apps) == ["slow", "sumsq"]
+    status, rec = platform.call("GET", f"/api/v1/namespaces/_/activations/{done['activationId']}")
+    assert status == 200 and rec["response"]["result"]["verified"]
+    status, lost = platform.call("GET", f"/api/v1/namespaces/_/activations/{body['activationId']}")
+    assert lost["response"]["status"] == "whisk internal error"
+    status, again = platform.invoke("sumsq", {"n": 1000}, result=True)
+    assert status == 200 and again["verified"]
+
+
+def test_openwhisk_actions(platform):
+    code = "def main(args, action):\n    return {'greeting': 'hello ' + args.get('name', 'world')}\n"
+    path = "/api/v1/namespaces/_/actions/hello"
+    status, body = platform.call("PUT", path, {"exec": {"kind": "python:3", "code": code}})
+    assert status == 200 and body["version"] == "0.0.1" and "code" not in body["exec"]
+    assert platform.call("PUT", path, {"exec": {"kind": "python:3", "code": code}})[0] == 409
+    status, body = platform.call("PUT", path, {"exec": {"kind": "python:3", "code": code},
+                                                 "parameters": [{"key": "name", "value": "scad"}]}, params="?overwrite=true")
+    assert status == 200 and body["version"] == "0.0.2"
+    status, result = platform.call("POST", path, {}, params="?blocking=true&result=true")
+    assert status == 200 and result == {"greeting": "hello scad"}
+    status, result = platform.call("POST", path, {"name": "you"}, params="?blocking=true&result=true")
+    assert result == {"greeting": "hello you"}
+    status, rec = platform.call("POST", path, {}, params="?blocking=true")
+    assert rec["response"]["success"] and rec["name"] == "hello"
+    assert platform.call("PUT", "/api/v1/namespaces/_/actions/js", {"exec": {"kind": "nodejs:18", "code": "x"}})[0] == 400
+    status, got = platform.call("GET", path)
+    assert got["exec"]["code"] == code
+    assert platform.call("DELETE", path)[0] == 200
+    assert platform.call("POST", path, {})[0] == 404
+
+
+def test_cli(platform):
+    env = dict(os.environ, SCAD_HOME=str(platform.home), PYTHONPATH=f"{ROOT / 'build' / 'python'}:{ROOT / 'bindings' / 'python'}")
+    scad = [sys.executable, "-m", "scad.cli"]
+
+    def run(*args):
+        return subprocess.run([*scad, *args], capture_output=True, text=True, env=env, timeout=120)
+
+    r = run("app", "deploy", str(DEMO))
+    assert r.returncode == 0 and "ok: deployed sumsq" in r.stdout, r.stderr
+    r = run("app", "invoke", "sumsq", "-p", "n", "2000", "--result")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["n"] == 2000          # --result: only the result JSON on stdout
+    r = run("app", "list", "--json")
+    assert [a["name"] for a in json.loads(r.stdout)] == ["sumsq"]
+    r = run("activation", "list")
+    assert "sumsq" in r.stdout and "success" in r.stdout
+    r = run("app", "deploy", str(APPS / "bad"))
+    assert r.returncode == 1 and "invalid manifest" in r.stderr and "  - " in r.stderr
+    r = run("app", "invoke", "nope")
+    assert r.returncode == 1 and "does not exist" in r.stderr
+    r = run("host", "list")
+    assert "local" in r.stdout and "memory pool" in r.stdout
+    env["SCAD_HOME"] = str(platform.home / "nowhere")
+    r = run("app", "list")
+    assert r.returncode == 1 and "scad up" in r.stderr

@@ -1,0 +1,117 @@
+"""Helpers for the Python test tiers: the build's binaries and Python module, memory element
+servers (libd-memd) and platforms (scad-server) as real processes. Fixtures are in conftest.py."""
+import base64
+import json
+import os
+import pathlib
+import select
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+BUILD = pathlib.Path(os.environ.get("SCAD_BUILD", ROOT / "build"))
+# The extension built by CMake, and the pure-Python package from the source tree.
+sys.path[:0] = [str(BUILD / "python"), str(ROOT / "bindings" / "python")]
+
+
+def binary(name):
+    path = BUILD / "libd" / name
+    if not path.exists():
+        pytest.fail(f"{path} is missing: run scripts/setup first")
+    return str(path)
+
+
+class Memd:
+    """A libd-memd process; `ready` is the JSON line it prints once listening."""
+
+    def __init__(self, tmp_path, *extra, client="it-client", element="mem1=64MiB", rights="rw", tcp="127.0.0.1:0",
+                 tag="mem"):
+        self.grants = tmp_path / f"{tag}-grants.jsonl"
+        self.sock = tmp_path / f"{tag}.sock"
+        name = element.split("=")[0]
+        self.args = [binary("libd-memd"), "--element", element, "--tcp", tcp, "--unix", str(self.sock),
+                     "--grant", f"{name}:{client}:{rights}", "--grants", str(self.grants), *extra]
+        self.start()
+
+    def start(self):
+        self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        ready, _, _ = select.select([self.proc.stdout], [], [], 20)
+        assert ready, "libd-memd did not report ready within 20 s"
+        self.ready = json.loads(self.proc.stdout.readline())
+        self.args[self.args.index("--tcp") + 1] = self.ready["tcp"]  # a restart keeps the address
+
+    def config(self):
+        return json.loads(self.grants.read_text().splitlines()[0])["config"]
+
+    def kill(self):
+        self.proc.kill()
+        self.proc.wait(10)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+
+
+
+SERVER = BUILD / "scheduler" / "scad-server"
+
+
+class Platform:
+    def __init__(self, home, port=0):
+        self.home = pathlib.Path(home)
+        self.port = port
+        self.start()
+
+    def start(self):
+        import disagg
+        pythonpath = f"{os.path.dirname(disagg.__file__)}:{ROOT / 'bindings' / 'python'}"
+        self.proc = subprocess.Popen([str(SERVER), "--home", str(self.home), "--port", str(self.port),
+                                      "--python", sys.executable, "--pythonpath", pythonpath, "--pool", "1GiB",
+                                      "--cpus", "2"],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        ready, _, _ = select.select([self.proc.stdout], [], [], 20)
+        assert ready, "scad-server did not start: " + (self.proc.stderr.read() if self.proc.poll() is not None else "")
+        self.banner = self.proc.stdout.readline()
+        props = dict(line.split("=", 1) for line in (self.home / "wskprops").read_text().split())
+        self.url, self.auth = props["APIHOST"], props["AUTH"]
+        self.port = int(self.url.rsplit(":", 1)[1])  # a restart keeps the address
+
+    def stop(self, sig=signal.SIGTERM):
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            self.proc.wait(30)
+
+    def call(self, method, path, body=None, auth=None, raw=None, params=""):
+        req = urllib.request.Request(self.url + path + params, method=method,
+                                     data=raw if raw is not None else (json.dumps(body).encode() if body is not None else None))
+        req.add_header("Content-Type", "application/json")
+        auth = self.auth if auth is None else auth
+        if auth:
+            req.add_header("Authorization", "Basic " + base64.b64encode(auth.encode()).decode())
+        try:
+            with urllib.request.urlopen(req, timeout=120) as r:
+                data = r.read()
+                return r.status, json.loads(data) if data else None
+        except urllib.error.HTTPError as e:
+            data = e.read()
+            return e.code, json.loads(data) if data else None
+
+    def deploy(self, folder, name=None):
+        folder = pathlib.Path(folder)
+        manifest = (folder / "scad.yaml").read_text()
+        files = {str(f.relative_to(folder)): f.read_text() for f in folder.rglob("*.py")}
+        import yaml
+        name = name or yaml.safe_load(manifest)["name"]
+        return self.call("PUT", f"/api/v1/namespaces/_/apps/{name}", {"manifest": manifest, "files": files})
+
+    def invoke(self, name, params=None, blocking=True, result=False):
+        q = "?blocking=true" if blocking else ""
+        if result:
+            q += "&result=true"
+        return self.call("POST", f"/api/v1/namespaces/_/apps/{name}", params or {}, params=q)
