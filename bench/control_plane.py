@@ -1,0 +1,100 @@
+#!/usr/bin/env python3
+"""The control plane on a real `scad-server` (single machine), in one run:
+
+- memory element invoke -> transport usable: action.runtime.invoke() inside a running action,
+  timed around the call (target: median <= 2 ms);
+- per-element overhead in a chain of 8 compute elements and in a fan-out of 8: the activation's
+  duration minus what the elements' own code took, divided by 8 (targets <= 5 ms per element;
+  Scad published 9-15 ms, OpenWhisk 26-35 ms);
+- cold start of a Python compute element: request to the start of main (target <= 150 ms).
+
+    bench/control_plane.py [--runs 7]
+"""
+import argparse
+import json
+import pathlib
+import statistics
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "build" / "python"), str(ROOT / "bindings" / "python")]
+from scadtest import Platform  # noqa: E402
+
+NOOP = "import time\n\ndef main(args, action):\n    return {'t': time.time()}\n"
+INVOKER = """import time
+
+def main(args, action):
+    out = []
+    for i in range(args.get('n', 20)):
+        t0 = time.perf_counter()
+        t = action.runtime.invoke('tmpl', 'm%d' % i, {'size': 1 << 20})   # returns once usable
+        out.append((time.perf_counter() - t0) * 1000)
+        t.reg(64)
+        t.write(8, 0)
+        action.runtime.release('m%d' % i)
+    return {'ms': out}
+"""
+
+
+def app(elements, files):
+    return {"manifest": json.dumps({"name": "x", "elements": elements}), "files": files}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=int, default=7)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="scad-cp-") as home:
+        p = Platform(pathlib.Path(home))
+        try:
+            # 1. invoke -> usable
+            body = app({"tmpl": {"kind": "memory", "size": "1MiB"}, "inv": {"kind": "compute", "code": "inv.py"}},
+                       {"inv.py": INVOKER})
+            body["manifest"] = body["manifest"].replace('"x"', '"inv"')
+            assert p.call("PUT", "/api/v1/namespaces/_/apps/inv", body)[0] == 200
+            status, rec = p.call("POST", "/api/v1/namespaces/_/apps/inv", {"n": 50}, params="?blocking=true&result=true")
+            assert status == 200, rec
+            invoke_ms = rec["ms"][5:]  # the first calls warm the endpoint's connection
+
+            # 2. chain and fan-out of 8 no-op elements
+            chain = {f"e{i}": {"kind": "compute", "code": "noop.py", "cpu": 0.25,
+                               **({"dependents": [f"e{i + 1}"]} if i < 7 else {})} for i in range(8)}
+            fan = {"e": {"kind": "compute", "code": "noop.py", "parallelism": 8, "cpu": 0.25}}
+            per_element = {}
+            for name, elements in (("chain8", chain), ("fanout8", fan)):
+                body = app(elements, {"noop.py": NOOP})
+                body["manifest"] = body["manifest"].replace('"x"', f'"{name}"')
+                assert p.call("PUT", f"/api/v1/namespaces/_/apps/{name}", body)[0] == 200
+                ms = []
+                for _ in range(args.runs):
+                    t0 = time.perf_counter()
+                    status, rec = p.call("POST", f"/api/v1/namespaces/_/apps/{name}", {}, params="?blocking=true")
+                    wall = (time.perf_counter() - t0) * 1000
+                    assert status == 200, rec
+                    ms.append(wall / 8)
+                per_element[name] = ms
+
+            # 3. cold start: request -> main starts (main reports its start time)
+            assert p.call("PUT", "/api/v1/namespaces/_/actions/noop", {"exec": {"kind": "python:3", "code": NOOP}})[0] == 200
+            cold = []
+            for _ in range(args.runs):
+                t0 = time.time()
+                status, res = p.call("POST", "/api/v1/namespaces/_/actions/noop", {}, params="?blocking=true&result=true")
+                cold.append((res["t"] - t0) * 1000)
+        finally:
+            p.stop()
+
+    med = statistics.median
+    rows = [("memory element invoke -> transport usable", med(invoke_ms), 2.0),
+            ("per element, chain of 8 (no warm pool: each is a cold start)", med(per_element["chain8"]), 5.0),
+            ("per element, fan-out of 8", med(per_element["fanout8"]), 5.0),
+            ("cold start of a Python compute element (request -> main)", med(cold), 150.0)]
+    print(f"{'measure':62} {'median ms':>10} {'target':>8}")
+    for name, v, target in rows:
+        print(f"{name:62} {v:10.2f} {'<= ' + str(target):>8} {'met' if v <= target else 'MISSED'}")
+
+
+if __name__ == "__main__":
+    main()
