@@ -318,17 +318,20 @@ void Engine::run_app(const std::shared_ptr<Activation> &act) {
   finish(act, "success", result);
 }
 
+bool Engine::find_caller(const std::string &token, const std::string &aid, Caller *out, json *reply) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = tokens_.find(token);
+  if (it == tokens_.end() || it->second.aid != aid) {
+    *reply = {{"error", "unknown or expired token for action '" + aid + "'"}};
+    return false;
+  }
+  *out = it->second;
+  return true;
+}
+
 int Engine::runtime_invoke(const std::string &token, const std::string &aid, const json &body, json *reply) {
   Caller c;
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    auto it = tokens_.find(token);
-    if (it == tokens_.end() || it->second.aid != aid) {
-      *reply = {{"error", "unknown or expired token for action '" + aid + "'"}};
-      return 401;
-    }
-    c = it->second;
-  }
+  if (!find_caller(token, aid, &c, reply)) return 401;
   if (!body.is_object() || !body.contains("template") || !body["template"].is_string() || !body.contains("name") ||
       !body["name"].is_string()) {
     *reply = {{"error", "the body must be {\"template\": NAME, \"name\": TRANSPORT, \"props\": {...}}"}};
@@ -380,15 +383,7 @@ int Engine::runtime_invoke(const std::string &token, const std::string &aid, con
 
 int Engine::runtime_release(const std::string &token, const std::string &aid, const std::string &name, json *reply) {
   Caller c;
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    auto it = tokens_.find(token);
-    if (it == tokens_.end() || it->second.aid != aid) {
-      *reply = {{"error", "unknown or expired token for action '" + aid + "'"}};
-      return 401;
-    }
-    c = it->second;
-  }
+  if (!find_caller(token, aid, &c, reply)) return 401;
   std::string id;
   {
     std::lock_guard<std::mutex> lk(c.act->mu);

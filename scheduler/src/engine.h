@@ -59,6 +59,8 @@ class Engine {
     std::string aid;
   };
   std::map<std::string, Caller> tokens_;  // runtime token -> the compute instance holding it
+  // The running compute instance a runtime request comes from; false (reply filled) if none.
+  bool find_caller(const std::string &token, const std::string &aid, Caller *out, json *reply);
   uint64_t counter_ = 0;
 };
 
