@@ -63,9 +63,10 @@ SERVER = BUILD / "scheduler" / "scad-server"
 
 
 class Platform:
-    def __init__(self, home, port=0):
+    def __init__(self, home, port=0, extra=()):
         self.home = pathlib.Path(home)
         self.port = port
+        self.extra = list(extra)
         self.start()
 
     def start(self):
@@ -73,7 +74,7 @@ class Platform:
         pythonpath = f"{os.path.dirname(disagg.__file__)}:{ROOT / 'bindings' / 'python'}"
         self.proc = subprocess.Popen([str(SERVER), "--home", str(self.home), "--port", str(self.port),
                                       "--python", sys.executable, "--pythonpath", pythonpath, "--pool", "1GiB",
-                                      "--cpus", "2"],
+                                      "--cpus", "2", *self.extra],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         ready, _, _ = select.select([self.proc.stdout], [], [], 20)
         assert ready, "scad-server did not start: " + (self.proc.stderr.read() if self.proc.poll() is not None else "")

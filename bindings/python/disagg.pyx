@@ -99,6 +99,7 @@ cdef class LibdAction:
     cdef clibd.libd_action *_c
     cdef dict _wrappers
     cdef public object runtime_url
+    cdef public object runtime_token
     cdef object _runtime
     cdef public list profile_points
 
@@ -129,6 +130,8 @@ cdef class LibdAction:
             raise ValueError(_last_error())
         self._wrappers = {}
         self._runtime = None
+        self.runtime_url = None
+        self.runtime_token = None
         self.profile_points = []
 
     def __dealloc__(self):
@@ -217,7 +220,7 @@ cdef class LibdAction:
         """Asks the runtime for new elements: runtime.invoke(template, trans, props), release(name)."""
         if self._runtime is None:
             from scad.runtime_client import RuntimeClient
-            self._runtime = RuntimeClient(self, self.runtime_url)
+            self._runtime = RuntimeClient(self, self.runtime_url, self.runtime_token)
         return self._runtime
 
     def __enter__(self):

@@ -9,7 +9,7 @@
 #include <sstream>
 
 #include "core/error.h"
-#include "process.h"
+#include "pool.h"
 
 namespace scad {
 
@@ -30,6 +30,8 @@ int Agent::start(std::string *why) {
     *why = libd::last_error();
     return rc;
   }
+  workers_ = std::make_unique<WorkerPool>(
+      WorkerOptions{opts_.python, opts_.pythonpath, opts_.home, opts_.prewarm, opts_.max_warm, opts_.keep_alive_ms});
   return 0;
 }
 
@@ -75,38 +77,42 @@ ComputeOutcome Agent::run_compute(const ComputeSpec &spec) {
   json transports = json::array();
   for (auto &t : spec.transports) transports.push_back({{"durl", t.durl}, {"config", t.config}});
   json launcher = {{"aid", spec.aid}, {"code", spec.code}, {"main", spec.main}, {"args", spec.args},
-                   {"transports", transports}};
-  std::map<std::string, std::string> env = {
-      {"PYTHONPATH", opts_.pythonpath}, {"PATH", "/usr/local/bin:/usr/bin:/bin"}, {"HOME", opts_.home},
-      {"PYTHONUNBUFFERED", "1"}, {"SCAD_RUNTIME_URL", spec.runtime_url}, {"SCAD_RUNTIME_TOKEN", spec.runtime_token},
-      {"SCAD_ACTION_ID", spec.aid}};
-  ProcessResult pr;
+                   {"transports", transports}, {"runtime_url", spec.runtime_url},
+                   {"runtime_token", spec.runtime_token}};
+  // One process per action: the code file names the application version, plus the function.
+  auto w = workers_->acquire(spec.code + "#" + spec.main, &o.start);
   auto t0 = std::chrono::steady_clock::now();
-  int rc = run_process({opts_.python, "-m", "scad.launcher"}, env, launcher.dump(), spec.timeout_ms, &pr);
-  o.duration_ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
   std::string stamp = now_iso();
-  std::istringstream err(pr.err);
-  for (std::string line; std::getline(err, line);) o.logs.push_back(stamp + " stderr: " + line);
-  if (rc) {
+  if (!w) {
     o.status = "whisk internal error";
-    o.error = {{"type", "StartError"}, {"message", "cannot start " + opts_.python + ": " + strerror(-rc)}};
+    o.error = {{"type", "StartError"}, {"message", "cannot start " + opts_.python + ": " + strerror(errno)}};
     return o;
   }
-  if (pr.timed_out) {
+  WorkerRun r = WorkerPool::run(*w, launcher.dump(), spec.timeout_ms);
+  o.duration_ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+  auto add_logs = [&](const std::string &text) {
+    std::istringstream in(text);
+    for (std::string line; std::getline(in, line);) o.logs.push_back(stamp + " stderr: " + line);
+  };
+  json reply = json::parse(r.reply, nullptr, false);
+  add_logs(r.stderr_text);
+  if (r.timed_out) {
+    workers_->release(std::move(w), false);
     o.status = "action developer error";
     o.error = {{"type", "TimeoutError"},
                {"message", "the compute element ran longer than its limit of " + std::to_string(spec.timeout_ms) + " ms"}};
     return o;
   }
-  // The launcher prints exactly one JSON line; anything else means the process died under it.
-  json reply = json::parse(pr.out, nullptr, false);
-  if (reply.is_discarded() || !reply.is_object() || !reply.contains("ok")) {
+  // The launcher answers one JSON line per run; anything else means the process died under it.
+  if (r.died || reply.is_discarded() || !reply.is_object() || !reply.contains("ok")) {
+    workers_->release(std::move(w), false);
     o.status = "action developer error";
-    std::string how = pr.signal ? "was killed by signal " + std::to_string(pr.signal)
-                                : "exited with status " + std::to_string(pr.exit_code) + " without a result";
+    std::string how = r.signal ? "was killed by signal " + std::to_string(r.signal)
+                               : "exited with status " + std::to_string(r.exit_code) + " without a result";
     o.error = {{"type", "Crash"}, {"message", "the compute element crashed: it " + how}};
     return o;
   }
+  workers_->release(std::move(w), true);
   o.ok = reply["ok"].get<bool>();
   o.init_ms = reply.value("init_ms", int64_t(0));
   if (o.ok) {
@@ -116,8 +122,7 @@ ComputeOutcome Agent::run_compute(const ComputeSpec &spec) {
     o.status = "application error";
     o.error = reply["error"];
     if (o.error.contains("traceback")) {
-      std::istringstream tb(o.error["traceback"].get<std::string>());
-      for (std::string line; std::getline(tb, line);) o.logs.push_back(stamp + " stderr: " + line);
+      add_logs(o.error["traceback"].get<std::string>());
       o.error.erase("traceback");
     }
   }

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "pool.h"
 #include "server/memory_server.h"
 
 namespace scad {
@@ -23,6 +24,9 @@ struct AgentOptions {
   std::string pythonpath;      // where it finds disagg and scad
   uint64_t pool_bytes = 4ull << 30;
   double cpus = 2;
+  int prewarm = 2;                // started interpreters waiting for any action
+  int max_warm = 16;              // idle processes kept for the action they ran
+  int64_t keep_alive_ms = 60000;  // how long such a process is kept
 };
 
 struct TransportGrant {
@@ -49,6 +53,7 @@ struct ComputeOutcome {
   std::vector<std::string> logs;
   int64_t duration_ms = 0;
   int64_t init_ms = 0;        // loading the user's code, as the launcher measured it
+  std::string start;          // warm | prewarmed | cold
 };
 
 class Agent {
@@ -70,6 +75,7 @@ class Agent {
  private:
   AgentOptions opts_;
   libd::MemoryServer server_;
+  std::unique_ptr<WorkerPool> workers_;
 };
 
 }  // namespace scad

@@ -40,6 +40,7 @@ struct Activation {
   std::vector<std::string> tokens;
   bool done = false;
   int64_t first_start_ms = 0, init_ms = 0;
+  std::map<std::string, int> starts;  // warm / prewarmed / cold: how its compute elements started
   std::mutex mu;
   std::condition_variable cv;
 };
@@ -157,6 +158,7 @@ void Engine::finish(const std::shared_ptr<Activation> &act, const std::string &s
   int64_t wait = act->first_start_ms ? act->first_start_ms - act->requested_ms : 0;
   act->record["annotations"].push_back({{"key", "waitTime"}, {"value", wait}});
   act->record["annotations"].push_back({{"key", "initTime"}, {"value", act->init_ms}});
+  act->record["annotations"].push_back({{"key", "starts"}, {"value", act->starts}});
   store_.put_activation(act->record);
   act->done = true;
   act->cv.notify_all();
@@ -175,6 +177,7 @@ void Engine::run_action(const std::shared_ptr<Activation> &act) {
   release_cpu(1);
   act->logs = o.logs;
   act->init_ms = o.init_ms;
+  if (!o.start.empty()) act->starts[o.start]++;
   finish(act, o.status, o.ok ? (o.result.is_object() ? o.result : json{{"result", o.result}}) : json{{"error", o.error}});
 }
 
@@ -285,6 +288,7 @@ void Engine::run_app(const std::shared_ptr<Activation> &act) {
       std::string tag = r.element + "#" + std::to_string(r.instance);
       {
         std::lock_guard<std::mutex> lk(act->mu);
+        if (!r.outcome.start.empty()) act->starts[r.outcome.start]++;
         for (auto &line : r.outcome.logs) act->logs.push_back(line.substr(0, 25) + tag + " " + line.substr(25));
         act->init_ms = std::max(act->init_ms, r.outcome.init_ms);
       }

@@ -1,7 +1,7 @@
 // scad-server: the single-machine platform — scheduler and host agent in one process.
 //
 //   scad-server [--home DIR] [--host 127.0.0.1] [--port 3233] [--python PATH] [--pythonpath P]
-//               [--pool 4GiB] [--cpus N]
+//               [--pool 4GiB] [--cpus N] [--prewarm 2] [--max-warm 16] [--keep-alive 60000]
 //
 // State lives in DIR (default $SCAD_HOME or ~/.scad): scad.db (SQLite, WAL), the code of deployed
 // versions, the memory pool's socket, and wskprops (APIHOST and AUTH, as OpenWhisk's wsk reads it).
@@ -27,7 +27,7 @@ namespace {
 [[noreturn]] void usage(const std::string &why) {
   std::cerr << "scad-server: " << why << "\n"
             << "usage: scad-server [--home DIR] [--host ADDR] [--port N] [--python PATH] [--pythonpath P]\n"
-            << "                   [--pool SIZE] [--cpus N]\n";
+            << "                   [--pool SIZE] [--cpus N] [--prewarm N] [--max-warm N] [--keep-alive MS]\n";
   exit(2);
 }
 
@@ -82,6 +82,9 @@ int main(int argc, char **argv) {
     else if (a == "--python") ao.python = value();
     else if (a == "--pythonpath") ao.pythonpath = value();
     else if (a == "--cpus") ao.cpus = std::stod(value());
+    else if (a == "--prewarm") ao.prewarm = std::stoi(value());
+    else if (a == "--max-warm") ao.max_warm = std::stoi(value());
+    else if (a == "--keep-alive") ao.keep_alive_ms = std::stoll(value());
     else if (a == "--pool") {
       if (!libd::parse_size(value(), &ao.pool_bytes)) usage("--pool takes a size such as 4GiB");
     } else usage("unknown argument '" + a + "'");

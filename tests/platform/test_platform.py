@@ -170,3 +170,23 @@ def test_cli(platform):
     env["SCAD_HOME"] = str(platform.home / "nowhere")
     r = run("app", "list")
     assert r.returncode == 1 and "scad up" in r.stderr
+
+
+def starts(record):
+    return next(a["value"] for a in record["annotations"] if a["key"] == "starts")
+
+
+def test_warm_processes_serve_only_their_own_action(platform):
+    platform.deploy(DEMO)
+    status, first = platform.invoke("sumsq", {"n": 1000})
+    # (an instance of `partial` may already reuse a sibling's process: the same action)
+    assert status == 200 and sum(starts(first).values()) == 6
+    status, second = platform.invoke("sumsq", {"n": 1000})
+    assert status == 200 and starts(second).get("warm", 0) >= 4, starts(second)   # reused, same app version
+    platform.deploy(APPS / "grow")
+    status, other = platform.invoke("grow", {"size": 1 << 20})
+    assert status == 200 and "warm" not in starts(other), "another action never gets a warm process"
+    platform.deploy(APPS / "crash")
+    platform.invoke("crash")
+    status, again = platform.invoke("crash")
+    assert "warm" not in starts(again), "a crashed process is not reused"

@@ -5,7 +5,14 @@ when main raises; an exception becomes an error result, never a crash of the hos
 As a program (what the host agent starts):
     python -m scad.launcher < spec.json
 where spec is {"aid", "code", "main", "args", "transports": [{"durl", "config"}], "options",
-"runtime_url"}. The user's prints go to stderr; stdout carries exactly one JSON line: the result.
+"runtime_url", "runtime_token"}. The user's prints go to stderr; stdout carries exactly one JSON
+line: the result.
+
+    python -m scad.launcher --serve
+keeps the interpreter for many runs (the agent's warm and pre-warmed pools): one spec per line on
+stdin, one result line per spec on stdout; the run's output on stderr, ended by a marker. A warm
+process keeps the action's module (and its globals) between runs of the same code, as a warm
+OpenWhisk container does; the agent reuses a process only for the same action.
 """
 import contextlib
 import importlib.util
@@ -18,20 +25,35 @@ import uuid
 import disagg
 
 
-def load_main(code, main="main"):
-    name = f"scad_action_{uuid.uuid4().hex}"
-    spec = importlib.util.spec_from_file_location(name, code)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot load action code from {code!r}")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+_loaded = {}  # (code path, mtime) -> module: what a warm process keeps
+
+
+def load_main(code, main="main", keep=False):
+    if keep:
+        import os
+        key = (code, os.stat(code).st_mtime_ns)
+        module = _loaded.get(key)
+        if module is None:
+            module = _loaded[key] = _load_module(code)
+    else:
+        module = _load_module(code)
     fn = getattr(module, main, None)
     if not callable(fn):
         raise AttributeError(f"{code!r} has no function {main!r}")
     return fn
 
 
-def run_action(spec):
+def _load_module(code):
+    name = f"scad_action_{uuid.uuid4().hex}"
+    spec = importlib.util.spec_from_file_location(name, code)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load action code from {code!r}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_action(spec, keep_module=False):
     """Returns {"ok": True, "result": ...} or {"ok": False, "error": {"type", "message", "traceback"}},
     with "init_ms" (loading the code and wiring the action) and "run_ms" (main itself)."""
     action = None
@@ -41,11 +63,13 @@ def run_action(spec):
         action = disagg.LibdAction(spec.get("aid") or f"action-{uuid.uuid4().hex[:8]}", **spec.get("options", {}))
         if spec.get("runtime_url"):
             action.runtime_url = spec["runtime_url"]
+        if spec.get("runtime_token"):
+            action.runtime_token = spec["runtime_token"]
         for t in spec.get("transports", []):
             action.add_transport(t["durl"])
             if t.get("config"):
                 action.config_transport(t["durl"].split(";", 1)[0], t["config"])
-        fn = load_main(spec["code"], spec.get("main", "main"))
+        fn = load_main(spec["code"], spec.get("main", "main"), keep=keep_module)
         t1 = time.monotonic()
         timing["init_ms"] = int((t1 - t0) * 1000)
         result = fn(spec.get("args", {}), action)
@@ -60,7 +84,34 @@ def run_action(spec):
             action.terminate()
 
 
+END_OF_RUN = "\x00scad:end-of-run\x00"  # on stderr after each run: the agent reads its output up to here
+
+
+def serve():
+    """One spec per line in, one result per line out, until stdin closes. The run's output goes
+    to stderr as it is written (so a crash loses none of it), followed by END_OF_RUN."""
+    out = sys.stdout
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        try:
+            spec = json.loads(line)
+        except ValueError as e:
+            result = {"ok": False, "error": {"type": "ValueError", "message": f"bad spec: {e}"}}
+        else:
+            with contextlib.redirect_stdout(sys.stderr):
+                result = run_action(spec, keep_module=True)
+        sys.stderr.flush()
+        out.write(json.dumps(result) + "\n")
+        out.flush()
+        sys.stderr.write(END_OF_RUN + "\n")
+        sys.stderr.flush()
+    return 0
+
+
 def main():
+    if "--serve" in sys.argv[1:]:
+        return serve()
     try:
         spec = json.load(sys.stdin)
     except ValueError as e:

@@ -1,0 +1,190 @@
+#include "pool.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <vector>
+
+extern char **environ;
+
+namespace scad {
+
+using Clock = std::chrono::steady_clock;
+
+Worker::~Worker() {
+  for (int fd : {in, out, err})
+    if (fd >= 0) close(fd);
+  if (pid > 0) {
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+  }
+}
+
+WorkerPool::WorkerPool(WorkerOptions o) : o_(std::move(o)) {
+  maintainer_ = std::thread([this] { maintain(); });
+}
+
+WorkerPool::~WorkerPool() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  maintainer_.join();
+}
+
+std::unique_ptr<Worker> WorkerPool::spawn() {
+  int in[2], out[2], err[2];
+  if (pipe2(in, O_CLOEXEC) || pipe2(out, O_CLOEXEC) || pipe2(err, O_CLOEXEC)) return nullptr;
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, in[0], 0);
+  posix_spawn_file_actions_adddup2(&fa, out[1], 1);
+  posix_spawn_file_actions_adddup2(&fa, err[1], 2);
+  std::vector<std::string> env = {"PYTHONPATH=" + o_.pythonpath, "PATH=/usr/local/bin:/usr/bin:/bin",
+                                  "HOME=" + o_.home, "PYTHONUNBUFFERED=1"};
+  std::vector<char *> cenv;
+  for (auto &e : env) cenv.push_back(e.data());
+  cenv.push_back(nullptr);
+  std::string m = "-m", mod = "scad.launcher", serve = "--serve";
+  char *argv[] = {const_cast<char *>(o_.python.c_str()), m.data(), mod.data(), serve.data(), nullptr};
+  auto w = std::make_unique<Worker>();
+  int rc = posix_spawn(&w->pid, o_.python.c_str(), &fa, nullptr, argv, cenv.data());
+  posix_spawn_file_actions_destroy(&fa);
+  close(in[0]);
+  close(out[1]);
+  close(err[1]);
+  w->in = in[1];
+  w->out = out[0];
+  w->err = err[0];
+  if (rc != 0) {
+    w->pid = -1;
+    return nullptr;
+  }
+  fcntl(w->out, F_SETFL, O_NONBLOCK);
+  fcntl(w->err, F_SETFL, O_NONBLOCK);
+  return w;
+}
+
+std::unique_ptr<Worker> WorkerPool::acquire(const std::string &key, std::string *how) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = warm_.find(key);
+    if (it != warm_.end()) {
+      auto w = std::move(it->second);
+      warm_.erase(it);
+      *how = "warm";
+      return w;
+    }
+    if (!fresh_.empty()) {
+      auto w = std::move(fresh_.front());
+      fresh_.pop_front();
+      w->key = key;
+      *how = "prewarmed";
+      cv_.notify_all();  // top up
+      return w;
+    }
+  }
+  *how = "cold";
+  auto w = spawn();
+  if (w) w->key = key;
+  cv_.notify_all();
+  return w;
+}
+
+void WorkerPool::release(std::unique_ptr<Worker> w, bool healthy) {
+  if (!w || !healthy) return;  // the destructor ends it
+  std::lock_guard<std::mutex> lk(mu_);
+  if (stopping_ || int(warm_.size()) >= o_.max_warm) return;
+  w->idle_since = Clock::now();
+  warm_.emplace(w->key, std::move(w));
+}
+
+void WorkerPool::maintain() {
+  std::unique_lock<std::mutex> lk(mu_);
+  while (!stopping_) {
+    while (int(fresh_.size()) < o_.prewarm && !stopping_) {
+      lk.unlock();
+      auto w = spawn();  // outside the lock: spawning takes a moment
+      lk.lock();
+      if (!w) break;
+      fresh_.push_back(std::move(w));
+    }
+    auto now = Clock::now();
+    for (auto it = warm_.begin(); it != warm_.end();)
+      it = now - it->second->idle_since > std::chrono::milliseconds(o_.keep_alive_ms) ? warm_.erase(it) : std::next(it);
+    cv_.wait_for(lk, std::chrono::milliseconds(std::max<int64_t>(100, o_.keep_alive_ms / 4)));
+  }
+  fresh_.clear();
+  warm_.clear();
+}
+
+WorkerRun WorkerPool::run(Worker &w, const std::string &line, int64_t timeout_ms) {
+  WorkerRun r;
+  std::string msg = line + "\n";
+  size_t sent = 0;
+  while (sent < msg.size()) {  // a spec is small; the pipe takes it (or the worker is gone)
+    ssize_t n = write(w.in, msg.data() + sent, msg.size() - sent);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      r.died = true;
+      break;
+    }
+    sent += size_t(n);
+  }
+  auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+  char buf[65536];
+  // The launcher's END_OF_RUN and its newline.
+  static const std::string kEnd = std::string(1, '\0') + "scad:end-of-run" + std::string(1, '\0') + "\n";
+  bool have_reply = false;
+  while (!r.died) {
+    auto nl = have_reply ? std::string::npos : w.pending.find('\n');
+    if (nl != std::string::npos) {
+      r.reply = w.pending.substr(0, nl);
+      w.pending.erase(0, nl + 1);
+      have_reply = true;
+    }
+    // The run's output ends with the marker on stderr: the result alone is not the end of it.
+    auto end = r.stderr_text.find(kEnd);
+    if (have_reply && end != std::string::npos) {
+      r.stderr_text.erase(end);
+      break;
+    }
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) {
+      r.timed_out = true;
+      break;
+    }
+    struct pollfd p[2] = {{w.out, short(have_reply ? 0 : POLLIN), 0}, {w.err, POLLIN, 0}};
+    if (poll(p, 2, int(std::min<int64_t>(left, 1000))) < 0 && errno != EINTR) break;
+    if (p[1].revents) {
+      ssize_t n = read(w.err, buf, sizeof buf);
+      if (n > 0) r.stderr_text.append(buf, size_t(n));
+      else if (n == 0) r.died = true;
+    }
+    if (p[0].revents && !have_reply) {
+      ssize_t n = read(w.out, buf, sizeof buf);
+      if (n > 0) w.pending.append(buf, size_t(n));
+      else if (n == 0 || (errno != EAGAIN && errno != EINTR)) r.died = true;
+    }
+  }
+  if (r.died || r.timed_out) {
+    if (r.timed_out) kill(w.pid, SIGKILL);
+    ssize_t n;
+    while ((n = read(w.err, buf, sizeof buf)) > 0) r.stderr_text.append(buf, size_t(n));
+    int status = 0;
+    if (waitpid(w.pid, &status, 0) == w.pid) {
+      if (WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
+      if (WIFSIGNALED(status)) r.signal = WTERMSIG(status);
+      w.pid = -1;
+    }
+  }
+  return r;
+}
+
+}  // namespace scad

@@ -1,0 +1,68 @@
+// Warm and pre-warmed compute processes, as OpenWhisk keeps containers: a process that ran an
+// action stays for the same action (same code file, i.e. same application version, and function)
+// for a keep-alive period; a small number of started interpreters (disagg and scad imported) wait
+// for any action, so a cold start does not pay interpreter start-up. Both bounded. A process is
+// never shared between different actions, and one that crashed or timed out is never reused.
+#pragma once
+#include <sys/types.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+namespace scad {
+
+struct WorkerOptions {
+  std::string python, pythonpath, home;
+  int prewarm = 2;                // started interpreters waiting for any action
+  int max_warm = 16;              // idle processes kept for their action
+  int64_t keep_alive_ms = 60000;  // how long an idle warm process is kept
+};
+
+struct Worker {
+  pid_t pid = -1;
+  int in = -1, out = -1, err = -1;
+  std::string key;   // the action it may serve again ("" while pre-warmed)
+  std::string pending;  // stdout bytes after the last full line
+  std::chrono::steady_clock::time_point idle_since;
+  ~Worker();
+};
+
+struct WorkerRun {
+  bool died = false, timed_out = false;
+  int exit_code = -1, signal = 0;
+  std::string reply;   // the result line
+  std::string stderr_text;
+};
+
+class WorkerPool {
+ public:
+  explicit WorkerPool(WorkerOptions o);
+  ~WorkerPool();
+  // A process for `key`: warm if one is idle, else pre-warmed, else newly started. *how says which.
+  std::unique_ptr<Worker> acquire(const std::string &key, std::string *how);
+  // Gives it back after a run; unhealthy ones are ended.
+  void release(std::unique_ptr<Worker> w, bool healthy);
+  // Sends one spec line and waits for the result line.
+  static WorkerRun run(Worker &w, const std::string &line, int64_t timeout_ms);
+  const WorkerOptions &options() const { return o_; }
+
+ private:
+  std::unique_ptr<Worker> spawn();
+  void maintain();  // tops up the pre-warmed pool, ends warm processes past their keep-alive
+
+  WorkerOptions o_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopping_ = false;
+  std::deque<std::unique_ptr<Worker>> fresh_;
+  std::multimap<std::string, std::unique_ptr<Worker>> warm_;
+  std::thread maintainer_;
+};
+
+}  // namespace scad
