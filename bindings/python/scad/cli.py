@@ -7,6 +7,7 @@
     scad activation list | get ID | logs ID | result ID
     scad element list
     scad host list
+    scad proxy [--port 8080]                  OpenWhisk's action runtime contract (/init, /run)
 
 Credentials and the API host come from $SCAD_HOME/wskprops (written by `scad up`), or --apihost
 and --auth. Every command takes --json for output meant for scripts.
@@ -249,6 +250,13 @@ def cmd_host(args):
     return 0
 
 
+def cmd_proxy(args):
+    from scad.proxy import serve
+    serve(args.host, args.port, ready=lambda addr: print(f"scad proxy: /init and /run on {addr[0]}:{addr[1]}",
+                                                         flush=True))
+    return 0
+
+
 def parser():
     # The common flags work after any command, as in `scad app list --json`.
     common = argparse.ArgumentParser(add_help=False)
@@ -290,6 +298,10 @@ def parser():
     el.add_parser("list", parents=[common]).set_defaults(fn=cmd_element)
     host = sub.add_parser("host", help="hosts").add_subparsers(dest="action", required=True)
     host.add_parser("list", parents=[common]).set_defaults(fn=cmd_host)
+    proxy = sub.add_parser("proxy", help="serve OpenWhisk's action runtime contract (/init, /run)")
+    proxy.add_argument("--host", default="127.0.0.1", help="0.0.0.0 inside an OpenWhisk action container")
+    proxy.add_argument("--port", type=int, default=8080)
+    proxy.set_defaults(fn=cmd_proxy, json=False)
     return p
 
 

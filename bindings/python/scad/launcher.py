@@ -53,6 +53,18 @@ def _load_module(code):
     return module
 
 
+def call_main(fn, args, action):
+    """main(args, action) as Scad's actions take it; main(args) as plain OpenWhisk actions do."""
+    import inspect
+    try:
+        params = [p for p in inspect.signature(fn).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        takes_action = len(params) >= 2 or any(p.kind == p.VAR_POSITIONAL for p in inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        takes_action = True
+    return fn(args, action) if takes_action else fn(args)
+
+
 def run_action(spec, keep_module=False):
     """Returns {"ok": True, "result": ...} or {"ok": False, "error": {"type", "message", "traceback"}},
     with "init_ms" (loading the code and wiring the action) and "run_ms" (main itself)."""
@@ -72,7 +84,7 @@ def run_action(spec, keep_module=False):
         fn = load_main(spec["code"], spec.get("main", "main"), keep=keep_module)
         t1 = time.monotonic()
         timing["init_ms"] = int((t1 - t0) * 1000)
-        result = fn(spec.get("args", {}), action)
+        result = call_main(fn, spec.get("args", {}), action)
         timing["run_ms"] = int((time.monotonic() - t1) * 1000)
         json.dumps(result)  # the result must be JSON: say so here, not in the host
         return {"ok": True, "result": result, **timing}
