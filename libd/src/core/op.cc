@@ -11,13 +11,19 @@ Op::Op(OpKind kind, std::vector<Segment> segs, Deadline deadline, std::shared_pt
 bool Op::complete(int status, std::string why) {
   {
     std::lock_guard<std::mutex> lk(mu_);
-    if (status_.load(std::memory_order_relaxed) != -EINPROGRESS) return false;
+    if (completing_) return false;  // a cancel raced a completion: the first one wins
+    completing_ = true;
     why_ = std::move(why);
+  }
+  // Accounting before the operation is seen done: a waiter that wakes finds the counters and the
+  // transport's in-flight count already up to date (it may re-register at once, read stats, ...).
+  if (stats_) stats_->record(kind_, bytes_, now_ns() - start_ns_, status == 0);
+  if (on_done_) on_done_();
+  {
+    std::lock_guard<std::mutex> lk(mu_);
     status_.store(status, std::memory_order_release);
   }
   cv_.notify_all();
-  if (stats_) stats_->record(kind_, bytes_, now_ns() - start_ns_, status == 0);
-  if (on_done_) on_done_();
   return true;
 }
 
@@ -42,7 +48,7 @@ int Op::cancel() {
     fn = canceller_;
   }
   if (fn) fn(this);  // detaches from the engine; the engine will not touch our buffers after
-  complete(-ECANCELED);
+  if (!complete(-ECANCELED)) wait_until(Clock::time_point::max());  // a completion is landing now
   return status();
 }
 

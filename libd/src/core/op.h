@@ -56,6 +56,7 @@ class Op {
   std::shared_ptr<Stats> stats_;
   int64_t start_ns_;
   std::atomic<int> status_{-EINPROGRESS};
+  bool completing_ = false;  // under mu_: complete() runs once
   std::mutex mu_;
   std::condition_variable cv_;
   std::function<void(Op *)> canceller_;
