@@ -3,8 +3,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <cstring>
+#include <fstream>
 #include <chrono>
 #include <sstream>
 
@@ -44,7 +46,7 @@ int Agent::create_element(const std::string &id, uint64_t size, std::string *why
 void Agent::remove_element(const std::string &id) { server_.remove_element(id); }
 
 int Agent::grant(const std::string &element, const std::string &client, unsigned rights,
-                 const std::string &trans_name, TransportGrant *out, std::string *why) {
+                 const std::string &trans_name, bool remote, TransportGrant *out, std::string *why) {
   libd::Grant g;
   g.element = element;
   g.client = client;
@@ -53,7 +55,7 @@ int Agent::grant(const std::string &element, const std::string &client, unsigned
     *why = libd::last_error();
     return rc;
   }
-  out->durl = trans_name + ";shm";
+  out->durl = trans_name + (remote ? ";tcp" : ";shm");
   out->config = server_.client_config(g);
   out->grant_id = g.id;
   return 0;
@@ -72,15 +74,54 @@ static std::string now_iso() {
   return out;
 }
 
+std::string Agent::materialize(const std::string &key, const json &files, std::string *why) {
+  for (char c : key)
+    if (!isalnum(static_cast<unsigned char>(c)) && c != '/' && c != '-' && c != '_' && c != '.') {
+      *why = "bad code key '" + key + "'";
+      return "";
+    }
+  if (key.find("..") != std::string::npos) {
+    *why = "bad code key '" + key + "'";
+    return "";
+  }
+  std::string dir = opts_.home + "/code/" + key;
+  std::lock_guard<std::mutex> lk(code_mu_);
+  struct stat st;
+  if (stat((dir + "/.complete").c_str(), &st) == 0) return dir;  // a version's files never change
+  auto mkdirs = [](const std::string &path) {
+    for (size_t i = 1; i <= path.size(); i++)
+      if (i == path.size() || path[i] == '/') mkdir(path.substr(0, i).c_str(), 0700);
+  };
+  mkdirs(dir);
+  for (auto &[name, content] : files.items()) {
+    if (name.empty() || name[0] == '/' || name.find("..") != std::string::npos || !content.is_string()) {
+      *why = "bad file '" + name + "'";
+      return "";
+    }
+    std::string path = dir + "/" + name;
+    mkdirs(path.substr(0, path.rfind('/')));
+    std::ofstream(path, std::ios::binary) << content.get<std::string>();
+  }
+  std::ofstream(dir + "/.complete") << "";
+  return dir;
+}
+
 ComputeOutcome Agent::run_compute(const ComputeSpec &spec) {
   ComputeOutcome o;
+  std::string why, dir = materialize(spec.code_key, spec.code_files, &why);
+  if (dir.empty()) {
+    o.status = "whisk internal error";
+    o.error = {{"type", "CodeError"}, {"message", why}};
+    return o;
+  }
+  std::string code = dir + "/" + spec.code;
   json transports = json::array();
   for (auto &t : spec.transports) transports.push_back({{"durl", t.durl}, {"config", t.config}});
-  json launcher = {{"aid", spec.aid}, {"code", spec.code}, {"main", spec.main}, {"args", spec.args},
+  json launcher = {{"aid", spec.aid}, {"code", code}, {"main", spec.main}, {"args", spec.args},
                    {"transports", transports}, {"runtime_url", spec.runtime_url},
                    {"runtime_token", spec.runtime_token}};
   // One process per action: the code file names the application version, plus the function.
-  auto w = workers_->acquire(spec.code + "#" + spec.main, &o.start);
+  auto w = workers_->acquire(code + "#" + spec.main, &o.start);
   auto t0 = std::chrono::steady_clock::now();
   std::string stamp = now_iso();
   if (!w) {

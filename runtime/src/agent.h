@@ -37,7 +37,9 @@ struct TransportGrant {
 
 struct ComputeSpec {
   std::string aid;
-  std::string code;    // path of the user's file
+  std::string code;          // the user's file, relative to the code's folder
+  std::string code_key;      // names one version of the code ("ns/app/version"): written once
+  nlohmann::json code_files = nlohmann::json::object();  // file name -> content
   std::string main = "main";
   nlohmann::json args = nlohmann::json::object();
   std::vector<TransportGrant> transports;
@@ -66,16 +68,19 @@ class Agent {
   int create_element(const std::string &id, uint64_t size, std::string *why);
   void remove_element(const std::string &id);
   uint64_t pool_used() { return server_.used_bytes(); }
-  // A grant on an element for one client; the transport is shm (client and element share this host).
+  // A grant on an element for one client: shm for a client on this host, tcp for one on another.
   int grant(const std::string &element, const std::string &client, unsigned rights, const std::string &trans_name,
-            TransportGrant *out, std::string *why);
+            bool remote, TransportGrant *out, std::string *why);
 
   ComputeOutcome run_compute(const ComputeSpec &spec);
 
  private:
+  // The folder holding a version's files, written on first use. "" and *why on failure.
+  std::string materialize(const std::string &key, const nlohmann::json &files, std::string *why);
   AgentOptions opts_;
   libd::MemoryServer server_;
   std::unique_ptr<WorkerPool> workers_;
+  std::mutex code_mu_;
 };
 
 }  // namespace scad

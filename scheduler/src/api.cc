@@ -5,6 +5,9 @@
 #include <regex>
 #include <set>
 
+#include "proto/auth.h"
+#include "remote_host.h"
+
 namespace scad {
 
 namespace {
@@ -121,7 +124,7 @@ json app_view(const json &doc) {
 
 }  // namespace
 
-void install_routes(httplib::Server &srv, Store &store, Engine &engine, Agent &agent, ApiOptions opts) {
+void install_routes(httplib::Server &srv, Store &store, Engine &engine, ApiOptions opts) {
   srv.set_payload_max_length(opts.max_body);
   const std::string NS = "/api/v1/namespaces/([^/]+)";
 
@@ -253,9 +256,7 @@ void install_routes(httplib::Server &srv, Store &store, Engine &engine, Agent &a
         return error(res, 400, "file '" + f + "': names must be relative paths inside the application, content text");
       files.insert(f);
     }
-    const auto &o = agent.options();
-    Capacity cap{o.pool_bytes, 0, o.cpus};
-    auto problems = validate_manifest(manifest, files, cap, nullptr);
+    auto problems = validate_manifest(manifest, files, engine.capacity(), nullptr);
     if (manifest.is_object() && manifest.value("name", name) != name)
       problems.push_back("the manifest's name '" + manifest.value("name", std::string()) + "' differs from '" + name + "'");
     if (!problems.empty())
@@ -300,7 +301,32 @@ void install_routes(httplib::Server &srv, Store &store, Engine &engine, Agent &a
   });
   srv.Get("/api/v1/hosts", [&, opts](const httplib::Request &req, httplib::Response &res) {
     if (authenticate(store, req, res).empty()) return;
-    reply(res, 200, json::array({engine.host_info()}));
+    reply(res, 200, engine.host_info());
+  });
+
+  // ---- agents of other hosts register (and heartbeat) with the cluster token ----
+  auto hosts = std::make_shared<std::map<std::string, std::shared_ptr<RemoteHost>>>();
+  auto hosts_mu = std::make_shared<std::mutex>();
+  srv.Post("/api/v1/hosts/register", [&, opts, hosts, hosts_mu](const httplib::Request &req, httplib::Response &res) {
+    std::string h = req.get_header_value("Authorization");
+    if (opts.cluster_token.empty() || h.rfind("Bearer ", 0) != 0 || !libd::proto::macs_equal(h.substr(7), opts.cluster_token))
+      return error(res, 401, "registering a host needs the cluster token (scad-server --cluster-token-file)");
+    json b;
+    if (!parse_body(req, res, &b, false)) return;
+    if (!b.contains("id") || !b["id"].is_string() || !b.contains("url") || !b["url"].is_string() ||
+        !b.contains("cpus") || !b["cpus"].is_number() || !b.contains("pool") || !b["pool"].is_number_unsigned())
+      return error(res, 400, "needs {\"id\", \"url\", \"cpus\", \"pool\"}");
+    std::lock_guard<std::mutex> lk(*hosts_mu);
+    auto &known = (*hosts)[b["id"].get<std::string>()];
+    if (known && known->url() == b["url"].get<std::string>()) {
+      known->heartbeat();
+    } else {
+      known = std::make_shared<RemoteHost>(b["id"], b["url"], b["cpus"].get<double>(), b["pool"].get<uint64_t>(),
+                                           opts.cluster_token);
+      engine.add_host(known);
+      store.put_host({{"id", b["id"]}, {"url", b["url"]}, {"cpus", b["cpus"]}, {"memory_pool", b["pool"]}});
+    }
+    reply(res, 200, {{"registered", b["id"]}});
   });
 
   // ---- the runtime endpoint for running actions (bearer token per compute instance) ----

@@ -12,8 +12,9 @@ namespace scad {
 struct ApiOptions {
   int64_t blocking_wait_ms = 60000;  // OpenWhisk's: a blocking invoke answers 202 after this
   size_t max_body = 64ull << 20;     // an application's files, inline
+  std::string cluster_token;         // what agents of other hosts present; "" = none may register
 };
 
-void install_routes(httplib::Server &srv, Store &store, Engine &engine, Agent &agent, ApiOptions opts);
+void install_routes(httplib::Server &srv, Store &store, Engine &engine, ApiOptions opts);
 
 }  // namespace scad

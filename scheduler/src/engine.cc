@@ -1,7 +1,5 @@
 #include "engine.h"
 
-#include <sys/stat.h>
-
 #include <chrono>
 #include <fstream>
 #include <thread>
@@ -20,10 +18,6 @@ int status_code(const std::string &status) {
   if (status == "action developer error") return 2;
   return 3;  // whisk internal error
 }
-void mkdirs(const std::string &path) {
-  for (size_t i = 1; i <= path.size(); i++)
-    if (i == path.size() || path[i] == '/') mkdir(path.substr(0, i).c_str(), 0700);
-}
 }  // namespace
 
 struct Activation {
@@ -31,23 +25,28 @@ struct Activation {
   json doc;                         // the app or action document
   json params;
   Manifest manifest;
-  std::string dir;                  // where its code files are
+  std::string code_key;             // "ns/kind/name/version": the agents keep one copy per version
+  json code_files;
   int64_t requested_ms = 0;
   json record;
   std::vector<std::string> logs;
-  std::map<std::string, uint64_t> memory;              // element id -> size, alive during the activation
-  std::map<std::string, std::string> runtime_elements;  // aid/name -> element id (action.runtime.invoke)
+  struct Placed {
+    std::string id;
+    int host;
+    uint64_t size;
+  };
+  std::map<std::string, Placed> memory;            // manifest name -> element, alive during the activation
+  std::map<std::string, Placed> runtime_elements;  // aid/name -> element (action.runtime.invoke)
   std::vector<std::string> tokens;
   bool done = false;
   int64_t first_start_ms = 0, init_ms = 0;
   std::map<std::string, int> starts;  // warm / prewarmed / cold: how its compute elements started
+  json wiring = json::object();       // "instance:durl" -> host it ran on (shm on one host, tcp across)
   std::mutex mu;
   std::condition_variable cv;
 };
 
-Engine::Engine(Store &store, Agent &agent, std::string home, std::string runtime_url)
-    : store_(store), agent_(agent), home_(std::move(home)), runtime_url_(std::move(runtime_url)),
-      cpu_free_(agent.options().cpus) {}
+Engine::Engine(Store &store, std::string runtime_url) : store_(store), runtime_url_(std::move(runtime_url)) {}
 
 Engine::~Engine() {
   // Let running activations end (each is bounded by its elements' timeouts).
@@ -55,40 +54,87 @@ Engine::~Engine() {
   cpu_cv_.wait(lk, [&] { return running_.empty(); });
 }
 
-void Engine::acquire_cpu(double cpu) {
-  std::unique_lock<std::mutex> lk(mu_);
-  // An element asking for more than the host has still runs, alone (validation refuses such
-  // manifests; actions have no cpu request).
-  cpu = std::min(cpu, agent_.options().cpus);
-  cpu_cv_.wait(lk, [&] { return cpu_free_ >= cpu - 1e-9; });
-  cpu_free_ -= cpu;
-}
-
-void Engine::release_cpu(double cpu) {
+void Engine::add_host(std::shared_ptr<HostAgent> h) {
   std::lock_guard<std::mutex> lk(mu_);
-  cpu_free_ += std::min(cpu, agent_.options().cpus);
-  cpu_cv_.notify_all();
+  for (auto &hs : hosts_)
+    if (hs.agent->id() == h->id()) {  // a re-registering agent: new address, same bookkeeping
+      hs.agent = std::move(h);
+      return;
+    }
+  HostState hs;
+  hs.cpu_free = h->cpus();
+  hs.agent = std::move(h);
+  hosts_.push_back(std::move(hs));
 }
 
-std::string Engine::code_dir(const std::string &ns, const std::string &kind, const json &doc) {
-  // One folder per version: the files of a deployed version never change.
-  std::string dir = home_ + "/code/" + ns + "/" + kind + "/" + doc["name"].get<std::string>() + "/" +
-                    std::to_string(doc.value("version", int64_t(1)));
-  struct stat st;
-  if (stat((dir + "/.complete").c_str(), &st) == 0) return dir;
-  mkdirs(dir);
-  if (kind == "apps") {
-    for (auto &[file, content] : doc["files"].items()) {
-      std::string path = dir + "/" + file;
-      auto slash = path.rfind('/');
-      mkdirs(path.substr(0, slash));
-      std::ofstream(path, std::ios::binary) << content.get<std::string>();
-    }
-  } else {
-    std::ofstream(dir + "/action.py", std::ios::binary) << doc["exec"]["code"].get<std::string>();
+Capacity Engine::capacity() {
+  std::lock_guard<std::mutex> lk(mu_);
+  Capacity c;
+  for (auto &h : hosts_) {
+    c.memory_pool = std::max(c.memory_pool, h.agent->pool_bytes());
+    c.cpus = std::max(c.cpus, h.agent->cpus());
   }
-  std::ofstream(dir + "/.complete") << "";
-  return dir;
+  return c;
+}
+
+std::shared_ptr<HostAgent> Engine::host(int i) {
+  std::lock_guard<std::mutex> lk(mu_);
+  return hosts_.at(size_t(i)).agent;
+}
+
+int Engine::place_memory(uint64_t size, int near, std::string *why) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto free_of = [&](const HostState &h) {
+    return h.agent->alive() && h.agent->pool_bytes() >= h.pool_used ? h.agent->pool_bytes() - h.pool_used : 0;
+  };
+  int best = -1;
+  if (near >= 0 && free_of(hosts_[size_t(near)]) >= size) best = near;  // one host: the transport is shm
+  for (size_t i = 0; best < 0 && i < hosts_.size(); i++)
+    if (free_of(hosts_[i]) >= size && (best < 0 || free_of(hosts_[i]) > free_of(hosts_[size_t(best)]))) best = int(i);
+  if (best < 0) {
+    uint64_t most = 0;
+    for (auto &h : hosts_) most = std::max(most, free_of(h));
+    *why = "no host has " + std::to_string(size) + " bytes free in its memory pool (the most free is " +
+           std::to_string(most) + ")";
+    return -1;
+  }
+  hosts_[size_t(best)].pool_used += size;
+  return best;
+}
+
+void Engine::unplace_memory(int host, uint64_t size) {
+  std::lock_guard<std::mutex> lk(mu_);
+  hosts_[size_t(host)].pool_used -= std::min(size, hosts_[size_t(host)].pool_used);
+}
+
+int Engine::place_compute(double cpu, int near) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (near >= 0 && hosts_[size_t(near)].agent->alive() && hosts_[size_t(near)].agent->cpus() >= std::min(cpu, 1.0))
+    return near;  // beside its memory: shm
+  int best = -1;
+  for (size_t i = 0; i < hosts_.size(); i++) {
+    const HostState &h = hosts_[i];
+    if (!h.agent->alive() || h.agent->cpus() <= 0) continue;
+    if (best < 0 || h.cpu_free > hosts_[size_t(best)].cpu_free) best = int(i);
+  }
+  return best;
+}
+
+void Engine::acquire_cpu(int host, double cpu) {
+  std::unique_lock<std::mutex> lk(mu_);
+  HostState &h = hosts_[size_t(host)];
+  // An element asking for more than the host has still runs, alone (validation refuses such
+  // manifests; actions ask for 1).
+  cpu = std::min(cpu, h.agent->cpus());
+  cpu_cv_.wait(lk, [&] { return h.cpu_free >= cpu - 1e-9; });
+  h.cpu_free -= cpu;
+}
+
+void Engine::release_cpu(int host, double cpu) {
+  std::lock_guard<std::mutex> lk(mu_);
+  HostState &h = hosts_[size_t(host)];
+  h.cpu_free += std::min(cpu, h.agent->cpus());
+  cpu_cv_.notify_all();
 }
 
 std::string Engine::start(std::shared_ptr<Activation> act, int64_t wait_ms, json *record, bool *finished) {
@@ -159,6 +205,7 @@ void Engine::finish(const std::shared_ptr<Activation> &act, const std::string &s
   act->record["annotations"].push_back({{"key", "waitTime"}, {"value", wait}});
   act->record["annotations"].push_back({{"key", "initTime"}, {"value", act->init_ms}});
   act->record["annotations"].push_back({{"key", "starts"}, {"value", act->starts}});
+  if (!act->wiring.empty()) act->record["annotations"].push_back({{"key", "wiring"}, {"value", act->wiring}});
   store_.put_activation(act->record);
   act->done = true;
   act->cv.notify_all();
@@ -167,14 +214,21 @@ void Engine::finish(const std::shared_ptr<Activation> &act, const std::string &s
 void Engine::run_action(const std::shared_ptr<Activation> &act) {
   ComputeSpec spec;
   spec.aid = act->ns + "-" + act->name + "-" + act->id.substr(0, 8);
-  spec.code = code_dir(act->ns, "actions", act->doc) + "/action.py";
+  spec.code = "action.py";
+  spec.code_key = act->ns + "/actions/" + act->name + "/" + std::to_string(act->doc.value("version", int64_t(1)));
+  spec.code_files = {{"action.py", act->doc["exec"]["code"]}};
   spec.main = act->doc["exec"].value("main", "main");
   spec.args = act->params;
   spec.timeout_ms = act->doc.value("limits", json::object()).value("timeout", int64_t(60000));
-  acquire_cpu(1);
+  int h = place_compute(1, -1);
+  if (h < 0) {
+    finish(act, "whisk internal error", {{"error", "no host with cpus is available to run the action"}});
+    return;
+  }
+  acquire_cpu(h, 1);
   act->first_start_ms = now_ms();
-  ComputeOutcome o = agent_.run_compute(spec);
-  release_cpu(1);
+  ComputeOutcome o = host(h)->run_compute(spec);
+  release_cpu(h, 1);
   act->logs = o.logs;
   act->init_ms = o.init_ms;
   if (!o.start.empty()) act->starts[o.start]++;
@@ -189,33 +243,42 @@ void Engine::run_app(const std::shared_ptr<Activation> &act) {
     finish(act, "whisk internal error", {{"error", "the stored manifest is no longer valid: " + problems[0]}});
     return;
   }
-  act->dir = code_dir(act->ns, "apps", act->doc);
+  act->code_key = act->ns + "/apps/" + act->name + "/" + std::to_string(act->doc.value("version", int64_t(1)));
+  act->code_files = act->doc["files"];
   const Manifest &m = act->manifest;
 
   // Memory elements live as long as the activation (or until released).
   auto cleanup = [&] {
-    std::vector<std::string> ids;
+    std::vector<Activation::Placed> placed;
     {
       std::lock_guard<std::mutex> lk(act->mu);
-      for (auto &[id, size] : act->memory) ids.push_back(id);
-      for (auto &[k, id] : act->runtime_elements) ids.push_back(id);
+      for (auto &[n, p] : act->memory) placed.push_back(p);
+      for (auto &[k, p] : act->runtime_elements) placed.push_back(p);
       act->memory.clear();
       act->runtime_elements.clear();
     }
-    for (auto &id : ids) agent_.remove_element(id);
+    for (auto &p : placed) {
+      host(p.host)->remove_element(p.id);
+      unplace_memory(p.host, p.size);
+    }
     std::lock_guard<std::mutex> lk(mu_);
     for (auto &t : act->tokens) tokens_.erase(t);
   };
   for (auto &[name, d] : m.elements) {
     if (d.kind != "memory") continue;
     std::string id = act->id + "-" + name, why;
-    if (agent_.create_element(id, d.size, &why)) {
+    int h = place_memory(d.size, -1, &why);
+    if (h >= 0 && host(h)->create_element(id, d.size, &why)) {
+      unplace_memory(h, d.size);
+      h = -1;
+    }
+    if (h < 0) {
       cleanup();
       finish(act, "whisk internal error", {{"error", "cannot place memory element '" + name + "': " + why}});
       return;
     }
     std::lock_guard<std::mutex> lk(act->mu);
-    act->memory[id] = d.size;
+    act->memory[name] = {id, h, d.size};
   }
 
   // Waves: an element starts once all its parents are done; its instances run side by side.
@@ -246,7 +309,9 @@ void Engine::run_app(const std::shared_ptr<Activation> &act) {
         const ElementDecl &d = m.elements.at(rp->element);
         ComputeSpec spec;
         spec.aid = act->id + "-" + rp->element + "-" + std::to_string(rp->instance);
-        spec.code = act->dir + "/" + d.code;
+        spec.code = d.code;
+        spec.code_key = act->code_key;
+        spec.code_files = act->code_files;
         spec.main = d.main;
         spec.timeout_ms = d.timeout_ms;
         spec.args = act->params;
@@ -254,10 +319,27 @@ void Engine::run_app(const std::shared_ptr<Activation> &act) {
         spec.args["_parallelism"] = d.parallelism;
         for (auto &p : m.parents.count(rp->element) ? m.parents.at(rp->element) : std::vector<std::string>{})
           spec.args[p] = results.at(p);
+        // Next to the memory it reaches, when that host has cpus (then the transport is shm).
+        int near = -1;
+        if (!d.transports.empty()) {
+          std::lock_guard<std::mutex> lk(act->mu);
+          near = act->memory.at(d.transports.begin()->second.element).host;
+        }
+        int h = place_compute(d.cpu, near);
+        if (h < 0) {
+          rp->outcome.status = "whisk internal error";
+          rp->outcome.error = {{"type", "PlacementError"}, {"message", "no host with cpus is available"}};
+          return;
+        }
         for (auto &[tname, t] : d.transports) {
           TransportGrant g;
           std::string why;
-          if (agent_.grant(act->id + "-" + t.element, spec.aid, t.rights, tname, &g, &why)) {
+          Activation::Placed mem;
+          {
+            std::lock_guard<std::mutex> lk(act->mu);
+            mem = act->memory.at(t.element);
+          }
+          if (host(mem.host)->grant(mem.id, spec.aid, t.rights, tname, mem.host != h, &g, &why)) {
             rp->outcome.status = "whisk internal error";
             rp->outcome.error = {{"type", "GrantError"}, {"message", why}};
             return;
@@ -268,19 +350,20 @@ void Engine::run_app(const std::shared_ptr<Activation> &act) {
         spec.runtime_token = random_hex(24);
         {
           std::lock_guard<std::mutex> lk(mu_);
-          tokens_[spec.runtime_token] = {act, spec.aid};
+          tokens_[spec.runtime_token] = {act, spec.aid, h};
         }
         {
           std::lock_guard<std::mutex> lk(act->mu);
           act->tokens.push_back(spec.runtime_token);
         }
-        acquire_cpu(d.cpu);
+        acquire_cpu(h, d.cpu);
         {
           std::lock_guard<std::mutex> lk(act->mu);
           if (!act->first_start_ms) act->first_start_ms = now_ms();
+          for (auto &tg : spec.transports) act->wiring[spec.aid + ":" + tg.durl] = host(h)->id();
         }
-        rp->outcome = agent_.run_compute(spec);
-        release_cpu(d.cpu);
+        rp->outcome = host(h)->run_compute(spec);
+        release_cpu(h, d.cpu);
       });
     }
     for (auto &t : threads) t.join();
@@ -367,19 +450,25 @@ int Engine::runtime_invoke(const std::string &token, const std::string &aid, con
       return 409;
     }
   }
-  if (agent_.create_element(id, size, &why)) {
+  int h = place_memory(size, c.host, &why);
+  if (h >= 0 && host(h)->create_element(id, size, &why)) {
+    unplace_memory(h, size);
+    h = -1;
+  }
+  if (h < 0) {
     *reply = {{"error", "cannot place a memory element of " + std::to_string(size) + " bytes: " + why}};
     return 409;
   }
   TransportGrant g;
-  if (agent_.grant(id, aid, 3, name, &g, &why)) {
-    agent_.remove_element(id);
+  if (host(h)->grant(id, aid, 3, name, h != c.host, &g, &why)) {
+    host(h)->remove_element(id);
+    unplace_memory(h, size);
     *reply = {{"error", why}};
     return 500;
   }
   {
     std::lock_guard<std::mutex> lk(c.act->mu);
-    c.act->runtime_elements[key] = id;
+    c.act->runtime_elements[key] = {id, h, size};
   }
   *reply = {{"name", name}, {"durl", g.durl}, {"config", g.config}};
   return 201;
@@ -388,7 +477,7 @@ int Engine::runtime_invoke(const std::string &token, const std::string &aid, con
 int Engine::runtime_release(const std::string &token, const std::string &aid, const std::string &name, json *reply) {
   Caller c;
   if (!find_caller(token, aid, &c, reply)) return 401;
-  std::string id;
+  Activation::Placed p;
   {
     std::lock_guard<std::mutex> lk(c.act->mu);
     auto it = c.act->runtime_elements.find(aid + "/" + name);
@@ -396,10 +485,11 @@ int Engine::runtime_release(const std::string &token, const std::string &aid, co
       *reply = {{"error", "this action has no element named '" + name + "'"}};
       return 404;
     }
-    id = it->second;
+    p = it->second;
     c.act->runtime_elements.erase(it);
   }
-  agent_.remove_element(id);  // revokes the grant: the caller's connection closes at once
+  host(p.host)->remove_element(p.id);  // revokes the grant: the caller's connection closes at once
+  unplace_memory(p.host, p.size);
   return 204;
 }
 
@@ -409,22 +499,25 @@ json Engine::elements(const std::string &ns) {
   for (auto &[id, act] : running_) {
     if (act->ns != ns) continue;
     std::lock_guard<std::mutex> alk(act->mu);
-    for (auto &[eid, size] : act->memory)
-      out.push_back({{"id", eid}, {"kind", "memory"}, {"app", act->name}, {"activation", act->id},
-                     {"host", agent_.options().host_id}, {"size", size}});
-    for (auto &[k, eid] : act->runtime_elements)
-      out.push_back({{"id", eid}, {"kind", "memory"}, {"app", act->name}, {"activation", act->id},
-                     {"host", agent_.options().host_id}, {"invoked_by", k.substr(0, k.find('/'))}});
+    for (auto &[name, p] : act->memory)
+      out.push_back({{"id", p.id}, {"name", name}, {"kind", "memory"}, {"app", act->name}, {"activation", act->id},
+                     {"host", hosts_[size_t(p.host)].agent->id()}, {"size", p.size}});
+    for (auto &[k, p] : act->runtime_elements)
+      out.push_back({{"id", p.id}, {"name", k.substr(k.find('/') + 1)}, {"kind", "memory"}, {"app", act->name},
+                     {"activation", act->id}, {"host", hosts_[size_t(p.host)].agent->id()}, {"size", p.size},
+                     {"invoked_by", k.substr(0, k.find('/'))}});
   }
   return out;
 }
 
 json Engine::host_info() {
   std::lock_guard<std::mutex> lk(mu_);
-  const auto &o = agent_.options();
-  return {{"id", o.host_id}, {"address", o.tcp_host}, {"cpus", o.cpus}, {"cpus_free", cpu_free_},
-          {"memory_pool", o.pool_bytes}, {"memory_pool_used", agent_.pool_used()}, {"state", "up"},
-          {"running_activations", running_.size()}};
+  json out = json::array();
+  for (auto &h : hosts_)
+    out.push_back({{"id", h.agent->id()}, {"cpus", h.agent->cpus()}, {"cpus_free", h.cpu_free},
+                   {"memory_pool", h.agent->pool_bytes()}, {"memory_pool_used", h.pool_used},
+                   {"state", h.agent->alive() ? "up" : "down"}});
+  return out;
 }
 
 }  // namespace scad

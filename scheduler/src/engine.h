@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "agent.h"
+#include "hosts.h"
 #include "manifest.h"
 #include "store.h"
 
@@ -21,8 +22,13 @@ struct Activation;
 
 class Engine {
  public:
-  Engine(Store &store, Agent &agent, std::string home, std::string runtime_url);
+  Engine(Store &store, std::string runtime_url);
   ~Engine();
+
+  // Hosts elements are placed on: the embedded agent and remote agents as they register.
+  void add_host(std::shared_ptr<HostAgent> host);
+  // The largest pool and cpus of any host (for validating manifests).
+  Capacity capacity();
 
   // Starts an activation; returns its id. Waits up to wait_ms for it to finish: then *record holds
   // the finished record and *finished is true.
@@ -43,20 +49,32 @@ class Engine {
   void run_app(const std::shared_ptr<Activation> &act);
   void run_action(const std::shared_ptr<Activation> &act);
   void finish(const std::shared_ptr<Activation> &act, const std::string &status, const json &result);
-  std::string code_dir(const std::string &ns, const std::string &kind, const json &doc);
-  void acquire_cpu(double cpu);
-  void release_cpu(double cpu);
+
+  struct HostState {
+    std::shared_ptr<HostAgent> agent;
+    double cpu_free = 0;
+    uint64_t pool_used = 0;
+  };
+  // Placement. A memory element goes where the most pool is free (preferring `near`); a compute
+  // element next to the memory it reaches when that host has cpus, else where most cpu is free.
+  int place_memory(uint64_t size, int near, std::string *why);
+  void unplace_memory(int host, uint64_t size);
+  int place_compute(double cpu, int near);
+  // Takes cpu on a host, waiting while it is busy.
+  void acquire_cpu(int host, double cpu);
+  void release_cpu(int host, double cpu);
+  std::shared_ptr<HostAgent> host(int i);
 
   Store &store_;
-  Agent &agent_;
-  std::string home_, runtime_url_;
+  std::string runtime_url_;
   std::mutex mu_;
   std::condition_variable cpu_cv_;
-  double cpu_free_;
+  std::vector<HostState> hosts_;
   std::map<std::string, std::shared_ptr<Activation>> running_;
   struct Caller {
     std::shared_ptr<Activation> act;
     std::string aid;
+    int host = 0;
   };
   std::map<std::string, Caller> tokens_;  // runtime token -> the compute instance holding it
   // The running compute instance a runtime request comes from; false (reply filled) if none.

@@ -2,6 +2,9 @@
 //
 //   scad-server [--home DIR] [--host 127.0.0.1] [--port 3233] [--python PATH] [--pythonpath P]
 //               [--pool 4GiB] [--cpus N] [--prewarm 2] [--max-warm 16] [--keep-alive 60000]
+//               [--cluster-token-file FILE] [--no-local-agent]
+// With a cluster token, scad-agent processes on other hosts register and take elements too; with
+// --no-local-agent this process only schedules.
 //
 // State lives in DIR (default $SCAD_HOME or ~/.scad): scad.db (SQLite, WAL), the code of deployed
 // versions, the memory pool's socket, and wskprops (APIHOST and AUTH, as OpenWhisk's wsk reads it).
@@ -20,6 +23,7 @@
 #include "api.h"
 #include "core/params.h"
 #include "engine.h"
+#include "hosts.h"
 #include "store.h"
 
 namespace {
@@ -27,7 +31,8 @@ namespace {
 [[noreturn]] void usage(const std::string &why) {
   std::cerr << "scad-server: " << why << "\n"
             << "usage: scad-server [--home DIR] [--host ADDR] [--port N] [--python PATH] [--pythonpath P]\n"
-            << "                   [--pool SIZE] [--cpus N] [--prewarm N] [--max-warm N] [--keep-alive MS]\n";
+            << "                   [--pool SIZE] [--cpus N] [--prewarm N] [--max-warm N] [--keep-alive MS]\n"
+            << "                   [--cluster-token-file FILE] [--no-local-agent]\n";
   exit(2);
 }
 
@@ -68,6 +73,8 @@ int main(int argc, char **argv) {
   std::string host = "127.0.0.1";
   int port = 3233;
   scad::AgentOptions ao;
+  std::string cluster_token_file;
+  bool local_agent = true;
   ao.python = "/usr/bin/python3";
   ao.cpus = double(std::max(1u, std::thread::hardware_concurrency()));
   for (int i = 1; i < argc; i++) {
@@ -83,6 +90,8 @@ int main(int argc, char **argv) {
     else if (a == "--pythonpath") ao.pythonpath = value();
     else if (a == "--cpus") ao.cpus = std::stod(value());
     else if (a == "--prewarm") ao.prewarm = std::stoi(value());
+    else if (a == "--cluster-token-file") cluster_token_file = value();
+    else if (a == "--no-local-agent") local_agent = false;
     else if (a == "--max-warm") ao.max_warm = std::stoi(value());
     else if (a == "--keep-alive") ao.keep_alive_ms = std::stoll(value());
     else if (a == "--pool") {
@@ -125,9 +134,18 @@ int main(int argc, char **argv) {
     return 1;
   }
   std::string url = "http://" + host + ":" + std::to_string(bound);
-  scad::Engine engine(store, agent, home, url);
-  scad::install_routes(srv, store, engine, agent, {});
-  store.put_host(engine.host_info());
+  scad::Engine engine(store, url);
+  if (local_agent) engine.add_host(std::make_shared<scad::LocalHost>(agent));
+  scad::ApiOptions api;
+  if (!cluster_token_file.empty()) {
+    std::getline(std::ifstream(cluster_token_file), api.cluster_token);
+    if (api.cluster_token.size() < 16) {
+      std::cerr << "scad-server: the cluster token in " << cluster_token_file << " is missing or too short\n";
+      return 1;
+    }
+  }
+  scad::install_routes(srv, store, engine, api);
+  for (auto &h : engine.host_info()) store.put_host(h);
   if (!write_wskprops(home, url, creds)) {
     std::cerr << "scad-server: " << home << "/wskprops has no AUTH and the key is only stored hashed; "
               << "remove " << home << "/scad.db to start afresh\n";

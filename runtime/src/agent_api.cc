@@ -1,0 +1,109 @@
+#include "agent_api.h"
+
+#include "proto/auth.h"
+
+namespace scad {
+
+using nlohmann::json;
+
+json to_json(const ComputeSpec &s) {
+  json t = json::array();
+  for (auto &g : s.transports) t.push_back({{"durl", g.durl}, {"config", g.config}, {"grant_id", g.grant_id}});
+  return {{"aid", s.aid}, {"code", s.code}, {"code_key", s.code_key}, {"code_files", s.code_files},
+          {"main", s.main}, {"args", s.args}, {"transports", t}, {"runtime_url", s.runtime_url},
+          {"runtime_token", s.runtime_token}, {"timeout_ms", s.timeout_ms}};
+}
+
+ComputeSpec spec_from_json(const json &j) {
+  ComputeSpec s;
+  s.aid = j.at("aid");
+  s.code = j.at("code");
+  s.code_key = j.at("code_key");
+  s.code_files = j.at("code_files");
+  s.main = j.value("main", "main");
+  s.args = j.value("args", json::object());
+  for (auto &t : j.value("transports", json::array())) s.transports.push_back({t.at("durl"), t.at("config"), t.value("grant_id", "")});
+  s.runtime_url = j.value("runtime_url", "");
+  s.runtime_token = j.value("runtime_token", "");
+  s.timeout_ms = j.value("timeout_ms", int64_t(60000));
+  return s;
+}
+
+json to_json(const ComputeOutcome &o) {
+  return {{"ok", o.ok}, {"result", o.result}, {"error", o.error}, {"status", o.status}, {"logs", o.logs},
+          {"duration_ms", o.duration_ms}, {"init_ms", o.init_ms}, {"start", o.start}};
+}
+
+ComputeOutcome outcome_from_json(const json &j) {
+  ComputeOutcome o;
+  o.ok = j.value("ok", false);
+  o.result = j.value("result", json());
+  o.error = j.value("error", json());
+  o.status = j.value("status", "whisk internal error");
+  o.logs = j.value("logs", std::vector<std::string>{});
+  o.duration_ms = j.value("duration_ms", int64_t(0));
+  o.init_ms = j.value("init_ms", int64_t(0));
+  o.start = j.value("start", "");
+  return o;
+}
+
+void install_agent_routes(httplib::Server &srv, Agent &agent, const std::string &token) {
+  auto authorized = [token](const httplib::Request &req, httplib::Response &res) {
+    std::string h = req.get_header_value("Authorization");
+    if (h.rfind("Bearer ", 0) == 0 && libd::proto::macs_equal(h.substr(7), token)) return true;
+    res.status = 401;
+    res.set_content(json{{"error", "the cluster token is missing or wrong"}}.dump(), "application/json");
+    return false;
+  };
+  auto body_of = [](const httplib::Request &req, httplib::Response &res, json *out) {
+    *out = json::parse(req.body, nullptr, false);
+    if (out->is_object()) return true;
+    res.status = 400;
+    res.set_content(json{{"error", "the body is not a JSON object"}}.dump(), "application/json");
+    return false;
+  };
+  auto fail = [](httplib::Response &res, int status, const std::string &why) {
+    res.status = status;
+    res.set_content(json{{"error", why}}.dump(), "application/json");
+  };
+  srv.Post("/agent/v1/elements", [&, authorized, body_of, fail](const httplib::Request &req, httplib::Response &res) {
+    json b;
+    if (!authorized(req, res) || !body_of(req, res, &b)) return;
+    std::string why;
+    if (!b.contains("id") || !b["id"].is_string() || !b.contains("size") || !b["size"].is_number_unsigned())
+      return fail(res, 400, "needs {\"id\": NAME, \"size\": BYTES}");
+    if (agent.create_element(b["id"], b["size"], &why)) return fail(res, 409, why);
+    res.status = 201;
+  });
+  srv.Delete("/agent/v1/elements/([^/]+)", [&, authorized](const httplib::Request &req, httplib::Response &res) {
+    if (!authorized(req, res)) return;
+    agent.remove_element(req.matches[1]);
+    res.status = 204;
+  });
+  srv.Post("/agent/v1/grants", [&, authorized, body_of, fail](const httplib::Request &req, httplib::Response &res) {
+    json b;
+    if (!authorized(req, res) || !body_of(req, res, &b)) return;
+    TransportGrant g;
+    std::string why;
+    try {
+      if (agent.grant(b.at("element"), b.at("client"), b.at("rights"), b.at("name"), b.value("remote", false), &g, &why))
+        return fail(res, 409, why);
+    } catch (const json::exception &e) {
+      return fail(res, 400, std::string("bad grant request: ") + e.what());
+    }
+    res.set_content(json{{"durl", g.durl}, {"config", g.config}, {"grant_id", g.grant_id}}.dump(), "application/json");
+  });
+  srv.Post("/agent/v1/run", [&, authorized, body_of, fail](const httplib::Request &req, httplib::Response &res) {
+    json b;
+    if (!authorized(req, res) || !body_of(req, res, &b)) return;
+    ComputeSpec spec;
+    try {
+      spec = spec_from_json(b);
+    } catch (const json::exception &e) {
+      return fail(res, 400, std::string("bad compute spec: ") + e.what());
+    }
+    res.set_content(to_json(agent.run_compute(spec)).dump(), "application/json");
+  });
+}
+
+}  // namespace scad

@@ -1,0 +1,24 @@
+// The agent's HTTP API for the scheduler (bearer: the cluster token), and the JSON forms of what
+// crosses it. The scheduler's RemoteHost is the client.
+//
+//   POST   /agent/v1/elements        {"id", "size"}                         201 | 409 {"error"}
+//   DELETE /agent/v1/elements/{id}                                          204
+//   POST   /agent/v1/grants          {"element","client","rights","name","remote"} -> grant
+//   POST   /agent/v1/run             compute spec -> outcome
+#pragma once
+#include <httplib.h>
+
+#include <nlohmann/json.hpp>
+
+#include "agent.h"
+
+namespace scad {
+
+nlohmann::json to_json(const ComputeSpec &s);
+ComputeSpec spec_from_json(const nlohmann::json &j);
+nlohmann::json to_json(const ComputeOutcome &o);
+ComputeOutcome outcome_from_json(const nlohmann::json &j);
+
+void install_agent_routes(httplib::Server &srv, Agent &agent, const std::string &token);
+
+}  // namespace scad

@@ -1,0 +1,118 @@
+// scad-agent: a host agent on its own, for hosts other than the scheduler's. It serves the
+// host's memory pool and compute processes to the scheduler over HTTP (bearer: the cluster
+// token), registers itself and heartbeats every 2 s.
+//
+//   scad-agent --scheduler http://ADDR:PORT --address ADDR --token-file FILE [--id NAME]
+//              [--port 0] [--home DIR] [--python PATH] [--pythonpath P] [--pool 4GiB] [--cpus N]
+#include <httplib.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <thread>
+
+#include "agent.h"
+#include "agent_api.h"
+#include "core/params.h"
+
+namespace {
+
+[[noreturn]] void usage(const std::string &why) {
+  std::cerr << "scad-agent: " << why << "\n"
+            << "usage: scad-agent --scheduler URL --address ADDR --token-file FILE [--id NAME] [--port N]\n"
+            << "                  [--home DIR] [--python PATH] [--pythonpath P] [--pool SIZE] [--cpus N]\n";
+  exit(2);
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  scad::AgentOptions ao;
+  ao.python = "/usr/bin/python3";
+  ao.cpus = double(std::max(1u, std::thread::hardware_concurrency()));
+  std::string scheduler, token_file, home = "/tmp/scad-agent";
+  int port = 0;
+  char hostname[256] = "agent";
+  gethostname(hostname, sizeof hostname - 1);
+  ao.host_id = hostname;
+  for (int i = 1; i < argc; i++) {
+    std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) usage(a + " needs a value");
+      return argv[++i];
+    };
+    if (a == "--scheduler") scheduler = value();
+    else if (a == "--address") ao.tcp_host = value();
+    else if (a == "--token-file") token_file = value();
+    else if (a == "--id") ao.host_id = value();
+    else if (a == "--port") port = std::stoi(value());
+    else if (a == "--home") home = value();
+    else if (a == "--python") ao.python = value();
+    else if (a == "--pythonpath") ao.pythonpath = value();
+    else if (a == "--cpus") ao.cpus = std::stod(value());
+    else if (a == "--pool") {
+      if (!libd::parse_size(value(), &ao.pool_bytes)) usage("--pool takes a size such as 4GiB");
+    } else usage("unknown argument '" + a + "'");
+  }
+  if (scheduler.empty() || token_file.empty()) usage("--scheduler and --token-file are needed");
+  std::string token;
+  std::getline(std::ifstream(token_file), token);
+  if (token.size() < 16) usage("the cluster token in " + token_file + " is missing or too short");
+  mkdir(home.c_str(), 0700);
+  ao.home = home;
+
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  scad::Agent agent(ao);
+  std::string why;
+  if (agent.start(&why)) {
+    std::cerr << "scad-agent: cannot start the memory pool: " << why << "\n";
+    return 1;
+  }
+  httplib::Server srv;
+  srv.new_task_queue = [] { return new httplib::ThreadPool(32); };
+  scad::install_agent_routes(srv, agent, token);
+  int bound = port == 0 ? srv.bind_to_any_port(ao.tcp_host) : (srv.bind_to_port(ao.tcp_host, port) ? port : -1);
+  if (bound <= 0) {
+    std::cerr << "scad-agent: cannot listen on " << ao.tcp_host << ":" << port << "\n";
+    return 1;
+  }
+  std::string url = "http://" + ao.tcp_host + ":" + std::to_string(bound);
+
+  std::atomic<bool> stop{false}, registered{false};
+  std::thread heartbeat([&] {
+    nlohmann::json me = {{"id", ao.host_id}, {"url", url}, {"cpus", ao.cpus}, {"pool", ao.pool_bytes}};
+    while (!stop) {
+      httplib::Client c(scheduler);
+      c.set_connection_timeout(2);
+      c.set_bearer_token_auth(token.c_str());
+      auto res = c.Post("/api/v1/hosts/register", me.dump(), "application/json");
+      if (res && res->status == 200 && !registered.exchange(true))
+        std::cout << "scad-agent: " << ao.host_id << " serving at " << url << ", registered with " << scheduler
+                  << std::endl;
+      else if ((!res || res->status != 200) && registered.exchange(false))
+        std::cerr << "scad-agent: lost the scheduler at " << scheduler << "; retrying\n";
+      for (int i = 0; i < 20 && !stop; i++) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  });
+  std::thread signals([&] {
+    int sig;
+    sigwait(&sigs, &sig);
+    stop = true;
+    srv.stop();
+  });
+  signals.detach();
+  srv.listen_after_bind();
+  stop = true;
+  heartbeat.join();
+  return 0;
+}

@@ -1,0 +1,53 @@
+// The hosts the scheduler places elements on. Each is reached through HostAgent: the agent
+// embedded in this process (single machine) or a remote `scad-agent` over HTTP. The engine only
+// sees this interface.
+#pragma once
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "agent.h"
+
+namespace scad {
+
+using nlohmann::json;
+
+class HostAgent {
+ public:
+  virtual ~HostAgent() = default;
+  virtual std::string id() const = 0;
+  virtual double cpus() const = 0;
+  virtual uint64_t pool_bytes() const = 0;
+  virtual int create_element(const std::string &id, uint64_t size, std::string *why) = 0;
+  virtual void remove_element(const std::string &id) = 0;
+  // A grant for `client`; `remote` when the client runs on another host (then the transport is tcp).
+  virtual int grant(const std::string &element, const std::string &client, unsigned rights,
+                    const std::string &trans_name, bool remote, TransportGrant *out, std::string *why) = 0;
+  virtual ComputeOutcome run_compute(const ComputeSpec &spec) = 0;
+  virtual bool alive() const { return true; }
+};
+
+// The agent of this process.
+class LocalHost : public HostAgent {
+ public:
+  explicit LocalHost(Agent &a) : a_(a) {}
+  std::string id() const override { return a_.options().host_id; }
+  double cpus() const override { return a_.options().cpus; }
+  uint64_t pool_bytes() const override { return a_.options().pool_bytes; }
+  int create_element(const std::string &id, uint64_t size, std::string *why) override {
+    return a_.create_element(id, size, why);
+  }
+  void remove_element(const std::string &id) override { a_.remove_element(id); }
+  int grant(const std::string &element, const std::string &client, unsigned rights, const std::string &trans_name,
+            bool remote, TransportGrant *out, std::string *why) override {
+    return a_.grant(element, client, rights, trans_name, remote, out, why);
+  }
+  ComputeOutcome run_compute(const ComputeSpec &spec) override { return a_.run_compute(spec); }
+
+ private:
+  Agent &a_;
+};
+
+}  // namespace scad

@@ -1,0 +1,72 @@
+#include "remote_host.h"
+
+#include <httplib.h>
+
+#include "agent_api.h"
+
+namespace scad {
+
+namespace {
+int64_t steady_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+constexpr int64_t kDeadAfterMs = 6000;  // three missed heartbeats
+}  // namespace
+
+bool RemoteHost::alive() const { return steady_ms() - last_seen_ms_.load() < kDeadAfterMs; }
+void RemoteHost::heartbeat() { last_seen_ms_ = steady_ms(); }
+
+static std::unique_ptr<httplib::Client> client(const std::string &url, const std::string &token, int timeout_s) {
+  auto c = std::make_unique<httplib::Client>(url);
+  c->set_bearer_token_auth(token.c_str());
+  c->set_connection_timeout(3);
+  c->set_read_timeout(timeout_s);
+  c->set_write_timeout(timeout_s);
+  return c;
+}
+
+static std::string error_of(const httplib::Result &res, const std::string &url) {
+  if (!res) return "agent at " + url + " unreachable: " + httplib::to_string(res.error());
+  auto j = json::parse(res->body, nullptr, false);
+  return j.is_object() && j.contains("error") ? j["error"].get<std::string>() : "agent answered HTTP " + std::to_string(res->status);
+}
+
+int RemoteHost::create_element(const std::string &id, uint64_t size, std::string *why) {
+  auto res = client(url_, token_, 30)->Post("/agent/v1/elements", json{{"id", id}, {"size", size}}.dump(), "application/json");
+  if (res && res->status == 201) return 0;
+  *why = error_of(res, url_);
+  return -1;
+}
+
+void RemoteHost::remove_element(const std::string &id) { client(url_, token_, 30)->Delete("/agent/v1/elements/" + id); }
+
+int RemoteHost::grant(const std::string &element, const std::string &client_id, unsigned rights,
+                      const std::string &trans_name, bool remote, TransportGrant *out, std::string *why) {
+  json body = {{"element", element}, {"client", client_id}, {"rights", rights}, {"name", trans_name}, {"remote", remote}};
+  auto res = client(url_, token_, 30)->Post("/agent/v1/grants", body.dump(), "application/json");
+  if (!res || res->status != 200) {
+    *why = error_of(res, url_);
+    return -1;
+  }
+  auto j = json::parse(res->body, nullptr, false);
+  if (!j.is_object()) {
+    *why = "agent at " + url_ + " answered a grant that is not JSON";
+    return -1;
+  }
+  *out = {j.value("durl", ""), j.value("config", ""), j.value("grant_id", "")};
+  return 0;
+}
+
+ComputeOutcome RemoteHost::run_compute(const ComputeSpec &spec) {
+  auto res = client(url_, token_, int(spec.timeout_ms / 1000) + 30)->Post("/agent/v1/run", to_json(spec).dump(), "application/json");
+  json j = res && res->status == 200 ? json::parse(res->body, nullptr, false) : json();
+  if (!j.is_object()) {
+    ComputeOutcome o;
+    o.status = "whisk internal error";
+    o.error = {{"type", "AgentError"}, {"message", "running on host '" + id_ + "' failed: " + error_of(res, url_)}};
+    return o;
+  }
+  return outcome_from_json(j);
+}
+
+}  // namespace scad

@@ -1,0 +1,117 @@
+"""Several hosts: a scheduler and two agents, each in a network namespace this test makes (veth
+pairs on a bridge). Agent A has cpus and no memory pool, agent B a pool and no cpus, so the compute
+element runs on A and reaches its memory element on B over tcp."""
+import json
+import os
+import pathlib
+import select
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from scadtest import BUILD, ROOT, Platform
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("ip"),
+                                reason="network namespaces need root and iproute2")
+
+NET = "10.213.7"   # only inside the namespaces made here
+
+
+def sh(*args):
+    subprocess.run(args, check=True, capture_output=True, text=True)
+
+
+@pytest.fixture
+def hosts(tmp_path):
+    tag = f"scad{os.getpid() % 100000}"
+    names = {"s": f"{tag}s", "a": f"{tag}a", "b": f"{tag}b"}
+    procs = []
+    try:
+        for n in names.values():
+            sh("ip", "netns", "add", n)
+            sh("ip", "-n", n, "link", "set", "lo", "up")
+        sh("ip", "-n", names["s"], "link", "add", "br0", "type", "bridge")
+        sh("ip", "-n", names["s"], "link", "set", "br0", "up")
+        sh("ip", "-n", names["s"], "addr", "add", f"{NET}.1/24", "dev", "br0")
+        for i, key in enumerate(["a", "b"], start=2):
+            sh("ip", "link", "add", f"{tag}{key}0", "type", "veth", "peer", "name", f"{tag}{key}1")
+            sh("ip", "link", "set", f"{tag}{key}0", "netns", names[key])
+            sh("ip", "link", "set", f"{tag}{key}1", "netns", names["s"])
+            sh("ip", "-n", names[key], "link", "set", f"{tag}{key}0", "name", "eth0")
+            sh("ip", "-n", names[key], "addr", "add", f"{NET}.{i}/24", "dev", "eth0")
+            sh("ip", "-n", names[key], "link", "set", "eth0", "up")
+            sh("ip", "-n", names["s"], "link", "set", f"{tag}{key}1", "master", "br0")
+            sh("ip", "-n", names["s"], "link", "set", f"{tag}{key}1", "up")
+        token = tmp_path / "cluster-token"
+        token.write_text(os.urandom(24).hex() + "\n")
+        token.chmod(0o600)
+        import disagg
+        pythonpath = f"{os.path.dirname(disagg.__file__)}:{ROOT / 'bindings' / 'python'}"
+
+        def start(ns, argv):
+            p = subprocess.Popen(["ip", "netns", "exec", ns, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True)
+            procs.append(p)
+            ready, _, _ = select.select([p.stdout], [], [], 30)
+            assert ready, f"{argv[0]} did not start: {p.stderr.read() if p.poll() is not None else ''}"
+            return p.stdout.readline()
+
+        home = tmp_path / "sched"
+        start(names["s"], [str(BUILD / "scheduler" / "scad-server"), "--home", str(home), "--host", f"{NET}.1",
+                           "--port", "0", "--no-local-agent", "--cluster-token-file", str(token),
+                           "--python", sys.executable, "--pythonpath", pythonpath])
+        url = dict(l.split("=", 1) for l in (home / "wskprops").read_text().split())["APIHOST"]
+        for key, i, pool, cpus in (("a", 2, "0", "2"), ("b", 3, "256MiB", "0")):
+            line = start(names[key], [str(BUILD / "runtime" / "scad-agent"), "--scheduler", url, "--address",
+                                      f"{NET}.{i}", "--token-file", str(token), "--id", f"host-{key}",
+                                      "--home", str(tmp_path / f"agent-{key}"), "--pool", pool, "--cpus", cpus,
+                                      "--python", sys.executable, "--pythonpath", pythonpath])
+            assert f"host-{key} serving" in line and "registered" in line, line
+        platform = Platform.__new__(Platform)  # a client of the scheduler in its namespace
+        platform.home, platform.url = home, url
+        platform.auth = dict(l.split("=", 1) for l in (home / "wskprops").read_text().split())["AUTH"]
+        yield platform, names
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        for n in names.values():
+            subprocess.run(["ip", "netns", "del", n], capture_output=True)
+
+
+def in_ns(ns, platform, method, path, body=None):
+    """Calls the scheduler from inside its namespace (the test process is outside)."""
+    code = ("import json,sys,base64,urllib.request,urllib.error\n"
+            "a=json.loads(sys.argv[1]);r=urllib.request.Request(a['url']+a['path'],method=a['method'],"
+            "data=json.dumps(a['body']).encode() if a['body'] is not None else None)\n"
+            "r.add_header('Content-Type','application/json');"
+            "r.add_header('Authorization','Basic '+base64.b64encode(a['auth'].encode()).decode())\n"
+            "try:\n with urllib.request.urlopen(r,timeout=120) as x: print(json.dumps([x.status,json.loads(x.read() or b'null')]))\n"
+            "except urllib.error.HTTPError as e: print(json.dumps([e.code,json.loads(e.read() or b'null')]))\n")
+    arg = json.dumps({"url": platform.url, "path": path, "method": method, "body": body, "auth": platform.auth})
+    out = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", code, arg], capture_output=True,
+                         text=True, timeout=180)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_compute_on_one_host_reaches_memory_on_another_over_tcp(hosts):
+    platform, names = hosts
+    status, listed = in_ns(names["s"], platform, "GET", "/api/v1/hosts")
+    assert status == 200 and sorted(h["id"] for h in listed) == ["host-a", "host-b"]
+    app = pathlib.Path(__file__).parent / "app"
+    status, body = in_ns(names["s"], platform, "PUT", "/api/v1/namespaces/_/apps/across",
+                         {"manifest": (app / "scad.yaml").read_text(), "files": {"use.py": (app / "use.py").read_text()}})
+    assert status == 200, body
+    status, rec = in_ns(names["s"], platform, "POST", "/api/v1/namespaces/_/apps/across?blocking=true")
+    assert status == 200, rec
+    assert rec["response"]["result"] == {"verified": True, "impl": "rdma_tcp"}
+    wiring = next(a["value"] for a in rec["annotations"] if a["key"] == "wiring")
+    assert list(wiring.values()) == ["host-a"] and list(wiring)[0].endswith("data;tcp")
