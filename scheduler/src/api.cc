@@ -128,6 +128,23 @@ void install_routes(httplib::Server &srv, Store &store, Engine &engine, ApiOptio
   srv.set_payload_max_length(opts.max_body);
   const std::string NS = "/api/v1/namespaces/([^/]+)";
 
+  // POST to an action or an application: the same OpenWhisk semantics for both.
+  auto invoke_route = [&, opts](const std::string &table) {
+    return [&, opts, table](const httplib::Request &req, httplib::Response &res) {
+      std::string ns = authorize(store, req, res, req.matches[1]);
+      json params;
+      if (ns.empty() || !parse_body(req, res, &params)) return;
+      auto doc = store.get_doc(table, ns, req.matches[2]);
+      if (!doc) return error(res, 404, "The requested resource does not exist.");
+      int64_t wait = req.get_param_value("blocking") == "true" ? opts.blocking_wait_ms : 0;
+      json record;
+      bool finished = false;
+      std::string id = table == "apps" ? engine.invoke_app(ns, *doc, params, wait, &record, &finished)
+                                       : engine.invoke_action(ns, *doc, params, wait, &record, &finished);
+      invocation_reply(res, id, finished, record, req.get_param_value("result") == "true");
+    };
+  };
+
   srv.Get("/api/v1", [](const httplib::Request &, httplib::Response &res) {
     reply(res, 200, {{"description", "Scad: a serverless runtime for disaggregated applications"},
                      {"api_paths", {"/api/v1"}}, {"openwhisk_compatible", true}});
@@ -189,18 +206,7 @@ void install_routes(httplib::Server &srv, Store &store, Engine &engine, ApiOptio
     if (!doc || !store.delete_doc("actions", ns, req.matches[2])) return error(res, 404, "The requested resource does not exist.");
     reply(res, 200, action_view(*doc));
   });
-  srv.Post(NS + "/actions/([^/]+)", [&, opts](const httplib::Request &req, httplib::Response &res) {
-    std::string ns = authorize(store, req, res, req.matches[1]);
-    json params;
-    if (ns.empty() || !parse_body(req, res, &params)) return;
-    auto doc = store.get_doc("actions", ns, req.matches[2]);
-    if (!doc) return error(res, 404, "The requested resource does not exist.");
-    bool blocking = req.get_param_value("blocking") == "true";
-    json record;
-    bool finished = false;
-    std::string id = engine.invoke_action(ns, *doc, params, blocking ? opts.blocking_wait_ms : 0, &record, &finished);
-    invocation_reply(res, id, finished, record, req.get_param_value("result") == "true");
-  });
+  srv.Post(NS + "/actions/([^/]+)", invoke_route("actions"));
 
   // ---- activations ----
   srv.Get(NS + "/activations", [&, opts](const httplib::Request &req, httplib::Response &res) {
@@ -281,18 +287,7 @@ void install_routes(httplib::Server &srv, Store &store, Engine &engine, ApiOptio
     if (!store.delete_doc("apps", ns, req.matches[2])) return error(res, 404, "The requested resource does not exist.");
     reply(res, 200, {{"deleted", req.matches[2].str()}});
   });
-  srv.Post(NS + "/apps/([^/]+)", [&, opts](const httplib::Request &req, httplib::Response &res) {
-    std::string ns = authorize(store, req, res, req.matches[1]);
-    json params;
-    if (ns.empty() || !parse_body(req, res, &params)) return;
-    auto doc = store.get_doc("apps", ns, req.matches[2]);
-    if (!doc) return error(res, 404, "The requested resource does not exist.");
-    bool blocking = req.get_param_value("blocking") == "true";
-    json record;
-    bool finished = false;
-    std::string id = engine.invoke_app(ns, *doc, params, blocking ? opts.blocking_wait_ms : 0, &record, &finished);
-    invocation_reply(res, id, finished, record, req.get_param_value("result") == "true");
-  });
+  srv.Post(NS + "/apps/([^/]+)", invoke_route("apps"));
 
   // ---- elements and hosts ----
   srv.Get(NS + "/elements", [&, opts](const httplib::Request &req, httplib::Response &res) {

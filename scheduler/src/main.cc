@@ -63,8 +63,6 @@ bool write_wskprops(const std::string &home, const std::string &apihost, const s
   return ok && rename(tmp.c_str(), path.c_str()) == 0;
 }
 
-httplib::Server *g_server = nullptr;
-
 }  // namespace
 
 int main(int argc, char **argv) {
@@ -156,7 +154,6 @@ int main(int argc, char **argv) {
             << "/wskprops)" << (lost ? "; " + std::to_string(lost) + " unfinished activation(s) marked failed" : "")
             << std::endl;
 
-  g_server = &srv;
   std::thread signals([&] {
     int sig;
     sigwait(&sigs, &sig);

@@ -159,8 +159,9 @@ TEST_P(EveryTransport, NowaitOnlyWhereNothingCanWait) {
   char *buf = nullptr;
   ASSERT_EQ(0, libd_trdma_reg(rig.t, 4096, reinterpret_cast<void **>(&buf)));
   bool inline_copy = GetParam() == "local" || GetParam() == "shm";
-  if (libd_transport_state(rig.t) != LIBD_STATE_READY)
+  if (libd_transport_state(rig.t) != LIBD_STATE_READY) {
     EXPECT_EQ(-EAGAIN, libd_trdma_write_nowait(rig.t, 8, 0, buf)) << "not connected yet: it would wait";
+  }
   ASSERT_EQ(0, libd_transport_connect(rig.t));
   memcpy(buf, "nowait!!", 8);
   int rc = libd_trdma_write_nowait(rig.t, 8, 64, buf);
@@ -173,7 +174,9 @@ TEST_P(EveryTransport, NowaitOnlyWhereNothingCanWait) {
   memset(buf, 0, 8);
   rc = libd_trdma_read_nowait(rig.t, 8, 64, buf + 100);
   EXPECT_EQ(inline_copy ? 0 : -EAGAIN, rc);
-  if (rc == 0) EXPECT_EQ(0, memcmp(buf + 100, "nowait!!", 8));
+  if (rc == 0) {
+    EXPECT_EQ(0, memcmp(buf + 100, "nowait!!", 8));
+  }
   EXPECT_EQ(-EAGAIN, libd_trdma_read_nowait(rig.t, 8, 1 << 16, buf)) << "out of range: the blocking form reports it";
   EXPECT_EQ(-EAGAIN, libd_trdma_read_nowait(rig.t, 8, 0, buf + 4095));
   libd_stats st;

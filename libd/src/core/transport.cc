@@ -328,12 +328,12 @@ int Transport::prepare(OpKind kind, std::vector<Segment> segs, std::shared_ptr<O
   if (segs.empty()) return set_error(-EINVAL, "no segments");
   Deadline deadline = op_deadline();
   {
-    std::lock_guard<std::mutex> lk(mu_);  // "terminated" explains more than "no buffer"
-    if (state_ == LIBD_STATE_TERMINATED) return set_error(-ESHUTDOWN, "transport " + quote(name_) + " is terminated");
-  }
-  {
     std::shared_lock<std::shared_mutex> io(io_mu_);
-    if (int rc = check_local(segs)) return rc;
+    if (int rc = check_local(segs)) {
+      std::lock_guard<std::mutex> lk(mu_);  // terminate drops the buffer: "terminated" says more
+      if (state_ == LIBD_STATE_TERMINATED) return set_error(-ESHUTDOWN, "transport " + quote(name_) + " is terminated");
+      return rc;
+    }
   }
   if (int rc = ensure_ready(deadline)) return rc;
   {

@@ -37,11 +37,4 @@ class IoLoop {
   bool stopping_ = false;
 };
 
-// Closes a libuv handle and deletes its owner afterwards (handle->data must be the owner).
-template <typename Owner>
-void close_and_delete(uv_handle_t *h) {
-  if (uv_is_closing(h)) return;
-  uv_close(h, [](uv_handle_t *hh) { delete static_cast<Owner *>(hh->data); });
-}
-
 }  // namespace libd

@@ -12,7 +12,8 @@
 //
 // A payload follows only where payload_length() says: AUTH/CHALLENGE/AUTH_OK bodies, WRITE data,
 // and READ_RESP data when status is 0. Client to server: AUTH, READ, WRITE, PING. Server to
-// client: CHALLENGE, AUTH_OK, READ_RESP, WRITE_RESP, PONG, GOODBYE.
+// client: CHALLENGE, AUTH_OK, READ_RESP, WRITE_RESP, PONG. GOODBYE (10) is reserved: no version-1
+// peer sends it (a server ends a connection by closing it), and a client refuses it as a protocol error.
 #pragma once
 #include <cstddef>
 #include <cstdint>

@@ -127,7 +127,7 @@ class ShmTransport : public Transport {
           int fd;
           uv_fileno(reinterpret_cast<uv_handle_t *>(ph), &fd);
           ssize_t r = recv(fd, &c, 1, MSG_DONTWAIT | MSG_PEEK);
-          gone = r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR) || r > 0;  // data here is a GOODBYE
+          gone = r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR) || r > 0;  // the server sends nothing after AUTH_OK: any byte is a broken peer
         }
         if (gone) {
           w->alive->store(false);
