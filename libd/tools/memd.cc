@@ -1,8 +1,12 @@
 // libd-memd: a standalone memory element server. Hosts memory elements of given sizes and serves
-// them over tcp and shm until SIGTERM/SIGINT.
+// them over tcp, shm and RDMA verbs until SIGTERM/SIGINT.
 //
 //   libd-memd --element mem1=64MiB [--element ...] [--tcp 127.0.0.1:0] [--unix /run/x.sock]
-//             [--grant mem1:CLIENT:rw[:OFFSET:LENGTH]]... --grants FILE [--capacity 1GiB]
+//             [--verbs [dev=rxe0,gid_index=1,mw=0]] [--grant mem1:CLIENT:rw[:OFFSET:LENGTH]]...
+//             --grants FILE [--capacity 1GiB]
+//
+// --verbs serves verbs clients on the tcp listener (the handshake travels on it): the device is
+// discovered unless named; the server exits with the reason if there is none.
 //
 // Grants go to FILE (mode 0600, one JSON object a line, secrets included): never to stdout. If
 // FILE already exists its grants are restored instead — a restarted server keeps honouring the
@@ -33,7 +37,7 @@ namespace {
   std::cerr << "libd-memd: " << why << "\n"
             << "usage: libd-memd --element NAME=SIZE [--element ...] [--tcp HOST:PORT] [--unix PATH]\n"
             << "                 [--grant ELEMENT:CLIENT:RIGHTS[:OFFSET:LENGTH]]... --grants FILE\n"
-            << "                 [--capacity SIZE]\n";
+            << "                 [--capacity SIZE] [--verbs [KEY=VALUE,...]]\n";
   exit(2);
 }
 
@@ -66,6 +70,8 @@ int main(int argc, char **argv) {
   std::vector<std::pair<std::string, uint64_t>> elements;
   std::vector<libd::Grant> grants;
   std::string tcp, unix_path, grants_file;
+  bool verbs = false;
+  libd::Params verbs_params;
   uint64_t capacity = UINT64_MAX;
   for (int i = 1; i < argc; i++) {
     std::string a = argv[i];
@@ -84,6 +90,15 @@ int main(int argc, char **argv) {
       tcp = value();
     } else if (a == "--unix") {
       unix_path = value();
+    } else if (a == "--verbs") {
+      verbs = true;
+      if (i + 1 < argc && argv[i + 1][0] != '-') {
+        for (const auto &kv : split(argv[++i], ',')) {
+          auto eq = kv.find('=');
+          if (eq == std::string::npos) usage("--verbs takes KEY=VALUE[,KEY=VALUE...] (dev, port_num, gid_index, mw)");
+          verbs_params.set(kv.substr(0, eq), kv.substr(eq + 1));
+        }
+      }
     } else if (a == "--grants") {
       grants_file = value();
     } else if (a == "--capacity") {
@@ -119,6 +134,11 @@ int main(int argc, char **argv) {
     if (server.add_element(name, size)) die("element '" + name + "'");
 
   json out = {{"pid", getpid()}};
+  if (verbs) {
+    if (tcp.empty()) tcp = "127.0.0.1:0";
+    if (server.enable_verbs(verbs_params)) die("verbs");
+    out["verbs"] = server.verbs_description();
+  }
   if (!tcp.empty()) {
     auto colon = tcp.rfind(':');
     uint64_t port;

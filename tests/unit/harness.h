@@ -10,6 +10,7 @@
 
 #include "libd.h"
 #include "server/memory_server.h"
+#include "verbs/device.h"
 
 namespace test {
 
@@ -49,7 +50,13 @@ inline Rig make_rig(const std::string &impl, uint64_t size, unsigned rights = 3,
   } else {
     r.server = std::make_unique<libd::MemoryServer>();
     EXPECT_EQ(0, r.server->add_element("e1", size)) << libd_last_error();
-    if (impl == "tcp") {
+    if (impl == "verbs" || impl == "verbs_nomw") {
+      libd::Params vp;
+      if (impl == "verbs_nomw") vp.set("mw", "0");  // per-grant registrations instead of windows
+      EXPECT_EQ(0, r.server->enable_verbs(vp)) << libd_last_error();
+      uint16_t port;
+      EXPECT_EQ(0, r.server->listen_tcp("127.0.0.1", 0, &port)) << libd_last_error();
+    } else if (impl == "tcp") {
       uint16_t port;
       EXPECT_EQ(0, r.server->listen_tcp("127.0.0.1", 0, &port)) << libd_last_error();
     } else {
@@ -60,12 +67,22 @@ inline Rig make_rig(const std::string &impl, uint64_t size, unsigned rights = 3,
     r.grant.rights = rights;
     EXPECT_EQ(0, r.server->grant(&r.grant)) << libd_last_error();
     r.config = r.server->client_config(r.grant);
-    durl = "mem;" + impl + ";" + r.config;
+    durl = "mem;" + (impl == "verbs_nomw" ? std::string("verbs") : impl) + ";" + r.config;
   }
   if (!extra.empty()) durl += ";" + extra;
   EXPECT_EQ(0, libd_action_add_transport(r.action.get(), durl.c_str())) << libd_last_error();
   r.t = libd_action_get_transport(r.action.get(), "mem");
   return r;
+}
+
+// Verbs tests need an RDMA device: in the Soft-RoCE guest (tests/softroce/run sets
+// LIBD_REQUIRE_VERBS=1, so a missing device fails there) or on a host that has one.
+inline bool verbs_wanted() { return getenv("LIBD_REQUIRE_VERBS") || libd::verbs::Device::available(); }
+
+inline std::string transport_error(libd_transport *t) {
+  char buf[1024] = "";
+  libd_transport_error(t, buf, sizeof buf);
+  return buf;
 }
 
 inline void fill_random(char *p, size_t n, uint64_t seed) {

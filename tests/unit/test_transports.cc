@@ -13,7 +13,13 @@ using test::make_rig;
 
 class EveryTransport : public ::testing::TestWithParam<std::string> {};
 
-INSTANTIATE_TEST_SUITE_P(Impl, EveryTransport, ::testing::Values("local", "fake", "shm", "tcp"),
+static std::vector<std::string> implementations() {
+  std::vector<std::string> v = {"local", "fake", "shm", "tcp"};
+  if (test::verbs_wanted()) v.push_back("verbs");
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(Impl, EveryTransport, ::testing::ValuesIn(implementations()),
                          [](const auto &info) { return info.param; });
 
 TEST_P(EveryTransport, RoundTripsFromOneByteTo64MiBAtRandomOffsets) {

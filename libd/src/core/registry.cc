@@ -9,9 +9,11 @@ extern const ImplInfo kShmImpl;
 extern const ImplInfo kTcpImpl;
 extern const ImplInfo kTcpServerImpl;
 extern const ImplInfo kShmServerImpl;
+extern const ImplInfo kVerbsImpl;
+extern const ImplInfo kVerbsServerImpl;
 
 static const ImplInfo *const kImpls[] = {
-    &kLocalImpl, &kShmImpl, &kTcpImpl, &kTcpServerImpl, &kShmServerImpl, &kFakeImpl,
+    &kLocalImpl, &kShmImpl, &kTcpImpl, &kTcpServerImpl, &kShmServerImpl, &kVerbsImpl, &kVerbsServerImpl, &kFakeImpl,
 };
 
 const ImplInfo *find_impl(const std::string &name) {

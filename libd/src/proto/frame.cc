@@ -39,6 +39,8 @@ const char *opcode_name(uint8_t op) {
     case kPing: return "PING";
     case kPong: return "PONG";
     case kGoodbye: return "GOODBYE";
+    case kVerbsConnect: return "VERBS_CONNECT";
+    case kVerbsAccept: return "VERBS_ACCEPT";
     default: return "?";
   }
 }
@@ -55,12 +57,13 @@ int decode_header(const char in[kHeaderSize], Header *out, std::string *why) {
   h.req_id = get(in + 8, 8);
   h.addr = get(in + 16, 8);
   h.size = get(in + 24, 8);
-  if (h.opcode < kChallenge || h.opcode > kGoodbye) {
+  if (h.opcode < kChallenge || h.opcode > kVerbsAccept) {
     *why = "unknown opcode " + std::to_string(h.opcode);
     return -EPROTO;
   }
   if (h.status > 0 || h.status < -4095) { *why = "status out of range"; return -EPROTO; }
-  bool control = h.opcode == kChallenge || h.opcode == kAuth || h.opcode == kAuthOk;
+  bool control = h.opcode == kChallenge || h.opcode == kAuth || h.opcode == kAuthOk ||
+                 h.opcode == kVerbsConnect || h.opcode == kVerbsAccept;
   if (control && payload_length(h) > kMaxControlPayload) {
     *why = std::string(opcode_name(h.opcode)) + " body of " + std::to_string(h.size) + " bytes is too large";
     return -EPROTO;
@@ -75,6 +78,8 @@ uint64_t payload_length(const Header &h) {
   switch (h.opcode) {
     case kChallenge:
     case kAuth:
+    case kVerbsConnect:
+    case kVerbsAccept:  // the server's record, or why it refused
     case kWrite: return h.size;
     case kAuthOk:
     case kReadResp: return h.status == 0 ? h.size : 0;

@@ -14,6 +14,9 @@
 // and READ_RESP data when status is 0. Client to server: AUTH, READ, WRITE, PING. Server to
 // client: CHALLENGE, AUTH_OK, READ_RESP, WRITE_RESP, PONG. GOODBYE (10) is reserved: no version-1
 // peer sends it (a server ends a connection by closing it), and a client refuses it as a protocol error.
+// VERBS_CONNECT / VERBS_ACCEPT carry the verbs handshake records (64 bytes each) on the same
+// authenticated connection; the verbs client then keeps the connection open, idle, as its
+// liveness channel, exactly as shm does.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -39,6 +42,8 @@ enum Opcode : uint8_t {
   kPing = 8,
   kPong = 9,
   kGoodbye = 10,
+  kVerbsConnect = 11,  // client -> server after AUTH_OK: the client's verbs record (verbs/record.h)
+  kVerbsAccept = 12,   // server -> client: status, and the server's record when 0
 };
 
 struct Header {

@@ -17,6 +17,8 @@
 #include "libd.h"
 #include "proto/auth.h"
 #include "proto/frame.h"
+#include "server/verbs_server.h"
+#include "verbs/record.h"
 
 namespace libd {
 
@@ -82,6 +84,7 @@ class MemoryServer::Conn : public FrameReader::Handler {
     batch_ = nullptr;
     srv_->conns_.erase(this);
     srv_->nconns_--;
+    verbs_ep_.reset();  // the client's remote key dies with its connection: revocation is immediate
     uv_timer_stop(&auth_timer_);
     pending_closes_ = 2;
     auto done = [](uv_handle_t *h) {
@@ -104,6 +107,12 @@ class MemoryServer::Conn : public FrameReader::Handler {
       case kRead:
       case kPing:
         return (authed_ && !unix_) ? 0 : -EPROTO;
+      case kVerbsConnect:
+        if (!authed_ || unix_ || verbs_ep_ || got_verbs_) return -EPROTO;
+        got_verbs_ = true;
+        ctl_.assign(size_t(h.size), '\0');
+        *dest = ctl_.data();
+        return 0;
       case kWrite: {
         if (!authed_ || unix_) return -EPROTO;
         write_status_ = check(h, LIBD_RIGHT_WRITE);
@@ -120,6 +129,7 @@ class MemoryServer::Conn : public FrameReader::Handler {
     r.req_id = h.req_id;
     switch (h.opcode) {
       case kAuth: return on_auth();
+      case kVerbsConnect: return on_verbs_connect(h);
       case kPing:
         r.opcode = kPong;
         send_frame(r, {});
@@ -198,6 +208,28 @@ class MemoryServer::Conn : public FrameReader::Handler {
     r.size = payload.size();
     if (unix_) return send_fd(r, payload);
     send_frame(r, payload);
+    return 0;
+  }
+
+  int on_verbs_connect(const Header &h) {
+    Header r;
+    r.opcode = kVerbsAccept;
+    r.req_id = h.req_id;
+    verbs::Record client, reply;
+    std::string why;
+    int rc;
+    if (verbs::decode_record(ctl_.data(), ctl_.size(), &client, &why)) {
+      rc = -EPROTO;
+    } else if (!srv_->verbs_) {
+      rc = -EPROTONOSUPPORT;
+      why = "this memory server does not serve RDMA verbs (no device on its host, or verbs not enabled)";
+    } else {
+      rc = srv_->verbs_->accept(element_, grant_, client, &verbs_ep_, &reply, &why);
+    }
+    r.status = rc;
+    std::string body = rc == 0 ? verbs::encode_record(reply) : why.substr(0, kMaxControlPayload);
+    r.size = body.size();
+    send_frame(r, body);
     return 0;
   }
 
@@ -351,6 +383,8 @@ class MemoryServer::Conn : public FrameReader::Handler {
   std::string nonce_;
   std::string ctl_;
   bool got_auth_ = false, authed_ = false, closing_ = false, paused_ = false, close_after_writes_ = false;
+  bool got_verbs_ = false;
+  std::unique_ptr<VerbsEndpoint> verbs_ep_;  // this client's queue pair and remote key
   bool in_read_ = false;       // answers are batched until the read is handled
   WriteReq *batch_ = nullptr;  // the answers batched so far
   int pending_closes_ = 0;
@@ -542,6 +576,15 @@ int MemoryServer::listen_unix(const std::string &path) {
   if (rc) return set_error(rc, why);
   return 0;
 }
+
+int MemoryServer::enable_verbs(const Params &params) {
+  std::unique_ptr<VerbsServer> v;
+  if (int rc = VerbsServer::create(params, &v)) return rc;
+  verbs_ = std::move(v);
+  return 0;
+}
+
+std::string MemoryServer::verbs_description() const { return verbs_ ? verbs_->describe() : ""; }
 
 std::string MemoryServer::client_config(const Grant &g) const {
   std::string s;

@@ -11,9 +11,12 @@
 #include <set>
 #include <string>
 
+#include "core/params.h"
 #include "io/ioloop.h"
 
 namespace libd {
+
+class VerbsServer;
 
 struct Element {
   std::string name;
@@ -50,6 +53,12 @@ class MemoryServer {
 
   int listen_tcp(const std::string &host, uint16_t port, uint16_t *bound);
   int listen_unix(const std::string &path);
+  // Serves RDMA verbs clients on the tcp listener's connections too (their queue-pair records
+  // travel on it): opens the device named by params (dev, port_num, gid_index, mw) or the one
+  // discovered. -ENODEV with the reason when the host has none.
+  int enable_verbs(const Params &params);
+  bool verbs_enabled() const { return verbs_ != nullptr; }
+  std::string verbs_description() const;
   std::string tcp_host() const { return tcp_host_; }
   uint16_t tcp_port() const { return tcp_port_; }
   std::string unix_path() const { return unix_path_; }
@@ -67,6 +76,7 @@ class MemoryServer {
   bool find_grant(const std::string &id, Grant *out);
   void close_conns_where(const std::function<bool(Conn *)> &pred);
 
+  std::unique_ptr<VerbsServer> verbs_;  // outlives every connection (closed in stop())
   IoLoop loop_;
   std::mutex mu_;
   std::map<std::string, std::shared_ptr<Element>> elements_;

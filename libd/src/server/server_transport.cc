@@ -1,8 +1,11 @@
-// rdma_tcp_server (tcp_server) and rdma_shm_server (shm_server): a memory element served from
-// this process — Scad's model of a memory element as an action that calls serve(). Keys:
+// rdma_tcp_server (tcp_server), rdma_shm_server (shm_server) and rdma_uverbs_server
+// (verbs_server): a memory element served from this process — Scad's model of a memory element as an action that calls serve(). Keys:
 //   size   bytes of the element (required)
 //   host, port   tcp listener (tcp_server; default 127.0.0.1 and an ephemeral port)
 //   path   unix socket for shm clients (shm_server: required unless shm is 0; tcp_server: optional)
+//   dev, port_num, gid_index, mw   verbs_server: device selection; mw,0 forces per-grant
+//          registrations instead of type-2 memory windows (see server/verbs_server.h)
+// verbs_server also serves tcp clients: its listener carries the verbs handshake.
 // serve() starts the listeners (state READY); the message then holds "host,..;port,..;path,..".
 // grant() hands out a client configuration; revoke() and stop() cut clients off at once.
 #include <unistd.h>
@@ -18,7 +21,7 @@ namespace {
 
 class ServerTransport : public Transport {
  public:
-  explicit ServerTransport(bool tcp) : tcp_(tcp) {}
+  ServerTransport(bool tcp, bool verbs) : tcp_(tcp), verbs_(verbs) {}
 
   int serve() override { return connect(); }
   int stop() override { return terminate(); }
@@ -62,6 +65,9 @@ class ServerTransport : public Transport {
     server_ = std::make_unique<MemoryServer>();
     if (int rc = server_->add_element(name(), size)) return rc;
     std::string msg;
+    if (verbs_) {
+      if (int rc = server_->enable_verbs(params_)) return rc;
+    }
     if (tcp_) {
       std::string host = params_.get_or("host", "127.0.0.1");
       uint16_t bound;
@@ -84,6 +90,7 @@ class ServerTransport : public Transport {
 
  private:
   bool tcp_;
+  bool verbs_;
   std::unique_ptr<MemoryServer> server_;
 };
 
@@ -91,9 +98,12 @@ class ServerTransport : public Transport {
 
 extern const ImplInfo kTcpServerImpl = {
     "rdma_tcp_server", {"tcp_server"}, LIBD_KIND_RDMA_SERVER,
-    [] { return std::unique_ptr<Transport>(new ServerTransport(true)); }};
+    [] { return std::unique_ptr<Transport>(new ServerTransport(true, false)); }};
 extern const ImplInfo kShmServerImpl = {
     "rdma_shm_server", {"shm_server"}, LIBD_KIND_RDMA_SERVER,
-    [] { return std::unique_ptr<Transport>(new ServerTransport(false)); }};
+    [] { return std::unique_ptr<Transport>(new ServerTransport(false, false)); }};
+extern const ImplInfo kVerbsServerImpl = {
+    "rdma_uverbs_server", {"verbs_server"}, LIBD_KIND_RDMA_SERVER,
+    [] { return std::unique_ptr<Transport>(new ServerTransport(true, true)); }};
 
 }  // namespace libd

@@ -31,14 +31,9 @@ class TcpTransport : public Transport {
   int do_connect(Deadline deadline) override {
     std::string host = params_.get_or("host", "");
     std::string port = params_.get_or("port", "");
-    struct addrinfo hints = {}, *res = nullptr;
-    hints.ai_socktype = SOCK_STREAM;
-    int gai = getaddrinfo(host.c_str(), port.c_str(), &hints, &res);
-    if (gai != 0) return set_error(-EHOSTUNREACH, "cannot resolve '" + host + "': " + gai_strerror(gai));
     struct sockaddr_storage addr;
-    socklen_t len = res->ai_addrlen;
-    std::memcpy(&addr, res->ai_addr, len);
-    freeaddrinfo(res);
+    socklen_t len;
+    if (int rc = proto::resolve(host, port, &addr, &len)) return rc;
     TcpCredentials creds{params_.get_or("grant", ""), params_.get_or("secret", ""), aid()};
     proto::GrantBody grant;
     int rc = TcpConn::open(reinterpret_cast<sockaddr *>(&addr), len, creds, deadline,

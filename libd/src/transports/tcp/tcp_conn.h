@@ -23,15 +23,12 @@
 #include "core/op.h"
 #include "io/ioloop.h"
 #include "proto/auth.h"
+#include "proto/client_handshake.h"
 #include "proto/frame.h"
 
 namespace libd {
 
-struct TcpCredentials {
-  std::string grant_id;
-  std::string secret;
-  std::string client_id;
-};
+using TcpCredentials = proto::Credentials;
 
 class TcpConn : public proto::FrameReader::Handler, public std::enable_shared_from_this<TcpConn> {
  public:

@@ -1,0 +1,120 @@
+// rdma_uverbs (verbs): one-sided RDMA READ and WRITE to a memory element over libibverbs, on an
+// RC queue pair of our own. Set-up: the memory element's authenticated tcp control connection
+// (the same CHALLENGE/AUTH as tcp) carries our handshake record and brings back the server's,
+// with a remote key scoped to our grant; the connection then stays open, idle, as the liveness
+// channel (its closing means revoked or gone). Keys:
+//   host, port, grant, secret   the memory element's control endpoint and grant (as for tcp)
+//   dev, port_num, gid_index    device selection (default: discovered; see verbs/device.h)
+//   depth        work requests in flight (default 64)
+//   max_msg      largest single request; bigger transfers are split (default: the port's limit)
+//   poll         1: synchronous calls spin on the completion queue (latency) instead of
+//                sleeping until the event loop sees the completion channel (default 0)
+//   timeout_ms   per-operation deadline (default 10000)
+#include <cerrno>
+#include <cstring>
+
+#include "core/error.h"
+#include "core/transport.h"
+#include "transports/verbs/verbs_connect.h"
+#include "verbs/device.h"
+
+namespace libd {
+namespace {
+
+class VerbsTransport : public Transport {
+ protected:
+  bool configured() const override {
+    return params_.has("host") && params_.has("port") && params_.has("grant") && params_.has("secret");
+  }
+
+  int do_init() override {
+    if (!configured()) return set_error(-EINVAL, "needs host, port, grant and secret");
+    uint64_t port, depth, max_msg;
+    if (int rc = params_.get_u64("port", 0, &port)) return rc;
+    if (port == 0 || port > 65535) return set_error(-EINVAL, "parameter 'port' must be 1..65535");
+    if (params_.get_or("secret", "").size() < 32) return set_error(-EINVAL, "parameter 'secret' is too short");
+    if (int rc = params_.get_u64("depth", 64, &depth)) return rc;
+    if (depth == 0 || depth > 16384) return set_error(-EINVAL, "parameter 'depth' must be 1..16384");
+    if (int rc = params_.get_size("max_msg", 0, &max_msg)) return rc;
+    std::string poll = params_.get_or("poll", "0");
+    if (poll != "0" && poll != "1") return set_error(-EINVAL, "parameter 'poll' must be 0 or 1");
+    if (int rc = ensure_device()) return rc;
+    cfg_.depth = int(std::min<uint64_t>(depth, uint64_t(dev_->max_qp_wr())));
+    cfg_.max_msg = dev_->max_msg();
+    if (max_msg) cfg_.max_msg = uint32_t(std::min<uint64_t>(max_msg, cfg_.max_msg));
+    cfg_.max_sge = std::min(dev_->max_sge(), 16);
+    cfg_.poll_mode = poll == "1";
+    return 0;
+  }
+
+  int do_register(char *buf, size_t size) override {
+    if (int rc = ensure_device()) return rc;
+    std::shared_ptr<verbs::Mr> mr;
+    if (int rc = dev_->mrs().acquire(buf, size, IBV_ACCESS_LOCAL_WRITE, &mr)) return rc;
+    if (engine_) engine_->set_local(mr);
+    local_ = std::move(mr);
+    return 0;
+  }
+
+  int do_connect(Deadline deadline) override {
+    verbs::Connected c;
+    proto::Credentials creds{params_.get_or("grant", ""), params_.get_or("secret", ""), aid()};
+    if (int rc = verbs::connect_engine(dev_, cfg_, params_.get_or("host", ""), params_.get_or("port", ""), creds,
+                                       deadline, [this](int err, const std::string &why) { fail(err, why); }, &c))
+      return rc;
+    if (local_) c.engine->set_local(local_);
+    engine_ = std::move(c.engine);
+    set_remote(c.grant.offset, c.grant.length, c.grant.rights);
+    return 0;
+  }
+
+  void do_disconnect() override {
+    if (engine_) engine_->close(-ECONNABORTED, "the transport was closed");
+    engine_.reset();
+  }
+
+  int do_post(const std::shared_ptr<Op> &op) override {
+    arm_cancel(op);
+    engine_->post(op);
+    return 0;
+  }
+
+  int do_run(const std::shared_ptr<Op> &op, std::shared_lock<std::shared_mutex> &io) override {
+    arm_cancel(op);
+    auto engine = engine_;
+    io.unlock();  // a spinning caller must not keep recover/terminate waiting
+    engine->run(op);
+    return 0;
+  }
+
+  void do_terminate() override {
+    engine_.reset();
+    local_.reset();
+  }
+
+ private:
+  int ensure_device() {
+    if (dev_) return 0;
+    return verbs::Device::open(params_, &dev_);
+  }
+
+  void arm_cancel(const std::shared_ptr<Op> &op) {
+    std::weak_ptr<verbs::Engine> weak = engine_;
+    op->set_canceller([weak](Op *o) {
+      if (auto e = weak.lock()) e->cancel(o);
+    });
+  }
+
+  // Destruction order matters: the engine (queue pair) and registration before the device.
+  std::shared_ptr<verbs::Device> dev_;
+  std::shared_ptr<verbs::Mr> local_;
+  std::shared_ptr<verbs::Engine> engine_;
+  verbs::Engine::Config cfg_;
+};
+
+}  // namespace
+
+extern const ImplInfo kVerbsImpl = {
+    "rdma_uverbs", {"verbs"}, LIBD_KIND_RDMA, [] { return std::unique_ptr<Transport>(new VerbsTransport()); }};
+
+}  // namespace libd

@@ -1,0 +1,273 @@
+// The verbs transport. The record and the no-device path run everywhere; the rest needs an RDMA
+// device and runs in the Soft-RoCE guest (tests/softroce/run), where a missing device fails.
+// Several tests drive a queue pair directly (verbs::connect_engine) to check what the *device*
+// enforces — a key beyond its range, a key on another client's queue pair — past the library's
+// own checks.
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+
+#include <cstring>
+
+#include "core/params.h"
+#include "harness.h"
+#include "transports/verbs/verbs_connect.h"
+#include "verbs/record.h"
+
+using test::fill_random;
+using test::make_rig;
+using namespace libd;
+
+#define NEED_VERBS()                                                         \
+  do {                                                                       \
+    if (!test::verbs_wanted()) GTEST_SKIP() << "no RDMA device on this host"; \
+  } while (0)
+
+TEST(VerbsRecord, RoundTripsEveryField) {
+  verbs::Record r;
+  r.flags = verbs::kRecordFlagMemoryWindow;
+  r.qpn = 0x123456;
+  r.psn = 0xabcdef;
+  r.mtu = 3;
+  r.port = 1;
+  r.lid = 77;
+  for (int i = 0; i < 16; i++) r.gid[i] = uint8_t(i * 11);
+  r.addr = 0x7f0011223344;
+  r.length = 1 << 20;
+  r.rkey = 0xdeadbeef;
+  r.rights = 3;
+  r.rd_atomic = 16;
+  std::string wire = verbs::encode_record(r);
+  ASSERT_EQ(verbs::kRecordSize, wire.size());
+  EXPECT_EQ("RV", wire.substr(0, 2)) << "magic 0x5652, little-endian";
+  verbs::Record back;
+  std::string why;
+  ASSERT_EQ(0, verbs::decode_record(wire.data(), wire.size(), &back, &why)) << why;
+  EXPECT_EQ(r.qpn, back.qpn);
+  EXPECT_EQ(r.psn, back.psn);
+  EXPECT_EQ(r.addr, back.addr);
+  EXPECT_EQ(r.rkey, back.rkey);
+  EXPECT_EQ(0, memcmp(r.gid, back.gid, 16));
+}
+
+TEST(VerbsRecord, RefusesWhatIsNotAVersion1Record) {
+  verbs::Record r;
+  r.qpn = 5;
+  r.mtu = 3;
+  r.rd_atomic = 1;
+  std::string good = verbs::encode_record(r), why;
+  verbs::Record out;
+  auto refused = [&](std::string w, const char *expect) {
+    why.clear();
+    int rc = verbs::decode_record(w.data(), w.size(), &out, &why);
+    EXPECT_EQ(-EPROTO, rc);
+    EXPECT_NE(std::string::npos, why.find(expect)) << why;
+  };
+  refused(good.substr(0, 63), "63 bytes");
+  std::string v = good;
+  v[2] = 2;
+  refused(v, "version 2");
+  v = good;
+  v[0] = 'x';
+  refused(v, "magic");
+  v = good;
+  v[7] = 1;  // qpn over 24 bits
+  refused(v, "queue pair number");
+  v = good;
+  v[12] = 9;
+  refused(v, "MTU");
+  v = good;
+  v[60] = 1;
+  refused(v, "reserved");
+  v = good;
+  for (int i = 32; i < 48; i++) v[size_t(i)] = char(0xff);  // addr + length wraps
+  refused(v, "wraps");
+}
+
+TEST(Verbs, WithoutADeviceInitSaysSo) {
+  if (test::verbs_wanted()) GTEST_SKIP() << "this host has an RDMA device";
+  auto a = test::make_action("client-1");
+  int rc = libd_action_add_transport(a.get(), "mem;verbs;host,127.0.0.1;port,9;grant,g;secret,0123456789abcdef0123456789abcdef");
+  EXPECT_EQ(-ENODEV, rc);
+  EXPECT_NE(std::string::npos, std::string(libd_last_error()).find("no RDMA device")) << libd_last_error();
+  libd::MemoryServer server;
+  EXPECT_EQ(-ENODEV, server.enable_verbs(libd::Params()));
+}
+
+TEST(Verbs, LargeTransfersAreSplitAndTheBacklogDrains) {
+  NEED_VERBS();
+  // 4 KiB requests, 4 on the wire: a 1 MiB write is 256 requests queued behind a depth of 4.
+  auto rig = make_rig("verbs", 2 << 20, 3, "max_msg,4096;depth,4");
+  char *buf = nullptr;
+  ASSERT_EQ(0, libd_trdma_reg(rig.t, 2 << 20, reinterpret_cast<void **>(&buf))) << libd_last_error();
+  fill_random(buf, 1 << 20, 5);
+  ASSERT_EQ(0, libd_trdma_write(rig.t, (1 << 20) - 3, 3, buf)) << libd_last_error();
+  ASSERT_EQ(0, libd_trdma_read(rig.t, (1 << 20) - 3, 3, buf + (1 << 20))) << libd_last_error();
+  EXPECT_EQ(0, memcmp(buf, buf + (1 << 20), (1 << 20) - 3));
+}
+
+TEST(Verbs, PollingModeMovesTheSameData) {
+  NEED_VERBS();
+  auto rig = make_rig("verbs", 1 << 20, 3, "poll,1");
+  char *buf = nullptr;
+  ASSERT_EQ(0, libd_trdma_reg(rig.t, 1 << 20, reinterpret_cast<void **>(&buf)));
+  for (size_t n : {1ul, 64ul, 4096ul, 300000ul}) {
+    fill_random(buf, n, n);
+    ASSERT_EQ(0, libd_trdma_write(rig.t, n, 100, buf)) << libd_last_error();
+    ASSERT_EQ(0, libd_trdma_read(rig.t, n, 100, buf + (1 << 19))) << libd_last_error();
+    ASSERT_EQ(0, memcmp(buf, buf + (1 << 19), n)) << n;
+  }
+}
+
+TEST(Verbs, RevokeCutsTheClientOffAtOnce) {
+  NEED_VERBS();
+  for (const char *mw : {"1", "0"}) {
+    SCOPED_TRACE(std::string("mw=") + mw);
+    auto rig = make_rig(std::string(mw) == "1" ? "verbs" : "verbs_nomw", 1 << 16);
+    char *buf = nullptr;
+    ASSERT_EQ(0, libd_trdma_reg(rig.t, 4096, reinterpret_cast<void **>(&buf)));
+    ASSERT_EQ(0, libd_trdma_write(rig.t, 8, 0, buf)) << libd_last_error();
+    ASSERT_EQ(0, rig.server->revoke(rig.grant.id));
+    ASSERT_EQ(LIBD_STATE_ERROR, libd_transport_wait_state(rig.t, LIBD_STATE_ERROR, 5000)) << "the client must notice the revoke";
+    EXPECT_NE(0, libd_trdma_read(rig.t, 8, 0, buf));
+    EXPECT_EQ(-EACCES, libd_transport_recover(rig.t)) << libd_last_error();
+  }
+}
+
+// A queue pair pointed past its window (or at another client's key) gets a remote access error
+// from the device itself: the key is scoped by the server, not only by our library.
+TEST(Verbs, TheDeviceEnforcesTheKeysScope) {
+  NEED_VERBS();
+  for (const char *mw : {"1", "0"}) {
+    SCOPED_TRACE(std::string("mw=") + mw);
+    libd::MemoryServer server;
+    libd::Params p;
+    p.set("mw", mw);
+    ASSERT_EQ(0, server.add_element("e1", 1 << 16));
+    ASSERT_EQ(0, server.enable_verbs(p)) << libd_last_error();
+    uint16_t port;
+    ASSERT_EQ(0, server.listen_tcp("127.0.0.1", 0, &port));
+    libd::Grant a, b;
+    a.element = b.element = "e1";
+    a.client = "A", b.client = "B";
+    a.offset = 4096, a.length = 4096, a.rights = LIBD_RIGHT_READ;
+    b.offset = 8192, b.length = 4096, b.rights = 3;
+    ASSERT_EQ(0, server.grant(&a));
+    ASSERT_EQ(0, server.grant(&b));
+
+    std::shared_ptr<verbs::Device> dev;
+    ASSERT_EQ(0, verbs::Device::open(libd::Params(), &dev)) << libd_last_error();
+    verbs::Engine::Config cfg;
+    auto connect = [&](const libd::Grant &g, verbs::Connected *c) {
+      return verbs::connect_engine(dev, cfg, "127.0.0.1", std::to_string(port), {g.id, g.secret, g.client},
+                                   Deadline::after_ms(5000), nullptr, c);
+    };
+    verbs::Connected ca, cb;
+    ASSERT_EQ(0, connect(a, &ca)) << libd_last_error();
+    ASSERT_EQ(0, connect(b, &cb)) << libd_last_error();
+    EXPECT_EQ(std::string(mw) == "1", bool(ca.peer.flags & verbs::kRecordFlagMemoryWindow));
+    void *mem = mmap(nullptr, 8192, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    std::shared_ptr<verbs::Mr> mr;
+    ASSERT_EQ(0, dev->mrs().acquire(mem, 8192, IBV_ACCESS_LOCAL_WRITE, &mr));
+    auto stats = std::make_shared<libd::Stats>();
+    auto op_on = [&](verbs::Engine &e, OpKind k, uint64_t raddr) {
+      auto op = std::make_shared<Op>(k, std::vector<Segment>{{64, raddr, static_cast<char *>(mem)}},
+                                     Deadline::after_ms(5000), stats);
+      e.set_local(mr);
+      e.post(op);
+      op->wait_until(Clock::now() + std::chrono::seconds(6));
+      return op->status();
+    };
+    // Inside the grant: fine.
+    ASSERT_EQ(0, op_on(*ca.engine, OpKind::Read, 4096));
+    // A's key, aimed 4 KiB past A's range (into B's): refused by the device.
+    ca.engine->set_remote(4096, ca.peer.addr + 4096, ca.peer.rkey);
+    EXPECT_EQ(-EACCES, op_on(*ca.engine, OpKind::Read, 4096));
+    // A read-only key refuses a write.
+    verbs::Connected ca2;
+    ASSERT_EQ(0, connect(a, &ca2));
+    EXPECT_EQ(-EACCES, op_on(*ca2.engine, OpKind::Write, 4096));
+    if (std::string(mw) == "1") {
+      // B's key on A's queue pair: a type-2 window answers only its own queue pair.
+      verbs::Connected ca3;
+      ASSERT_EQ(0, connect(a, &ca3));
+      ca3.engine->set_remote(8192, cb.peer.addr, cb.peer.rkey);
+      EXPECT_EQ(-EACCES, op_on(*ca3.engine, OpKind::Read, 8192));
+      ca3.engine->close(-ECONNABORTED, "test over");
+    }
+    for (auto *c : {&ca, &ca2, &cb}) c->engine->close(-ECONNABORTED, "test over");
+    mr.reset();
+    munmap(mem, 8192);
+  }
+}
+
+TEST(Verbs, ACancelledOperationResetsTheQueuePairAndRecoverRebuildsIt) {
+  NEED_VERBS();
+  auto rig = make_rig("verbs", 32 << 20);
+  char *buf = nullptr;
+  ASSERT_EQ(0, libd_trdma_reg(rig.t, 32 << 20, reinterpret_cast<void **>(&buf)));
+  libd_op *op;
+  ASSERT_EQ(0, libd_trdma_write_async(rig.t, 32 << 20, 0, buf, &op)) << libd_last_error();
+  int rc = libd_op_cancel(op);
+  libd_op_free(op);
+  if (rc == -ECANCELED) {
+    ASSERT_EQ(LIBD_STATE_ERROR, libd_transport_wait_state(rig.t, LIBD_STATE_ERROR, 5000));
+    EXPECT_NE(std::string::npos, test::transport_error(rig.t).find("cancelled"));
+  } else {
+    ASSERT_EQ(0, rc) << "the write finished before the cancel";
+  }
+  ASSERT_EQ(0, libd_transport_recover(rig.t)) << libd_last_error();
+  fill_random(buf, 4096, 1);
+  ASSERT_EQ(0, libd_trdma_write(rig.t, 4096, 0, buf)) << libd_last_error();
+  ASSERT_EQ(0, libd_trdma_read(rig.t, 4096, 0, buf + 8192)) << libd_last_error();
+  EXPECT_EQ(0, memcmp(buf, buf + 8192, 4096));
+}
+
+TEST(Verbs, AStoppedServerMovesTheClientToError) {
+  NEED_VERBS();
+  auto rig = make_rig("verbs", 1 << 16);
+  char *buf = nullptr;
+  ASSERT_EQ(0, libd_trdma_reg(rig.t, 4096, reinterpret_cast<void **>(&buf)));
+  ASSERT_EQ(0, libd_trdma_write(rig.t, 8, 0, buf)) << libd_last_error();
+  rig.server->stop();
+  ASSERT_EQ(LIBD_STATE_ERROR, libd_transport_wait_state(rig.t, LIBD_STATE_ERROR, 5000));
+  EXPECT_NE(std::string::npos, test::transport_error(rig.t).find("closed the connection"));
+  EXPECT_NE(0, libd_trdma_read(rig.t, 8, 0, buf));
+  EXPECT_NE(0, libd_transport_recover(rig.t)) << "nothing listens any more";
+}
+
+// The registration cache: a second transport registering the same buffer costs nothing, and a
+// larger buffer mapped at an address that held a smaller registered one gets a fresh one.
+TEST(Verbs, RegistrationCacheIsRangeAware) {
+  NEED_VERBS();
+  std::shared_ptr<verbs::Device> dev;
+  ASSERT_EQ(0, verbs::Device::open(libd::Params(), &dev)) << libd_last_error();
+  auto rig1 = make_rig("verbs", 1 << 20);
+  auto rig2 = make_rig("verbs", 1 << 20);
+  ASSERT_EQ(0, libd_transport_connect(rig1.t)) << libd_last_error();
+  ASSERT_EQ(0, libd_transport_connect(rig2.t)) << libd_last_error();
+  void *buf = mmap(nullptr, 1 << 16, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  auto before = dev->mrs().counters();
+  ASSERT_EQ(0, libd_trdma_reg(rig1.t, 4096, &buf));
+  ASSERT_EQ(0, libd_trdma_reg(rig2.t, 4096, &buf));
+  auto after = dev->mrs().counters();
+  EXPECT_EQ(before.misses + 1, after.misses);
+  EXPECT_EQ(before.hits + 1, after.hits) << "the second registration of the same buffer is a cache hit";
+  // Free the buffer (both transports move off it), map a larger one at the same address.
+  void *other = nullptr;
+  ASSERT_EQ(0, libd_trdma_reg(rig1.t, 4096, &other));
+  other = nullptr;
+  ASSERT_EQ(0, libd_trdma_reg(rig2.t, 4096, &other));
+  munmap(buf, 1 << 16);
+  void *again = mmap(buf, 1 << 16, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+  ASSERT_EQ(buf, again);
+  ASSERT_EQ(0, libd_trdma_reg(rig1.t, 1 << 16, &again));
+  fill_random(static_cast<char *>(again), 1 << 16, 3);
+  ASSERT_EQ(0, libd_trdma_write(rig1.t, 1 << 16, 0, again)) << libd_last_error();
+  std::vector<char> expect(static_cast<char *>(again), static_cast<char *>(again) + (1 << 16));
+  memset(again, 0, 1 << 16);
+  ASSERT_EQ(0, libd_trdma_read(rig1.t, 1 << 16, 0, again)) << libd_last_error();
+  EXPECT_EQ(0, memcmp(expect.data(), again, 1 << 16)) << "data must land in the new pages, not stale ones";
+  auto end = dev->mrs().counters();
+  EXPECT_EQ(after.misses + 3, end.misses) << "two fresh buffers and the larger one were each registered";
+  munmap(again, 1 << 16);
+}
