@@ -1,5 +1,6 @@
 // libFuzzer target: the tcp frame decoder as the server and the client run it — a byte stream
-// cut into frames, with payloads routed to buffers — plus the AUTH and AUTH_OK body decoders.
+// cut into frames, with payloads routed to buffers — plus the AUTH and AUTH_OK body decoders and
+// the verbs handshake record (VERBS_CONNECT / VERBS_ACCEPT bodies).
 #include <cerrno>
 #include <cstdint>
 #include <cstdlib>
@@ -7,10 +8,18 @@
 
 #include "proto/auth.h"
 #include "proto/frame.h"
+#include "verbs/record.h"
 
 using namespace libd::proto;
 
 namespace {
+// A record that decodes encodes back to the very same bytes: one meaning per byte string.
+void check_record(const char *p, size_t n) {
+  libd::verbs::Record r;
+  std::string why;
+  if (libd::verbs::decode_record(p, n, &r, &why) == 0 && libd::verbs::encode_record(r) != std::string(p, n)) abort();
+}
+
 struct Sink : FrameReader::Handler {
   std::string buf;
   int frames = 0;
@@ -31,6 +40,8 @@ struct Sink : FrameReader::Handler {
       GrantBody g;
       std::string why;
       decode_grant(buf.data(), buf.size(), &g, &why);
+    } else if (h.opcode == kVerbsConnect || h.opcode == kVerbsAccept) {
+      check_record(buf.data(), buf.size());
     }
     return 0;
   }
@@ -49,6 +60,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     rb = b.feed(p + i, std::min(step, size - i), &why);
   if ((ra == 0) != (rb == 0)) abort();
   if (ra == 0 && whole.frames != pieces.frames) abort();
+  if (size >= libd::verbs::kRecordSize) check_record(p, libd::verbs::kRecordSize);
   if (size >= kHeaderSize) {
     Header h;
     if (decode_header(p, &h, &why) == 0) {
