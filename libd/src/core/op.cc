@@ -30,6 +30,13 @@ bool Op::complete(int status, std::string why) {
 int Op::wait_until(Clock::time_point until) {
   int s = status();
   if (s != -EINPROGRESS) return s;
+  if (progress_) {
+    while ((s = status()) == -EINPROGRESS) {
+      if (Clock::now() >= until) return -ETIMEDOUT;
+      progress_();
+    }
+    return s;
+  }
   std::unique_lock<std::mutex> lk(mu_);
   if (!cv_.wait_until(lk, until, [&] { return status() != -EINPROGRESS; })) return -ETIMEDOUT;
   return status();

@@ -45,6 +45,9 @@ class Op {
   // returns only when the engine no longer touches the buffers.
   void set_canceller(std::function<void(Op *)> fn);
   int cancel();
+  // Caller-driven progress (an engine in polling mode): waiters call `fn` in a loop instead of
+  // sleeping until someone else completes the operation. fn must not block.
+  void set_progress(std::function<void()> fn) { progress_ = std::move(fn); }
   // Runs once, right after completion (the transport's in-flight accounting).
   void set_on_done(std::function<void()> fn) { on_done_ = std::move(fn); }
 
@@ -61,6 +64,7 @@ class Op {
   std::condition_variable cv_;
   std::function<void(Op *)> canceller_;
   std::function<void()> on_done_;
+  std::function<void()> progress_;
   std::string why_;
 };
 

@@ -18,6 +18,7 @@
 #include <infiniband/verbs.h>
 #include <uv.h>
 
+#include <atomic>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -95,6 +96,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   ibv_qp *qp_ = nullptr;
   int control_fd_ = -1;
   Watch *watch_ = nullptr;
+  std::atomic<bool> armed_{false};
 
   std::mutex mu_;
   std::shared_ptr<Mr> local_;
