@@ -8,17 +8,17 @@
 #include <cerrno>
 #include <random>
 
+#include "proto/le.h"
+
 namespace libd::proto {
 namespace {
 
 void put(std::string *s, uint64_t v, int n) {
-  for (int i = 0; i < n; i++) s->push_back(char(v >> (8 * i)));
+  char b[8];
+  put_le(b, v, n);
+  s->append(b, size_t(n));
 }
-uint64_t get(const char *p, int n) {
-  uint64_t v = 0;
-  for (int i = 0; i < n; i++) v |= uint64_t(uint8_t(p[i])) << (8 * i);
-  return v;
-}
+uint64_t get(const char *p, int n) { return get_le(p, n); }
 
 }  // namespace
 

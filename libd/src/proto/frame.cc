@@ -3,17 +3,15 @@
 #include <cerrno>
 #include <cstring>
 
+#include "proto/le.h"
+
 namespace libd::proto {
 namespace {
 
-void put16(char *p, uint16_t v) { for (int i = 0; i < 2; i++) p[i] = char(v >> (8 * i)); }
-void put32(char *p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = char(v >> (8 * i)); }
-void put64(char *p, uint64_t v) { for (int i = 0; i < 8; i++) p[i] = char(v >> (8 * i)); }
-uint64_t get(const char *p, int n) {
-  uint64_t v = 0;
-  for (int i = 0; i < n; i++) v |= uint64_t(uint8_t(p[i])) << (8 * i);
-  return v;
-}
+void put16(char *p, uint16_t v) { put_le(p, v, 2); }
+void put32(char *p, uint32_t v) { put_le(p, v, 4); }
+void put64(char *p, uint64_t v) { put_le(p, v, 8); }
+uint64_t get(const char *p, int n) { return get_le(p, n); }
 
 }  // namespace
 

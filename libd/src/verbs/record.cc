@@ -3,18 +3,12 @@
 #include <cerrno>
 #include <cstring>
 
+#include "proto/le.h"
+
 namespace libd::verbs {
 namespace {
-
-void put(char *p, uint64_t v, int n) {
-  for (int i = 0; i < n; i++) p[i] = char(v >> (8 * i));
-}
-uint64_t get(const char *p, int n) {
-  uint64_t v = 0;
-  for (int i = 0; i < n; i++) v |= uint64_t(uint8_t(p[i])) << (8 * i);
-  return v;
-}
-
+inline void put(char *p, uint64_t v, int n) { proto::put_le(p, v, n); }
+inline uint64_t get(const char *p, int n) { return proto::get_le(p, n); }
 }  // namespace
 
 std::string encode_record(const Record &r) {
