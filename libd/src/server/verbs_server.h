@@ -1,10 +1,10 @@
 // The verbs side of a memory server: for each authenticated client that asks, a reliable
 // queue pair connected to the client's, and a remote key that covers only the client's granted
 // range with only its rights. The key is a type-2 memory window bound to that queue pair when
-// the device has them (rxe and mlx5 do): the element's own registration allows no remote access
-// at all, and a key learned by another client is useless on its queue pair. Without windows the
-// key is a registration of just the granted range (scoped by range and rights, but valid on any
-// queue pair of the server's protection domain). Closing the endpoint — the control connection
+// the device has them (rxe and mlx5 do), over a registration of exactly the granted range that
+// allows no remote access by itself; a key learned by another client is useless on its queue
+// pair. Without windows the key is a registration of just the granted range with its rights
+// (scoped by range and rights, but valid on any queue pair of the server's protection domain). Closing the endpoint — the control connection
 // closed, the grant revoked, the element removed — invalidates the key at once.
 #pragma once
 #include <infiniband/verbs.h>

@@ -2,6 +2,8 @@
 
 #include <arpa/inet.h>
 
+#include <algorithm>
+
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -177,6 +179,8 @@ int Device::open(const Params &params, std::shared_ptr<Device> *out) {
     d->mw_type2_ = (da.device_cap_flags & IBV_DEVICE_MEM_WINDOW_TYPE_2B) || (da.device_cap_flags & IBV_DEVICE_MEM_WINDOW_TYPE_2A);
     d->max_qp_wr_ = da.max_qp_wr;
     d->max_sge_ = da.max_sge;
+    d->max_init_reads_ = std::clamp(da.max_qp_init_rd_atom, 1, 16);
+    d->max_resp_reads_ = std::clamp(da.max_qp_rd_atom, 1, 16);
     if (gid >= 0 && ibv_query_gid(ctx, pc.port, gid, &d->gid_)) {
       return set_error(-EIO, "verbs: cannot read GID " + std::to_string(gid) + " of " + name);
     }

@@ -43,6 +43,9 @@ class Device {
   bool has_mw_type2() const { return mw_type2_; }
   int max_qp_wr() const { return max_qp_wr_; }
   int max_sge() const { return max_sge_; }
+  // Outstanding RDMA READs a queue pair issues / accepts (the device's limits, at most 16).
+  int max_initiator_reads() const { return max_init_reads_; }
+  int max_responder_reads() const { return max_resp_reads_; }
   MrCache &mrs() { return *mrs_; }
   std::string describe() const;  // "rxe0 port 1 gid[1] RoCEv2 ::ffff:10.0.0.1 mtu 1024"
 
@@ -62,6 +65,8 @@ class Device {
   bool mw_type2_ = false;
   int max_qp_wr_ = 1024;
   int max_sge_ = 1;
+  int max_init_reads_ = 1;
+  int max_resp_reads_ = 1;
   std::unique_ptr<MrCache> mrs_;
 };
 

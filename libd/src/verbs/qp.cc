@@ -1,5 +1,6 @@
 #include "verbs/qp.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <random>
@@ -20,18 +21,6 @@ int verr(int rc, const std::string &what) {
 uint32_t random_psn() {
   static thread_local std::mt19937 rng{std::random_device{}()};
   return rng() & 0xFFFFFF;
-}
-
-int max_initiator_reads(Device &dev) {
-  ibv_device_attr a;
-  if (ibv_query_device(dev.ctx(), &a)) return 1;
-  return a.max_qp_init_rd_atom > 0 ? std::min(a.max_qp_init_rd_atom, 16) : 1;
-}
-
-int max_responder_reads(Device &dev) {
-  ibv_device_attr a;
-  if (ibv_query_device(dev.ctx(), &a)) return 1;
-  return a.max_qp_rd_atom > 0 ? std::min(a.max_qp_rd_atom, 16) : 1;
 }
 
 int create_rc_qp(Device &dev, ibv_cq *cq, const QpShape &shape, ibv_qp **out) {
@@ -59,7 +48,7 @@ Record local_record(Device &dev, ibv_qp *qp, uint32_t psn) {
   r.port = dev.port();
   r.lid = dev.lid();
   std::memcpy(r.gid, dev.gid().raw, 16);
-  r.rd_atomic = uint32_t(max_responder_reads(dev));
+  r.rd_atomic = uint32_t(dev.max_responder_reads());
   return r;
 }
 
@@ -77,7 +66,7 @@ int connect_rc_qp(Device &dev, ibv_qp *qp, int access, uint32_t psn, const Recor
   a.path_mtu = ibv_mtu(std::min<int>(int(dev.mtu()), peer.mtu));
   a.dest_qp_num = peer.qpn;
   a.rq_psn = peer.psn;
-  a.max_dest_rd_atomic = uint8_t(max_responder_reads(dev));
+  a.max_dest_rd_atomic = uint8_t(dev.max_responder_reads());
   a.min_rnr_timer = 12;
   a.ah_attr.port_num = dev.port();
   a.ah_attr.dlid = peer.lid;
@@ -104,7 +93,7 @@ int connect_rc_qp(Device &dev, ibv_qp *qp, int access, uint32_t psn, const Recor
   a.timeout = 14;  // 4.096 us * 2^14 = 67 ms per try; with 7 retries a dead peer shows in ~0.5 s
   a.retry_cnt = 7;
   a.rnr_retry = 7;
-  a.max_rd_atomic = uint8_t(std::min<uint32_t>(uint32_t(max_initiator_reads(dev)), peer.rd_atomic));
+  a.max_rd_atomic = uint8_t(std::min<uint32_t>(uint32_t(dev.max_initiator_reads()), peer.rd_atomic));
   if (int rc = ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
                                          IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC))
     return verr(rc, "queue pair to RTS");

@@ -22,8 +22,5 @@ int connect_rc_qp(Device &dev, ibv_qp *qp, int access, uint32_t psn, const Recor
 // To ERROR: every posted work request completes (flushed).
 void break_qp(ibv_qp *qp);
 uint32_t random_psn();
-// The device's limit on outstanding RDMA READs we issue / accept.
-int max_initiator_reads(Device &dev);
-int max_responder_reads(Device &dev);
 
 }  // namespace libd::verbs

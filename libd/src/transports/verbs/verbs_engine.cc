@@ -145,13 +145,11 @@ void Engine::pump_locked(std::vector<std::shared_ptr<OpState>> *done) {
   while (!broken_ && !backlog_.empty() && int(posted_.size()) < cfg_.depth) {
     size_t n = std::min(backlog_.size(), size_t(cfg_.depth) - posted_.size());
     std::vector<ibv_send_wr> wrs(n);
-    std::vector<uint64_t> ids(n);
     for (size_t i = 0; i < n; i++) {
       Wr &w = backlog_[i];
       ibv_send_wr &r = wrs[i];
       r = {};
-      ids[i] = next_wr_id_++;
-      r.wr_id = ids[i];
+      r.wr_id = next_wr_id_++;
       r.opcode = w.st->op->kind() == OpKind::Read ? IBV_WR_RDMA_READ : IBV_WR_RDMA_WRITE;
       r.send_flags = IBV_SEND_SIGNALED;
       r.sg_list = w.sges.data();
@@ -163,7 +161,7 @@ void Engine::pump_locked(std::vector<std::shared_ptr<OpState>> *done) {
     ibv_send_wr *bad = nullptr;
     int rc = ibv_post_send(qp_, wrs.data(), &bad);
     size_t posted = rc ? size_t(bad - wrs.data()) : n;
-    for (size_t i = 0; i < posted; i++) posted_[ids[i]] = backlog_[i].st;
+    for (size_t i = 0; i < posted; i++) posted_[wrs[i].wr_id] = backlog_[i].st;
     backlog_.erase(backlog_.begin(), backlog_.begin() + long(posted));
     if (rc) {
       breakdown_locked(-EIO, std::string("posting to the send queue failed: ") + strerror(rc));
@@ -282,13 +280,14 @@ void Engine::drain(std::vector<std::shared_ptr<OpState>> *done) {
   pump_locked(done);
 }
 
-void Engine::finish(std::vector<std::shared_ptr<OpState>> &done) {
+void Engine::finish(std::vector<std::shared_ptr<OpState>> &done, Op *keep) {
   if (done.empty()) return;
   {
     std::lock_guard<std::mutex> lk(mu_);
     for (auto &st : done) live_.erase(st->op.get());
   }
-  for (auto &st : done) st->op->complete(st->status, st->why);
+  for (auto &st : done)
+    if (st->op.get() != keep) st->op->complete(st->status, st->why);
   done.clear();
 }
 
@@ -324,6 +323,23 @@ void Engine::check_deadlines() {
   finish(done);
 }
 
+// Once the queue pair is in ERROR the device hands every posted request back as a flush
+// completion: drain until `returned` (checked under mu_) holds or the deadline passes, completing
+// what comes back — except `keep`, which its canceller completes.
+void Engine::await_flush(Deadline deadline, const std::function<bool()> &returned, Op *keep) {
+  for (;;) {
+    std::vector<std::shared_ptr<OpState>> done;
+    drain(&done);
+    finish(done, keep);
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (returned()) return;
+    }
+    if (deadline.expired()) return;
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+}
+
 void Engine::cancel(Op *op) {
   Deadline deadline = Deadline::after_ms(kFlushWaitMs);
   {
@@ -349,21 +365,11 @@ void Engine::cancel(Op *op) {
     breakdown_locked(-ECANCELED, "an operation was cancelled while on the wire (RDMA cannot withdraw a posted request; the queue pair was reset)");
   }
   // Wait until the device has given back every request of this operation.
-  for (;;) {
-    std::vector<std::shared_ptr<OpState>> done;
-    drain(&done);
-    bool gone;
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      gone = true;
-      for (auto &[id, p] : posted_) gone &= p->op.get() != op;
-      for (auto &st : done) live_.erase(st->op.get());
-    }
-    for (auto &st : done)
-      if (st->op.get() != op) st->op->complete(st->status, st->why);
-    if (gone || deadline.expired()) break;
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
-  }
+  await_flush(deadline, [&] {
+    for (auto &[id, p] : posted_)
+      if (p->op.get() == op) return false;
+    return true;
+  }, op);
 }
 
 void Engine::close(int err, const std::string &why) {
@@ -374,19 +380,7 @@ void Engine::close(int err, const std::string &why) {
     breakdown_locked(err, why);
     closed_ = true;
   }
-  // The device hands every posted request back as a flush completion once the QP is in ERROR.
-  for (;;) {
-    std::vector<std::shared_ptr<OpState>> done;
-    drain(&done);
-    finish(done);
-    bool empty;
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      empty = posted_.empty();
-    }
-    if (empty || deadline.expired()) break;
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
-  }
+  await_flush(deadline, [&] { return posted_.empty(); }, nullptr);
   std::vector<std::shared_ptr<OpState>> rest;
   {
     std::lock_guard<std::mutex> lk(mu_);

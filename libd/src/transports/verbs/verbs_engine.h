@@ -82,7 +82,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   void build_locked(const std::shared_ptr<OpState> &st);
   void pump_locked(std::vector<std::shared_ptr<OpState>> *done);
   void drain(std::vector<std::shared_ptr<OpState>> *done);
-  void finish(std::vector<std::shared_ptr<OpState>> &done);
+  void finish(std::vector<std::shared_ptr<OpState>> &done, Op *keep = nullptr);
+  void await_flush(Deadline deadline, const std::function<bool()> &returned, Op *keep);
   void on_channel();
   void check_deadlines();
   void breakdown_locked(int err, const std::string &why);
