@@ -7,11 +7,14 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <iostream>
 #include <chrono>
 #include <sstream>
 
 #include "core/error.h"
+#include "core/params.h"
 #include "pool.h"
+#include "verbs/device.h"
 
 namespace scad {
 
@@ -32,8 +35,38 @@ int Agent::start(std::string *why) {
     *why = libd::last_error();
     return rc;
   }
+  if (int rc = start_verbs(why)) return rc;
   workers_ = std::make_unique<WorkerPool>(
       WorkerOptions{opts_.python, opts_.pythonpath, opts_.home, opts_.prewarm, opts_.max_warm, opts_.keep_alive_ms});
+  return 0;
+}
+
+int Agent::start_verbs(std::string *why) {
+  if (opts_.verbs == "off") return 0;
+  libd::Params params;
+  if (opts_.verbs != "auto") {
+    std::istringstream in(opts_.verbs);
+    for (std::string kv; std::getline(in, kv, ',');) {
+      auto eq = kv.find('=');
+      if (eq == std::string::npos || eq == 0) {
+        *why = "--verbs takes auto, off or KEY=VALUE[,KEY=VALUE...] (dev, port_num, gid_index, mw); got '" +
+               opts_.verbs + "'";
+        return -EINVAL;
+      }
+      params.set(kv.substr(0, eq), kv.substr(eq + 1));
+    }
+  } else if (!libd::verbs::Device::available()) {
+    return 0;  // no RDMA here: the pool serves shm and tcp
+  }
+  if (int rc = server_.enable_verbs(params)) {
+    if (opts_.verbs == "auto") {  // a device that is listed but cannot be used: say so, go on without
+      std::cerr << "scad agent: RDMA device present but unusable, serving shm and tcp only: " << libd::last_error()
+                << "\n";
+      return 0;
+    }
+    *why = "cannot serve RDMA verbs: " + libd::last_error();
+    return rc;
+  }
   return 0;
 }
 
@@ -46,7 +79,15 @@ int Agent::create_element(const std::string &id, uint64_t size, std::string *why
 void Agent::remove_element(const std::string &id) { server_.remove_element(id); }
 
 int Agent::grant(const std::string &element, const std::string &client, unsigned rights,
-                 const std::string &trans_name, bool remote, TransportGrant *out, std::string *why) {
+                 const std::string &trans_name, const std::string &impl, TransportGrant *out, std::string *why) {
+  if (impl != "shm" && impl != "tcp" && impl != "verbs") {
+    *why = "unknown transport '" + impl + "' (shm, tcp or verbs)";
+    return -EINVAL;
+  }
+  if (impl == "verbs" && !rdma()) {
+    *why = "host '" + opts_.host_id + "' does not serve RDMA verbs (no usable device, or --verbs off)";
+    return -EINVAL;
+  }
   libd::Grant g;
   g.element = element;
   g.client = client;
@@ -55,7 +96,7 @@ int Agent::grant(const std::string &element, const std::string &client, unsigned
     *why = libd::last_error();
     return rc;
   }
-  out->durl = trans_name + (remote ? ";tcp" : ";shm");
+  out->durl = trans_name + ";" + impl;
   out->config = server_.client_config(g);
   out->grant_id = g.id;
   return 0;

@@ -27,6 +27,9 @@ struct AgentOptions {
   int prewarm = 2;                // started interpreters waiting for any action
   int max_warm = 16;              // idle processes kept for the action they ran
   int64_t keep_alive_ms = 60000;  // how long such a process is kept
+  // RDMA verbs on the memory pool: "auto" (when the host has an active device), "off", or the
+  // device's keys "dev=rxe0,gid_index=1,mw=0" (then a missing device is an error at start).
+  std::string verbs = "auto";
 };
 
 struct TransportGrant {
@@ -68,13 +71,18 @@ class Agent {
   int create_element(const std::string &id, uint64_t size, std::string *why);
   void remove_element(const std::string &id);
   uint64_t pool_used() { return server_.used_bytes(); }
-  // A grant on an element for one client: shm for a client on this host, tcp for one on another.
+  // A grant on an element for one client over `impl`: "shm" (a client on this host), "verbs" (on
+  // another host, both with RDMA) or "tcp". -EINVAL with a reason for an impl this pool does not serve.
   int grant(const std::string &element, const std::string &client, unsigned rights, const std::string &trans_name,
-            bool remote, TransportGrant *out, std::string *why);
+            const std::string &impl, TransportGrant *out, std::string *why);
+  // Whether the pool serves RDMA verbs, and on which device ("" when it does not).
+  bool rdma() const { return server_.verbs_enabled(); }
+  std::string rdma_device() const { return server_.verbs_description(); }
 
   ComputeOutcome run_compute(const ComputeSpec &spec);
 
  private:
+  int start_verbs(std::string *why);
   // The folder holding a version's files, written on first use. "" and *why on failure.
   std::string materialize(const std::string &key, const nlohmann::json &files, std::string *why);
   AgentOptions opts_;

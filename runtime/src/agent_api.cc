@@ -86,7 +86,7 @@ void install_agent_routes(httplib::Server &srv, Agent &agent, const std::string 
     TransportGrant g;
     std::string why;
     try {
-      if (agent.grant(b.at("element"), b.at("client"), b.at("rights"), b.at("name"), b.value("remote", false), &g, &why))
+      if (agent.grant(b.at("element"), b.at("client"), b.at("rights"), b.at("name"), b.at("impl"), &g, &why))
         return fail(res, 409, why);
     } catch (const json::exception &e) {
       return fail(res, 400, std::string("bad grant request: ") + e.what());

@@ -4,6 +4,9 @@
 //
 //   scad-agent --scheduler http://ADDR:PORT --address ADDR --token-file FILE [--id NAME]
 //              [--port 0] [--home DIR] [--python PATH] [--pythonpath P] [--pool 4GiB] [--cpus N]
+//              [--verbs auto|off|dev=NAME,gid_index=N,mw=0]
+// With an RDMA device (auto), the pool serves verbs too and the agent registers with "rdma": true,
+// so the scheduler wires elements on two such hosts over verbs.
 #include <httplib.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -24,7 +27,8 @@ namespace {
 [[noreturn]] void usage(const std::string &why) {
   std::cerr << "scad-agent: " << why << "\n"
             << "usage: scad-agent --scheduler URL --address ADDR --token-file FILE [--id NAME] [--port N]\n"
-            << "                  [--home DIR] [--python PATH] [--pythonpath P] [--pool SIZE] [--cpus N]\n";
+            << "                  [--home DIR] [--python PATH] [--pythonpath P] [--pool SIZE] [--cpus N]\n"
+            << "                  [--verbs auto|off|KEY=VALUE,...]\n";
   exit(2);
 }
 
@@ -54,6 +58,7 @@ int main(int argc, char **argv) {
     else if (a == "--python") ao.python = value();
     else if (a == "--pythonpath") ao.pythonpath = value();
     else if (a == "--cpus") ao.cpus = std::stod(value());
+    else if (a == "--verbs") ao.verbs = value();
     else if (a == "--pool") {
       if (!libd::parse_size(value(), &ao.pool_bytes)) usage("--pool takes a size such as 4GiB");
     } else usage("unknown argument '" + a + "'");
@@ -90,7 +95,8 @@ int main(int argc, char **argv) {
 
   std::atomic<bool> stop{false}, registered{false};
   std::thread heartbeat([&] {
-    nlohmann::json me = {{"id", ao.host_id}, {"url", url}, {"cpus", ao.cpus}, {"pool", ao.pool_bytes}};
+    nlohmann::json me = {{"id", ao.host_id}, {"url", url}, {"cpus", ao.cpus}, {"pool", ao.pool_bytes},
+                         {"rdma", agent.rdma()}, {"rdma_device", agent.rdma_device()}};
     while (!stop) {
       httplib::Client c(scheduler);
       c.set_connection_timeout(2);
@@ -98,7 +104,7 @@ int main(int argc, char **argv) {
       auto res = c.Post("/api/v1/hosts/register", me.dump(), "application/json");
       if (res && res->status == 200 && !registered.exchange(true))
         std::cout << "scad-agent: " << ao.host_id << " serving at " << url << ", registered with " << scheduler
-                  << std::endl;
+                  << (agent.rdma() ? ", RDMA on " + agent.rdma_device() : ", no RDMA") << std::endl;
       else if ((!res || res->status != 200) && registered.exchange(false))
         std::cerr << "scad-agent: lost the scheduler at " << scheduler << "; retrying\n";
       for (int i = 0; i < 20 && !stop; i++) std::this_thread::sleep_for(std::chrono::milliseconds(100));

@@ -311,15 +311,18 @@ void install_routes(httplib::Server &srv, Store &store, Engine &engine, ApiOptio
     if (!b.contains("id") || !b["id"].is_string() || !b.contains("url") || !b["url"].is_string() ||
         !b.contains("cpus") || !b["cpus"].is_number() || !b.contains("pool") || !b["pool"].is_number_unsigned())
       return error(res, 400, "needs {\"id\", \"url\", \"cpus\", \"pool\"}");
+    if (b.contains("rdma") && !b["rdma"].is_boolean()) return error(res, 400, "\"rdma\" must be true or false");
+    bool rdma = b.value("rdma", false);
     std::lock_guard<std::mutex> lk(*hosts_mu);
     auto &known = (*hosts)[b["id"].get<std::string>()];
-    if (known && known->url() == b["url"].get<std::string>()) {
+    if (known && known->url() == b["url"].get<std::string>() && known->rdma() == rdma) {
       known->heartbeat();
     } else {
-      known = std::make_shared<RemoteHost>(b["id"], b["url"], b["cpus"].get<double>(), b["pool"].get<uint64_t>(),
+      known = std::make_shared<RemoteHost>(b["id"], b["url"], b["cpus"].get<double>(), b["pool"].get<uint64_t>(), rdma,
                                            opts.cluster_token);
       engine.add_host(known);
-      store.put_host({{"id", b["id"]}, {"url", b["url"]}, {"cpus", b["cpus"]}, {"memory_pool", b["pool"]}});
+      store.put_host({{"id", b["id"]}, {"url", b["url"]}, {"cpus", b["cpus"]}, {"memory_pool", b["pool"]},
+                      {"rdma", rdma}, {"rdma_device", b.value("rdma_device", "")}});
     }
     reply(res, 200, {{"registered", b["id"]}});
   });

@@ -41,7 +41,7 @@ struct Activation {
   bool done = false;
   int64_t first_start_ms = 0, init_ms = 0;
   std::map<std::string, int> starts;  // warm / prewarmed / cold: how its compute elements started
-  json wiring = json::object();       // "instance:durl" -> host it ran on (shm on one host, tcp across)
+  json wiring = json::object();       // "instance:durl" -> host it ran on (durl's impl: shm, verbs or tcp)
   std::mutex mu;
   std::condition_variable cv;
 };
@@ -118,6 +118,12 @@ int Engine::place_compute(double cpu, int near) {
     if (best < 0 || h.cpu_free > hosts_[size_t(best)].cpu_free) best = int(i);
   }
   return best;
+}
+
+std::string Engine::transport_between(int memory_host, int client_host) {
+  if (memory_host == client_host) return "shm";
+  auto a = host(memory_host), b = host(client_host);
+  return a->rdma() && b->rdma() ? "verbs" : "tcp";
 }
 
 void Engine::acquire_cpu(int host, double cpu) {
@@ -339,7 +345,7 @@ void Engine::run_app(const std::shared_ptr<Activation> &act) {
             std::lock_guard<std::mutex> lk(act->mu);
             mem = act->memory.at(t.element);
           }
-          if (host(mem.host)->grant(mem.id, spec.aid, t.rights, tname, mem.host != h, &g, &why)) {
+          if (host(mem.host)->grant(mem.id, spec.aid, t.rights, tname, transport_between(mem.host, h), &g, &why)) {
             rp->outcome.status = "whisk internal error";
             rp->outcome.error = {{"type", "GrantError"}, {"message", why}};
             return;
@@ -460,7 +466,7 @@ int Engine::runtime_invoke(const std::string &token, const std::string &aid, con
     return 409;
   }
   TransportGrant g;
-  if (host(h)->grant(id, aid, 3, name, h != c.host, &g, &why)) {
+  if (host(h)->grant(id, aid, 3, name, transport_between(h, c.host), &g, &why)) {
     host(h)->remove_element(id);
     unplace_memory(h, size);
     *reply = {{"error", why}};
@@ -516,7 +522,7 @@ json Engine::host_info() {
   for (auto &h : hosts_)
     out.push_back({{"id", h.agent->id()}, {"cpus", h.agent->cpus()}, {"cpus_free", h.cpu_free},
                    {"memory_pool", h.agent->pool_bytes()}, {"memory_pool_used", h.pool_used},
-                   {"state", h.agent->alive() ? "up" : "down"}});
+                   {"rdma", h.agent->rdma()}, {"state", h.agent->alive() ? "up" : "down"}});
   return out;
 }
 

@@ -60,6 +60,9 @@ class Engine {
   int place_memory(uint64_t size, int near, std::string *why);
   void unplace_memory(int host, uint64_t size);
   int place_compute(double cpu, int near);
+  // The transport between a memory element and a client: shm on one host, verbs where both hosts
+  // have RDMA, tcp otherwise.
+  std::string transport_between(int memory_host, int client_host);
   // Takes cpu on a host, waiting while it is busy.
   void acquire_cpu(int host, double cpu);
   void release_cpu(int host, double cpu);

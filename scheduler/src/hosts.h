@@ -22,11 +22,14 @@ class HostAgent {
   virtual uint64_t pool_bytes() const = 0;
   virtual int create_element(const std::string &id, uint64_t size, std::string *why) = 0;
   virtual void remove_element(const std::string &id) = 0;
-  // A grant for `client`; `remote` when the client runs on another host (then the transport is tcp).
+  // A grant for `client` over `impl` (shm, tcp or verbs: Engine::transport_between chooses).
   virtual int grant(const std::string &element, const std::string &client, unsigned rights,
-                    const std::string &trans_name, bool remote, TransportGrant *out, std::string *why) = 0;
+                    const std::string &trans_name, const std::string &impl, TransportGrant *out,
+                    std::string *why) = 0;
   virtual ComputeOutcome run_compute(const ComputeSpec &spec) = 0;
   virtual bool alive() const { return true; }
+  // Whether its memory pool serves RDMA verbs.
+  virtual bool rdma() const = 0;
 };
 
 // The agent of this process.
@@ -41,9 +44,10 @@ class LocalHost : public HostAgent {
   }
   void remove_element(const std::string &id) override { a_.remove_element(id); }
   int grant(const std::string &element, const std::string &client, unsigned rights, const std::string &trans_name,
-            bool remote, TransportGrant *out, std::string *why) override {
-    return a_.grant(element, client, rights, trans_name, remote, out, why);
+            const std::string &impl, TransportGrant *out, std::string *why) override {
+    return a_.grant(element, client, rights, trans_name, impl, out, why);
   }
+  bool rdma() const override { return a_.rdma(); }
   ComputeOutcome run_compute(const ComputeSpec &spec) override { return a_.run_compute(spec); }
 
  private:

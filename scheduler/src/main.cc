@@ -2,7 +2,7 @@
 //
 //   scad-server [--home DIR] [--host 127.0.0.1] [--port 3233] [--python PATH] [--pythonpath P]
 //               [--pool 4GiB] [--cpus N] [--prewarm 2] [--max-warm 16] [--keep-alive 60000]
-//               [--cluster-token-file FILE] [--no-local-agent]
+//               [--cluster-token-file FILE] [--no-local-agent] [--verbs auto|off|KEY=VALUE,...]
 // With a cluster token, scad-agent processes on other hosts register and take elements too; with
 // --no-local-agent this process only schedules.
 //
@@ -32,7 +32,7 @@ namespace {
   std::cerr << "scad-server: " << why << "\n"
             << "usage: scad-server [--home DIR] [--host ADDR] [--port N] [--python PATH] [--pythonpath P]\n"
             << "                   [--pool SIZE] [--cpus N] [--prewarm N] [--max-warm N] [--keep-alive MS]\n"
-            << "                   [--cluster-token-file FILE] [--no-local-agent]\n";
+            << "                   [--cluster-token-file FILE] [--no-local-agent] [--verbs auto|off|KEY=VALUE,...]\n";
   exit(2);
 }
 
@@ -90,6 +90,7 @@ int main(int argc, char **argv) {
     else if (a == "--prewarm") ao.prewarm = std::stoi(value());
     else if (a == "--cluster-token-file") cluster_token_file = value();
     else if (a == "--no-local-agent") local_agent = false;
+    else if (a == "--verbs") ao.verbs = value();
     else if (a == "--max-warm") ao.max_warm = std::stoi(value());
     else if (a == "--keep-alive") ao.keep_alive_ms = std::stoll(value());
     else if (a == "--pool") {

@@ -41,8 +41,8 @@ int RemoteHost::create_element(const std::string &id, uint64_t size, std::string
 void RemoteHost::remove_element(const std::string &id) { client(url_, token_, 30)->Delete("/agent/v1/elements/" + id); }
 
 int RemoteHost::grant(const std::string &element, const std::string &client_id, unsigned rights,
-                      const std::string &trans_name, bool remote, TransportGrant *out, std::string *why) {
-  json body = {{"element", element}, {"client", client_id}, {"rights", rights}, {"name", trans_name}, {"remote", remote}};
+                      const std::string &trans_name, const std::string &impl, TransportGrant *out, std::string *why) {
+  json body = {{"element", element}, {"client", client_id}, {"rights", rights}, {"name", trans_name}, {"impl", impl}};
   auto res = client(url_, token_, 30)->Post("/agent/v1/grants", body.dump(), "application/json");
   if (!res || res->status != 200) {
     *why = error_of(res, url_);

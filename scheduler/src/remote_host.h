@@ -10,8 +10,8 @@ namespace scad {
 
 class RemoteHost : public HostAgent {
  public:
-  RemoteHost(std::string id, std::string url, double cpus, uint64_t pool, std::string token)
-      : id_(std::move(id)), url_(std::move(url)), cpus_(cpus), pool_(pool), token_(std::move(token)) {
+  RemoteHost(std::string id, std::string url, double cpus, uint64_t pool, bool rdma, std::string token)
+      : id_(std::move(id)), url_(std::move(url)), cpus_(cpus), pool_(pool), rdma_(rdma), token_(std::move(token)) {
     heartbeat();
   }
   std::string id() const override { return id_; }
@@ -19,18 +19,20 @@ class RemoteHost : public HostAgent {
   double cpus() const override { return cpus_; }
   uint64_t pool_bytes() const override { return pool_; }
   bool alive() const override;
+  bool rdma() const override { return rdma_; }
   void heartbeat();
 
   int create_element(const std::string &id, uint64_t size, std::string *why) override;
   void remove_element(const std::string &id) override;
   int grant(const std::string &element, const std::string &client, unsigned rights, const std::string &trans_name,
-            bool remote, TransportGrant *out, std::string *why) override;
+            const std::string &impl, TransportGrant *out, std::string *why) override;
   ComputeOutcome run_compute(const ComputeSpec &spec) override;
 
  private:
   std::string id_, url_;
   double cpus_;
   uint64_t pool_;
+  bool rdma_;
   std::string token_;
   std::atomic<int64_t> last_seen_ms_{0};
 };

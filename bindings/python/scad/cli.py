@@ -169,6 +169,8 @@ def cmd_up(args):
         argv += ["--pool", args.pool]
     if args.cpus:
         argv += ["--cpus", str(args.cpus)]
+    if args.verbs:
+        argv += ["--verbs", args.verbs]
     sys.stdout.flush()
     os.execv(server, argv)  # one process: scheduler and agent
 
@@ -246,7 +248,8 @@ def cmd_host(args):
     c = Client.from_args(args)
     _, data = c.ok("GET", "/api/v1/hosts")
     out(args, "\n".join(f"{h['id']:12} {h['state']:5} cpus {h['cpus_free']:.1f}/{h['cpus']:.1f} free  memory pool "
-                        f"{h['memory_pool_used'] >> 20}/{h['memory_pool'] >> 20} MiB used" for h in data), data)
+                        f"{h['memory_pool_used'] >> 20}/{h['memory_pool'] >> 20} MiB used"
+                        f"{'  rdma' if h.get('rdma') else ''}" for h in data), data)
     return 0
 
 
@@ -272,6 +275,7 @@ def parser():
     up.add_argument("--port", type=int, default=3233, help="0 picks a free port")
     up.add_argument("--pool", help="memory pool size for memory elements, e.g. 4GiB")
     up.add_argument("--cpus", type=float, help="cpus compute elements may use")
+    up.add_argument("--verbs", help="RDMA verbs on the memory pool: auto (default), off, or dev=NAME,gid_index=N")
     up.set_defaults(fn=cmd_up)
 
     app = sub.add_parser("app", help="applications").add_subparsers(dest="action", required=True)
