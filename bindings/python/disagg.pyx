@@ -219,8 +219,10 @@ cdef class LibdAction:
     def runtime(self):
         """Asks the runtime for new elements: runtime.invoke(template, trans, props), release(name)."""
         if self._runtime is None:
-            from scad.runtime_client import RuntimeClient
-            self._runtime = RuntimeClient(self, self.runtime_url, self.runtime_token)
+            from scad.runtime_client import RuntimeClient  # may let another thread in
+            client = RuntimeClient(self, self.runtime_url, self.runtime_token)
+            if self._runtime is None:  # no GIL release from here: every thread gets the same one
+                self._runtime = client
         return self._runtime
 
     def __enter__(self):

@@ -102,6 +102,29 @@ int Agent::grant(const std::string &element, const std::string &client, unsigned
   return 0;
 }
 
+int Agent::revoke(const std::string &grant_id, std::string *why) {
+  int rc = server_.revoke(grant_id);
+  if (rc) *why = libd::last_error();
+  return rc;
+}
+
+int Agent::notify(const std::string &aid, const json &notice) {
+  std::lock_guard<std::mutex> lk(run_mu_);  // the worker stays while it is in running_
+  auto it = running_.find(aid);
+  if (it != running_.end())
+    return WorkerPool::send(*it->second, json{{"notice", notice}, {"aid", aid}}.dump()) ? 0 : -EPIPE;
+  // Not started yet (the scheduler hands instances over before their process is ready): keep it
+  // for the spec. One for an instance that already ended would stay, so old ones are dropped.
+  auto now = std::chrono::steady_clock::now();
+  for (auto p = pending_notices_.begin(); p != pending_notices_.end();)
+    p = now - p->second.since > std::chrono::minutes(10) ? pending_notices_.erase(p) : std::next(p);
+  if (pending_notices_.size() >= 1024) return -ENOSPC;
+  auto &p = pending_notices_[aid];
+  if (p.notices.empty()) p.since = now;
+  p.notices.push_back(notice);
+  return 0;
+}
+
 static std::string now_iso() {
   auto now = std::chrono::system_clock::now();
   auto t = std::chrono::system_clock::to_time_t(now);
@@ -166,11 +189,27 @@ ComputeOutcome Agent::run_compute(const ComputeSpec &spec) {
   auto t0 = std::chrono::steady_clock::now();
   std::string stamp = now_iso();
   if (!w) {
+    std::lock_guard<std::mutex> lk(run_mu_);
+    pending_notices_.erase(spec.aid);
     o.status = "whisk internal error";
     o.error = {{"type", "StartError"}, {"message", "cannot start " + opts_.python + ": " + strerror(errno)}};
     return o;
   }
+  {
+    // From here notices go straight to the process; those that came before ride in the spec.
+    std::lock_guard<std::mutex> lk(run_mu_);
+    running_[spec.aid] = w.get();
+    auto p = pending_notices_.find(spec.aid);
+    if (p != pending_notices_.end()) {
+      launcher["peer_failures"] = p->second.notices;
+      pending_notices_.erase(p);
+    }
+  }
   WorkerRun r = WorkerPool::run(*w, launcher.dump(), spec.timeout_ms);
+  {
+    std::lock_guard<std::mutex> lk(run_mu_);
+    running_.erase(spec.aid);
+  }
   o.duration_ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
   auto add_logs = [&](const std::string &text) {
     std::istringstream in(text);

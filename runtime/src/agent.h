@@ -3,6 +3,7 @@
 // elements as processes of the Python launcher (`python -m scad.launcher`) with their action object
 // wired to the memory elements they may reach.
 #pragma once
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -79,7 +80,13 @@ class Agent {
   bool rdma() const { return server_.verbs_enabled(); }
   std::string rdma_device() const { return server_.verbs_description(); }
 
+  // Ends a grant at once: its client's connections close and its remote keys die.
+  int revoke(const std::string &grant_id, std::string *why);
+
   ComputeOutcome run_compute(const ComputeSpec &spec);
+  // Tells the running compute instance `aid` that a peer failed (docs/agent.md, "Crashes"); it
+  // reads the notice through action.runtime. -ENOENT when no such instance runs here.
+  int notify(const std::string &aid, const nlohmann::json &notice);
 
  private:
   int start_verbs(std::string *why);
@@ -89,6 +96,13 @@ class Agent {
   libd::MemoryServer server_;
   std::unique_ptr<WorkerPool> workers_;
   std::mutex code_mu_;
+  std::mutex run_mu_;
+  std::map<std::string, Worker *> running_;  // aid -> its process, while it runs
+  struct PendingNotices {
+    std::chrono::steady_clock::time_point since;
+    nlohmann::json notices = nlohmann::json::array();
+  };
+  std::map<std::string, PendingNotices> pending_notices_;  // for instances not started yet
 };
 
 }  // namespace scad

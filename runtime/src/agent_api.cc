@@ -93,6 +93,20 @@ void install_agent_routes(httplib::Server &srv, Agent &agent, const std::string 
     }
     res.set_content(json{{"durl", g.durl}, {"config", g.config}, {"grant_id", g.grant_id}}.dump(), "application/json");
   });
+  srv.Delete("/agent/v1/grants/([^/]+)", [&, authorized, fail](const httplib::Request &req, httplib::Response &res) {
+    if (!authorized(req, res)) return;
+    std::string why;
+    if (agent.revoke(req.matches[1], &why)) return fail(res, 404, why);
+    res.status = 204;
+  });
+  srv.Post("/agent/v1/notices", [&, authorized, body_of, fail](const httplib::Request &req, httplib::Response &res) {
+    json b;
+    if (!authorized(req, res) || !body_of(req, res, &b)) return;
+    if (!b.contains("aid") || !b["aid"].is_string() || !b.contains("notice") || !b["notice"].is_object())
+      return fail(res, 400, "needs {\"aid\": INSTANCE, \"notice\": {...}}");
+    if (agent.notify(b["aid"], b["notice"])) return fail(res, 404, "no compute instance '" + b["aid"].get<std::string>() + "' runs here");
+    res.status = 204;
+  });
   srv.Post("/agent/v1/run", [&, authorized, body_of, fail](const httplib::Request &req, httplib::Response &res) {
     json b;
     if (!authorized(req, res) || !body_of(req, res, &b)) return;

@@ -3,8 +3,10 @@
 //
 //   POST   /agent/v1/elements        {"id", "size"}                         201 | 409 {"error"}
 //   DELETE /agent/v1/elements/{id}                                          204
-//   POST   /agent/v1/grants          {"element","client","rights","name","remote"} -> grant
+//   POST   /agent/v1/grants          {"element","client","rights","name","impl"} -> grant
+//   DELETE /agent/v1/grants/{id}                                            204 | 404 {"error"}
 //   POST   /agent/v1/run             compute spec -> outcome
+//   POST   /agent/v1/notices         {"aid", "notice"}: a peer failed        204 | 404 {"error"}
 #pragma once
 #include <httplib.h>
 

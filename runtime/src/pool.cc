@@ -124,19 +124,24 @@ void WorkerPool::maintain() {
   warm_.clear();
 }
 
-WorkerRun WorkerPool::run(Worker &w, const std::string &line, int64_t timeout_ms) {
-  WorkerRun r;
+bool WorkerPool::send(Worker &w, const std::string &line) {
+  std::lock_guard<std::mutex> lk(w.in_mu);  // whole lines: a notice never lands inside a spec
   std::string msg = line + "\n";
   size_t sent = 0;
-  while (sent < msg.size()) {  // a spec is small; the pipe takes it (or the worker is gone)
+  while (sent < msg.size()) {  // lines are small; the pipe takes them (or the worker is gone)
     ssize_t n = write(w.in, msg.data() + sent, msg.size() - sent);
     if (n < 0) {
       if (errno == EINTR) continue;
-      r.died = true;
-      break;
+      return false;
     }
     sent += size_t(n);
   }
+  return true;
+}
+
+WorkerRun WorkerPool::run(Worker &w, const std::string &line, int64_t timeout_ms) {
+  WorkerRun r;
+  r.died = !send(w, line);
   auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
   char buf[65536];
   // The launcher's END_OF_RUN and its newline.

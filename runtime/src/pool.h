@@ -27,6 +27,7 @@ struct WorkerOptions {
 struct Worker {
   pid_t pid = -1;
   int in = -1, out = -1, err = -1;
+  std::mutex in_mu;  // the run's spec and peer notices are written to `in` from different threads
   std::string key;   // the action it may serve again ("" while pre-warmed)
   std::string pending;  // stdout bytes after the last full line
   std::chrono::steady_clock::time_point idle_since;
@@ -50,6 +51,8 @@ class WorkerPool {
   void release(std::unique_ptr<Worker> w, bool healthy);
   // Sends one spec line and waits for the result line.
   static WorkerRun run(Worker &w, const std::string &line, int64_t timeout_ms);
+  // Sends one line to a running worker (a peer notice); false if it is gone.
+  static bool send(Worker &w, const std::string &line);
   const WorkerOptions &options() const { return o_; }
 
  private:

@@ -1,6 +1,7 @@
 #include "engine.h"
 
 #include <chrono>
+#include <algorithm>
 #include <fstream>
 #include <thread>
 
@@ -41,6 +42,15 @@ struct Activation {
   bool done = false;
   int64_t first_start_ms = 0, init_ms = 0;
   std::map<std::string, int> starts;  // warm / prewarmed / cold: how its compute elements started
+  struct Instance {  // a compute instance while it runs
+    std::string element;
+    int instance = 0, host = 0;
+    std::string token;
+    std::vector<std::string> memory;                     // manifest names of the memory it reaches
+    std::vector<std::pair<int, std::string>> grants;     // (memory host, grant id)
+  };
+  std::map<std::string, Instance> instances;           // aid -> instance
+  bool failed = false;                                 // an instance failed: start no more
   json wiring = json::object();       // "instance:durl" -> host it ran on (durl's impl: shm, verbs or tcp)
   std::mutex mu;
   std::condition_variable cv;
@@ -363,13 +373,37 @@ void Engine::run_app(const std::shared_ptr<Activation> &act) {
           act->tokens.push_back(spec.runtime_token);
         }
         acquire_cpu(h, d.cpu);
+        bool skip;
+        {
+          std::lock_guard<std::mutex> lk(act->mu);
+          skip = act->failed;  // a peer failed while this one waited: the activation fails anyway
+          if (!skip) {
+            Activation::Instance &me = act->instances[spec.aid];
+            me = {rp->element, rp->instance, h, spec.runtime_token, {}, {}};
+            for (auto &[tname, t] : d.transports) {
+              me.memory.push_back(t.element);
+              me.grants.emplace_back(act->memory.at(t.element).host, "");
+            }
+            for (size_t i = 0; i < spec.transports.size(); i++) me.grants[i].second = spec.transports[i].grant_id;
+          }
+        }
+        if (skip) {
+          release_cpu(h, d.cpu);
+          rp->outcome.status = "skipped";
+          rp->outcome.error = {{"type", "Skipped"}, {"message", "not started: a peer instance failed first"}};
+          return;
+        }
+        std::string host_id = host(h)->id();  // engine lock before, never inside, the activation's lock
         {
           std::lock_guard<std::mutex> lk(act->mu);
           if (!act->first_start_ms) act->first_start_ms = now_ms();
-          for (auto &tg : spec.transports) act->wiring[spec.aid + ":" + tg.durl] = host(h)->id();
+          for (auto &tg : spec.transports) act->wiring[spec.aid + ":" + tg.durl] = host_id;
         }
         rp->outcome = host(h)->run_compute(spec);
         release_cpu(h, d.cpu);
+        if (!rp->outcome.ok) instance_failed(act, spec.aid, rp->outcome);
+        std::lock_guard<std::mutex> lk(act->mu);
+        act->instances.erase(spec.aid);
       });
     }
     for (auto &t : threads) t.join();
@@ -381,7 +415,7 @@ void Engine::run_app(const std::shared_ptr<Activation> &act) {
         for (auto &line : r.outcome.logs) act->logs.push_back(line.substr(0, 25) + tag + " " + line.substr(25));
         act->init_ms = std::max(act->init_ms, r.outcome.init_ms);
       }
-      if (!r.outcome.ok && failure.is_null()) {
+      if (!r.outcome.ok && r.outcome.status != "skipped" && failure.is_null()) {
         failure = {{"error", "element '" + tag + "' failed: " + r.outcome.error.value("message", std::string("?"))},
                    {"element", r.element}, {"instance", r.instance}, {"cause", r.outcome.error}};
         failure_status = r.outcome.status;
@@ -409,6 +443,52 @@ void Engine::run_app(const std::shared_ptr<Activation> &act) {
   }
   if (!result.is_object()) result = json{{"result", result}};  // OpenWhisk results are objects
   finish(act, "success", result);
+}
+
+void Engine::instance_failed(const std::shared_ptr<Activation> &act, const std::string &aid, const ComputeOutcome &o) {
+  Activation::Instance me;
+  std::vector<std::pair<std::string, Activation::Instance>> peers;
+  std::vector<Activation::Placed> invoked;
+  {
+    std::lock_guard<std::mutex> lk(act->mu);
+    auto it = act->instances.find(aid);
+    if (it == act->instances.end()) return;
+    me = it->second;
+    act->failed = true;  // no instance starts after this one: every one that runs gets the notice
+    for (auto &[peer_aid, peer] : act->instances)
+      if (peer_aid != aid) peers.emplace_back(peer_aid, peer);
+    for (auto r = act->runtime_elements.begin(); r != act->runtime_elements.end();)
+      if (r->first.rfind(aid + "/", 0) == 0) {
+        invoked.push_back(r->second);
+        r = act->runtime_elements.erase(r);
+      } else {
+        ++r;
+      }
+  }
+  // Free what it held at once rather than when the activation ends: its grants (connections and
+  // remote keys), the memory it invoked at run time, its runtime token.
+  std::string why;
+  for (auto &[h, grant] : me.grants)
+    if (!grant.empty()) host(h)->revoke(grant, &why);  // an element already gone took its grants along
+  for (auto &p : invoked) {
+    host(p.host)->remove_element(p.id);
+    unplace_memory(p.host, p.size);
+  }
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    tokens_.erase(me.token);
+  }
+  // Tell the instances still running: the activation is going to fail, and those that share
+  // memory with it may be waiting for something it will never write.
+  for (auto &[peer_aid, peer] : peers) {
+    json shared = json::array();
+    for (auto &m : me.memory)
+      if (std::find(peer.memory.begin(), peer.memory.end(), m) != peer.memory.end()) shared.push_back(m);
+    json notice = {{"aid", aid}, {"element", me.element}, {"instance", me.instance}, {"status", o.status},
+                   {"reason", o.error.value("message", o.status)}, {"type", o.error.value("type", "")},
+                   {"shared", shared}};
+    host(peer.host)->notify(peer_aid, notice);  // the agent keeps it if the instance has not started yet
+  }
 }
 
 bool Engine::find_caller(const std::string &token, const std::string &aid, Caller *out, json *reply) {

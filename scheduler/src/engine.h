@@ -49,6 +49,9 @@ class Engine {
   void run_app(const std::shared_ptr<Activation> &act);
   void run_action(const std::shared_ptr<Activation> &act);
   void finish(const std::shared_ptr<Activation> &act, const std::string &status, const json &result);
+  // A compute instance ended without a result (crash, timeout, exception): frees its grants, the
+  // memory it invoked and its token at once, and notifies the activation's running instances.
+  void instance_failed(const std::shared_ptr<Activation> &act, const std::string &aid, const ComputeOutcome &o);
 
   struct HostState {
     std::shared_ptr<HostAgent> agent;

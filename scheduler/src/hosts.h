@@ -26,7 +26,10 @@ class HostAgent {
   virtual int grant(const std::string &element, const std::string &client, unsigned rights,
                     const std::string &trans_name, const std::string &impl, TransportGrant *out,
                     std::string *why) = 0;
+  virtual int revoke(const std::string &grant_id, std::string *why) = 0;
   virtual ComputeOutcome run_compute(const ComputeSpec &spec) = 0;
+  // Hands a peer-failure notice to a running compute instance; nonzero if it no longer runs there.
+  virtual int notify(const std::string &aid, const json &notice) = 0;
   virtual bool alive() const { return true; }
   // Whether its memory pool serves RDMA verbs.
   virtual bool rdma() const = 0;
@@ -48,7 +51,9 @@ class LocalHost : public HostAgent {
     return a_.grant(element, client, rights, trans_name, impl, out, why);
   }
   bool rdma() const override { return a_.rdma(); }
+  int revoke(const std::string &grant_id, std::string *why) override { return a_.revoke(grant_id, why); }
   ComputeOutcome run_compute(const ComputeSpec &spec) override { return a_.run_compute(spec); }
+  int notify(const std::string &aid, const json &notice) override { return a_.notify(aid, notice); }
 
  private:
   Agent &a_;

@@ -57,6 +57,19 @@ int RemoteHost::grant(const std::string &element, const std::string &client_id, 
   return 0;
 }
 
+int RemoteHost::revoke(const std::string &grant_id, std::string *why) {
+  auto res = client(url_, token_, 10)->Delete("/agent/v1/grants/" + grant_id);
+  if (res && res->status == 204) return 0;
+  *why = error_of(res, url_);
+  return -1;
+}
+
+int RemoteHost::notify(const std::string &aid, const json &notice) {
+  auto res = client(url_, token_, 10)->Post("/agent/v1/notices", json{{"aid", aid}, {"notice", notice}}.dump(),
+                                           "application/json");
+  return res && res->status == 204 ? 0 : -1;
+}
+
 ComputeOutcome RemoteHost::run_compute(const ComputeSpec &spec) {
   auto res = client(url_, token_, int(spec.timeout_ms / 1000) + 30)->Post("/agent/v1/run", to_json(spec).dump(), "application/json");
   json j = res && res->status == 200 ? json::parse(res->body, nullptr, false) : json();

@@ -26,7 +26,9 @@ class RemoteHost : public HostAgent {
   void remove_element(const std::string &id) override;
   int grant(const std::string &element, const std::string &client, unsigned rights, const std::string &trans_name,
             const std::string &impl, TransportGrant *out, std::string *why) override;
+  int revoke(const std::string &grant_id, std::string *why) override;
   ComputeOutcome run_compute(const ComputeSpec &spec) override;
+  int notify(const std::string &aid, const json &notice) override;
 
  private:
   std::string id_, url_;

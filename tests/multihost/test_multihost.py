@@ -115,3 +115,33 @@ def test_compute_on_one_host_reaches_memory_on_another_over_tcp(hosts):
     assert rec["response"]["result"] == {"verified": True, "impl": "rdma_tcp"}
     wiring = next(a["value"] for a in rec["annotations"] if a["key"] == "wiring")
     assert list(wiring.values()) == ["host-a"] and list(wiring)[0].endswith("data;tcp")
+
+
+def test_a_crash_on_one_host_is_told_to_its_peer_and_frees_grants_on_the_other(hosts):
+    # Both instances run on host-a; their memory is on host-b. The scheduler reaches both agents
+    # over HTTP: the revoke goes to host-b, the notice to host-a.
+    platform, names = hosts
+    app = pathlib.Path(__file__).parents[1] / "platform" / "apps" / "peers"
+    status, body = in_ns(names["s"], platform, "PUT", "/api/v1/namespaces/_/apps/peers",
+                         {"manifest": (app / "scad.yaml").read_text(), "files": {"work.py": (app / "work.py").read_text()}})
+    assert status == 200, body
+    fifo = pathlib.Path(platform.home) / "peers-go"
+    os.mkfifo(fifo)
+    done = {}
+
+    def invoke():
+        done["rec"] = in_ns(names["s"], platform, "POST", "/api/v1/namespaces/_/apps/peers?blocking=true",
+                            {"fifo": str(fifo)})[1]
+        os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))  # never leave the writer below blocked
+
+    import threading
+    runner = threading.Thread(target=invoke)
+    runner.start()
+    with open(fifo, "w"):  # instance 1 opens its end once it has the notice
+        status, els = in_ns(names["s"], platform, "GET", "/api/v1/namespaces/_/elements")
+        assert [(e["name"], e["host"]) for e in els] == [("data", "host-b")], els
+    runner.join(120)
+    rec = done["rec"]
+    assert "work#0" in rec["response"]["result"]["error"], rec["response"]
+    told = [json.loads(line.split("peer failure: ", 1)[1]) for line in rec["logs"] if "peer failure: " in line]
+    assert len(told) == 1 and told[0]["instance"] == 0 and told[0]["shared"] == ["data"], rec["logs"]

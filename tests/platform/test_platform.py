@@ -100,6 +100,35 @@ def test_a_crashing_compute_element_fails_the_activation_and_frees_everything(pl
     assert hosts[0]["memory_pool_used"] == 0 and hosts[0]["cpus_free"] == 2
 
 
+def test_a_crashed_instance_is_freed_at_once_and_its_peers_are_told(platform):
+    # Two instances share `data`; #0 invokes a memory element of its own and is killed, #1 waits
+    # for the notice, then for the test (a FIFO) while the test looks at what is still allocated.
+    assert platform.deploy(APPS / "peers")[0] == 200
+    fifo = platform.home / "peers-go"
+    os.mkfifo(fifo)
+    done = {}
+
+    def invoke():
+        done["rec"] = platform.invoke("peers", {"fifo": str(fifo)})[1]
+        os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))  # never leave the writer below blocked
+
+    runner = threading.Thread(target=invoke)
+    runner.start()
+    with open(fifo, "w"):  # #1 opens its end only once it has the notice
+        status, els = platform.call("GET", "/api/v1/namespaces/_/elements")
+        assert "rec" not in done, done.get("rec")
+        assert [e["name"] for e in els] == ["data"], "the crashed instance's own element is freed at once"
+    runner.join(120)
+    rec = done["rec"]
+    assert rec["response"]["status"] == "action developer error"
+    assert "work#0" in rec["response"]["result"]["error"] and "crashed" in rec["response"]["result"]["error"]
+    told = [json.loads(line.split("peer failure: ", 1)[1]) for line in rec["logs"] if "peer failure: " in line]
+    assert len(told) == 1, rec["logs"]
+    assert told[0]["element"] == "work" and told[0]["instance"] == 0 and told[0]["shared"] == ["data"]
+    assert told[0]["type"] == "Crash" and "signal 9" in told[0]["reason"]
+    assert platform.call("GET", "/api/v1/namespaces/_/elements")[1] == []
+
+
 def test_a_restarted_scheduler_keeps_apps_and_finished_activations(platform):
     platform.deploy(DEMO)
     platform.deploy(APPS / "slow")

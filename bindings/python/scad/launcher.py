@@ -10,14 +10,18 @@ line: the result.
 
     python -m scad.launcher --serve
 keeps the interpreter for many runs (the agent's warm and pre-warmed pools): one spec per line on
-stdin, one result line per spec on stdout; the run's output on stderr, ended by a marker. A warm
+stdin, one result line per spec on stdout; the run's output on stderr, ended by a marker. While a
+run is going, stdin may also carry {"notice": {...}, "aid": AID} lines: a peer instance failed.
+A thread reads stdin so that these reach action.runtime while main runs. A warm
 process keeps the action's module (and its globals) between runs of the same code, as a warm
 OpenWhisk container does; the agent reuses a process only for the same action.
 """
 import contextlib
 import importlib.util
 import json
+import queue
 import sys
+import threading
 import time
 import traceback
 import uuid
@@ -65,6 +69,11 @@ def call_main(fn, args, action):
     return fn(args, action) if takes_action else fn(args)
 
 
+_current = {"aid": None, "action": None}  # the run in progress, for peer notices
+_early = {}  # aid -> notices that came just before their run's spec
+_current_lock = threading.Lock()
+
+
 def run_action(spec, keep_module=False):
     """Returns {"ok": True, "result": ...} or {"ok": False, "error": {"type", "message", "traceback"}},
     with "init_ms" (loading the code and wiring the action) and "run_ms" (main itself)."""
@@ -81,6 +90,13 @@ def run_action(spec, keep_module=False):
             action.add_transport(t["durl"])
             if t.get("config"):
                 action.config_transport(t["durl"].split(";", 1)[0], t["config"])
+        action.runtime  # made here, once: the notice thread and main must share one object
+        with _current_lock:
+            _current.update(aid=action.id, action=action)
+            early = _early.pop(action.id, [])
+            _early.clear()  # any other aid's are from runs that are over
+        for notice in [*spec.get("peer_failures", []), *early]:
+            action.runtime._peer_failed(notice)
         fn = load_main(spec["code"], spec.get("main", "main"), keep=keep_module)
         t1 = time.monotonic()
         timing["init_ms"] = int((t1 - t0) * 1000)
@@ -92,6 +108,8 @@ def run_action(spec, keep_module=False):
         return {"ok": False, "error": {"type": type(e).__name__, "message": str(e),
                                        "traceback": traceback.format_exc()}, **timing}
     finally:
+        with _current_lock:
+            _current.update(aid=None, action=None)
         if action is not None:
             action.terminate()
 
@@ -99,13 +117,40 @@ def run_action(spec, keep_module=False):
 END_OF_RUN = "\x00scad:end-of-run\x00"  # on stderr after each run: the agent reads its output up to here
 
 
+def _deliver_notice(message):
+    """A peer failure for the run in progress, or kept for the run about to start (the agent may
+    write it just before that run's spec)."""
+    with _current_lock:
+        action = _current["action"] if _current["aid"] == message.get("aid") else None
+        if action is None and len(_early) < 64:
+            _early.setdefault(message.get("aid"), []).append(message["notice"])
+    if action is not None:
+        action.runtime._peer_failed(message["notice"])
+
+
+def _read_stdin(specs):
+    """Splits stdin: notices go to the running action at once, specs to the main thread."""
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        try:
+            message = json.loads(line)
+        except ValueError:
+            message = None
+        if isinstance(message, dict) and isinstance(message.get("notice"), dict):
+            _deliver_notice(message)
+        else:
+            specs.put(line)
+    specs.put(None)
+
+
 def serve():
     """One spec per line in, one result per line out, until stdin closes. The run's output goes
     to stderr as it is written (so a crash loses none of it), followed by END_OF_RUN."""
     out = sys.stdout
-    for line in sys.stdin:
-        if not line.strip():
-            continue
+    specs = queue.Queue()
+    threading.Thread(target=_read_stdin, args=(specs,), daemon=True, name="scad-notices").start()
+    for line in iter(specs.get, None):
         try:
             spec = json.loads(line)
         except ValueError as e:

@@ -9,9 +9,16 @@ action) — and speaks JSON over HTTP:
     DELETE {url}/v1/actions/{aid}/elements/{name}  204
 
 Errors come back as {"error": "..."} with a 4xx/5xx status.
+
+Peer failures: when another compute instance of the same activation crashes, times out or raises,
+the agent tells this one (a notice line on the launcher's stdin, read by its notice thread).
+`peer_failures()` lists the notices so far; `wait_peer_failure(timeout)` blocks for the next one.
+Each is {"aid", "element", "instance", "status", "type", "reason", "shared"}, where "shared" names
+the memory elements both instances reach.
 """
 import json
 import os
+import threading
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -31,6 +38,25 @@ class RuntimeClient:
         self.url = (url or os.environ.get("SCAD_RUNTIME_URL", "")).rstrip("/")
         self.token = token if token is not None else os.environ.get("SCAD_RUNTIME_TOKEN", "")
         self.timeout = timeout
+        self._failures = []
+        self._failures_cv = threading.Condition()
+
+    def _peer_failed(self, notice):
+        """Called by the launcher's notice thread."""
+        with self._failures_cv:
+            self._failures.append(notice)
+            self._failures_cv.notify_all()
+
+    def peer_failures(self):
+        """The failures of peer instances reported so far (a copy)."""
+        with self._failures_cv:
+            return list(self._failures)
+
+    def wait_peer_failure(self, timeout=None):
+        """The first peer failure, waiting up to `timeout` seconds for one; None if none came."""
+        with self._failures_cv:
+            self._failures_cv.wait_for(lambda: self._failures, timeout)
+            return self._failures[0] if self._failures else None
 
     def _request(self, method, path, body=None):
         if not self.url:
