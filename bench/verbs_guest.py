@@ -7,6 +7,7 @@ median, in polling mode (poll,1) — perftest's latency tests poll too. perftest
 client on rxe0, GID index as discovered by libd (RoCE v2, IPv4). Targets: >= 0.9x perftest
 bandwidth, <= 1.2x its latency."""
 import json
+import os
 import pathlib
 import re
 import select
@@ -21,6 +22,8 @@ BENCH = ROOT / "build/bench/libd-bench"
 MEMD = ROOT / "build/libd/libd-memd"
 BW_SIZES = [64, 4096, 65536, 1 << 20, 8 << 20]
 LAT_SIZES = [64, 4096, 65536]
+if os.environ.get("BENCH_SIZES"):  # a quicker look at some sizes: BENCH_SIZES=64,4096 bench/verbs
+    BW_SIZES = LAT_SIZES = [int(x) for x in os.environ["BENCH_SIZES"].split(",")]
 INFLIGHT = 32
 
 

@@ -207,7 +207,7 @@ int libd_trdma_writev_async(libd_transport *t, const libd_iov *iov, int n, libd_
 
 int libd_op_poll(libd_op *op) {
   if (!op) return set_error(-EINVAL, "NULL op");
-  return op->op->status();
+  return op->op->poll();
 }
 int libd_op_wait(libd_op *op, int timeout_ms) {
   if (!op) return set_error(-EINVAL, "NULL op");

@@ -4,7 +4,7 @@ namespace libd {
 
 Op::Op(OpKind kind, std::vector<Segment> segs, Deadline deadline, std::shared_ptr<Stats> stats)
     : kind_(kind), segs_(std::move(segs)), deadline_(deadline), stats_(std::move(stats)),
-      start_ns_(now_ns()) {
+      sampled_(stats_ && stats_->sample_latency()), start_ns_(sampled_ ? now_ns() : 0) {
   for (const auto &s : segs_) bytes_ += s.size;
 }
 
@@ -17,7 +17,7 @@ bool Op::complete(int status, std::string why) {
   }
   // Accounting before the operation is seen done: a waiter that wakes finds the counters and the
   // transport's in-flight count already up to date (it may re-register at once, read stats, ...).
-  if (stats_) stats_->record(kind_, bytes_, now_ns() - start_ns_, status == 0);
+  if (stats_) stats_->record(kind_, bytes_, sampled_ ? now_ns() - start_ns_ : -1, status == 0);
   if (on_done_) on_done_();
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -31,8 +31,10 @@ int Op::wait_until(Clock::time_point until) {
   int s = status();
   if (s != -EINPROGRESS) return s;
   if (progress_) {
-    while ((s = status()) == -EINPROGRESS) {
-      if (Clock::now() >= until) return -ETIMEDOUT;
+    // The clock is read every so many rounds, not every round: progress is cheap, clocks may not be.
+    for (unsigned round = 0; (s = status()) == -EINPROGRESS; round++) {
+      if (round % kRoundsPerClockRead == 0 && until != Clock::time_point::max() && Clock::now() >= until)
+        return -ETIMEDOUT;
       progress_();
     }
     return s;

@@ -24,6 +24,7 @@ struct Segment {
 
 class Op {
  public:
+  static constexpr unsigned kRoundsPerClockRead = 64;  // caller-driven progress loops
   Op(OpKind kind, std::vector<Segment> segs, Deadline deadline, std::shared_ptr<Stats> stats);
 
   OpKind kind() const { return kind_; }
@@ -38,6 +39,11 @@ class Op {
   std::string message();
   int status() const { return status_.load(std::memory_order_acquire); }
   bool done() const { return status() != -EINPROGRESS; }
+  // status(), after one round of caller-driven progress if the engine polls (libd_op_poll).
+  int poll() {
+    if (progress_ && !done()) progress_();
+    return status();
+  }
   // Waits until done or until `until`; returns the status or -ETIMEDOUT for the wait itself.
   int wait_until(Clock::time_point until);
 
@@ -57,6 +63,7 @@ class Op {
   uint64_t bytes_ = 0;
   Deadline deadline_;
   std::shared_ptr<Stats> stats_;
+  bool sampled_;  // its latency goes into the histogram (Stats::sample_latency)
   int64_t start_ns_;
   std::atomic<int> status_{-EINPROGRESS};
   bool completing_ = false;  // under mu_: complete() runs once

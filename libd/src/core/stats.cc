@@ -14,10 +14,12 @@ void Stats::record(OpKind kind, uint64_t bytes, int64_t latency_ns, bool ok) {
     write_ops_.fetch_add(1, relaxed);
     write_bytes_.fetch_add(bytes, relaxed);
   }
+  if (latency_ns < 0) return;
   uint64_t ns = latency_ns > 0 ? uint64_t(latency_ns) : 1;
   int bucket = 63 - __builtin_clzll(ns);
   if (bucket >= LIBD_HIST_BUCKETS) bucket = LIBD_HIST_BUCKETS - 1;
   hist_[bucket].fetch_add(1, relaxed);
+  timed_any_.store(true, relaxed);
 }
 
 void Stats::snapshot(libd_stats *out) const {

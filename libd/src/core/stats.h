@@ -11,12 +11,23 @@ enum class OpKind { Read, Write };
 
 class Stats {
  public:
+  // latency_ns < 0: not sampled (counted, not timed).
   void record(OpKind kind, uint64_t bytes, int64_t latency_ns, bool ok);
+  // Whether the next operation is timed: one in kLatencySampleEvery, and every one until one has
+  // been timed successfully. Timing every one costs two clock reads per operation (microseconds
+  // each on an emulated HPET).
+  static constexpr uint64_t kLatencySampleEvery = 8;
+  bool sample_latency() {
+    return next_.fetch_add(1, std::memory_order_relaxed) % kLatencySampleEvery == 0 ||
+           !timed_any_.load(std::memory_order_relaxed);
+  }
   void snapshot(libd_stats *out) const;
 
  private:
   std::atomic<uint64_t> read_ops_{0}, write_ops_{0}, read_bytes_{0}, write_bytes_{0}, errors_{0};
   std::atomic<uint64_t> hist_[LIBD_HIST_BUCKETS] = {};
+  std::atomic<uint64_t> next_{0};
+  std::atomic<bool> timed_any_{false};
 };
 
 }  // namespace libd

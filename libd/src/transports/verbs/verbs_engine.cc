@@ -97,7 +97,7 @@ void Engine::start(int control_fd) {
       if (auto e = static_cast<Watch *>(t->data)->engine.lock()) e->check_deadlines();
     }, kDeadlineTickMs, kDeadlineTickMs);
   });
-  arm();
+  if (!cfg_.poll_mode) arm();
 }
 
 // Asks for one event on the next completion. Armed once, it stays armed until that event: posts
@@ -144,7 +144,8 @@ void Engine::build_locked(const std::shared_ptr<OpState> &st) {
 void Engine::pump_locked(std::vector<std::shared_ptr<OpState>> *done) {
   while (!broken_ && !backlog_.empty() && int(posted_.size()) < cfg_.depth) {
     size_t n = std::min(backlog_.size(), size_t(cfg_.depth) - posted_.size());
-    std::vector<ibv_send_wr> wrs(n);
+    std::vector<ibv_send_wr> &wrs = post_scratch_;  // reused: no allocation per post
+    wrs.resize(n);
     for (size_t i = 0; i < n; i++) {
       Wr &w = backlog_[i];
       ibv_send_wr &r = wrs[i];
@@ -220,7 +221,10 @@ void Engine::post(const std::shared_ptr<Op> &op) {
   }
   bool queued = enqueue(op, &done);
   finish(done);
-  if (!queued || armed_.load(std::memory_order_relaxed)) return;
+  // Polling mode asks for no events: an event per completion would wake the loop thread and cost
+  // a system call to re-arm, for every operation. Waiters and libd_op_poll drive progress; the
+  // deadline tick (kDeadlineTickMs) completes what nobody waits for.
+  if (!queued || cfg_.poll_mode || armed_.load(std::memory_order_relaxed)) return;
   arm();
   // A completion that landed before the arm raised no event: look once.
   drain(&done);
@@ -235,11 +239,11 @@ void Engine::run(const std::shared_ptr<Op> &op) {
   std::vector<std::shared_ptr<OpState>> done;
   enqueue(op, &done);
   finish(done);
-  while (!op->done()) {
+  for (unsigned round = 1; !op->done(); round++) {
     drain(&done);
     finish(done);
     if (op->done()) break;
-    if (op->deadline().expired()) {
+    if (round % Op::kRoundsPerClockRead == 0 && op->deadline().expired()) {
       check_deadlines();
       break;
     }
@@ -299,8 +303,7 @@ void Engine::on_channel() {
   bool rearm;
   {
     std::lock_guard<std::mutex> lk(mu_);
-    // In polling mode only asynchronous operations need events; synchronous callers spin.
-    rearm = !cfg_.poll_mode || !live_.empty();
+    rearm = !cfg_.poll_mode;  // polling mode: see post()
   }
   if (rearm) arm();
   std::vector<std::shared_ptr<OpState>> done;

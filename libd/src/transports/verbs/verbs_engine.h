@@ -106,6 +106,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   uint64_t next_wr_id_ = 1;
   std::unordered_map<uint64_t, std::shared_ptr<OpState>> posted_;  // by wr_id
   std::deque<Wr> backlog_;
+  std::vector<ibv_send_wr> post_scratch_;  // under mu_
   std::unordered_map<Op *, std::shared_ptr<OpState>> live_;  // not yet complete
   bool broken_ = false;
   int broken_err_ = 0;
