@@ -62,6 +62,17 @@ class Memd:
 SERVER = BUILD / "scheduler" / "scad-server"
 
 
+def stop_processes(procs, grace_s=10):
+    """SIGTERM to all, then waits; whatever is still there after grace_s is killed."""
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        try:
+            p.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
 class Platform:
     def __init__(self, home, port=0, extra=()):
         self.home = pathlib.Path(home)

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from scadtest import BUILD, ROOT, Platform
+from scadtest import BUILD, ROOT, Platform, stop_processes
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("ip"),
                                 reason="network namespaces need root and iproute2")
@@ -75,13 +75,7 @@ def hosts(tmp_path):
         platform.auth = dict(l.split("=", 1) for l in (home / "wskprops").read_text().split())["AUTH"]
         yield platform, names
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_processes(procs)
         for n in names.values():
             subprocess.run(["ip", "netns", "del", n], capture_output=True)
 

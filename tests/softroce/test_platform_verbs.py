@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from scadtest import BUILD, ROOT, Platform
+from scadtest import BUILD, ROOT, Platform, stop_processes
 
 ADDR = "10.0.0.1"  # rxe0's netdev in the guest (tests/softroce/guest-init)
 APP = ROOT / "tests" / "multihost" / "app"
@@ -53,13 +53,7 @@ def cluster(tmp_path):
         return platform, banners
 
     yield start
-    for p in procs:
-        p.terminate()
-    for p in procs:
-        try:
-            p.wait(10)
-        except subprocess.TimeoutExpired:
-            p.kill()
+    stop_processes(procs)
 
 
 def run_across(platform):
