@@ -92,13 +92,8 @@ int main(int argc, char **argv) {
       unix_path = value();
     } else if (a == "--verbs") {
       verbs = true;
-      if (i + 1 < argc && argv[i + 1][0] != '-') {
-        for (const auto &kv : split(argv[++i], ',')) {
-          auto eq = kv.find('=');
-          if (eq == std::string::npos) usage("--verbs takes KEY=VALUE[,KEY=VALUE...] (dev, port_num, gid_index, mw)");
-          verbs_params.set(kv.substr(0, eq), kv.substr(eq + 1));
-        }
-      }
+      if (i + 1 < argc && argv[i + 1][0] != '-' && !libd::parse_assignments(argv[++i], &verbs_params))
+        usage("--verbs takes KEY=VALUE[,KEY=VALUE...] (dev, port_num, gid_index, mw)");
     } else if (a == "--grants") {
       grants_file = value();
     } else if (a == "--capacity") {

@@ -45,15 +45,10 @@ int Agent::start_verbs(std::string *why) {
   if (opts_.verbs == "off") return 0;
   libd::Params params;
   if (opts_.verbs != "auto") {
-    std::istringstream in(opts_.verbs);
-    for (std::string kv; std::getline(in, kv, ',');) {
-      auto eq = kv.find('=');
-      if (eq == std::string::npos || eq == 0) {
-        *why = "--verbs takes auto, off or KEY=VALUE[,KEY=VALUE...] (dev, port_num, gid_index, mw); got '" +
-               opts_.verbs + "'";
-        return -EINVAL;
-      }
-      params.set(kv.substr(0, eq), kv.substr(eq + 1));
+    if (!libd::parse_assignments(opts_.verbs, &params)) {
+      *why = "--verbs takes auto, off or KEY=VALUE[,KEY=VALUE...] (dev, port_num, gid_index, mw); got '" +
+             opts_.verbs + "'";
+      return -EINVAL;
     }
   } else if (!libd::verbs::Device::available()) {
     return 0;  // no RDMA here: the pool serves shm and tcp

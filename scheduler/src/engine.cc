@@ -1,7 +1,7 @@
 #include "engine.h"
 
-#include <chrono>
 #include <algorithm>
+#include <chrono>
 #include <fstream>
 #include <thread>
 
@@ -347,6 +347,7 @@ void Engine::run_app(const std::shared_ptr<Activation> &act) {
           rp->outcome.error = {{"type", "PlacementError"}, {"message", "no host with cpus is available"}};
           return;
         }
+        Activation::Instance me{rp->element, rp->instance, h, "", {}, {}};
         for (auto &[tname, t] : d.transports) {
           TransportGrant g;
           std::string why;
@@ -361,9 +362,11 @@ void Engine::run_app(const std::shared_ptr<Activation> &act) {
             return;
           }
           spec.transports.push_back(g);
+          me.memory.push_back(t.element);
+          me.grants.emplace_back(mem.host, g.grant_id);
         }
         spec.runtime_url = runtime_url_;
-        spec.runtime_token = random_hex(24);
+        spec.runtime_token = me.token = random_hex(24);
         {
           std::lock_guard<std::mutex> lk(mu_);
           tokens_[spec.runtime_token] = {act, spec.aid, h};
@@ -373,18 +376,15 @@ void Engine::run_app(const std::shared_ptr<Activation> &act) {
           act->tokens.push_back(spec.runtime_token);
         }
         acquire_cpu(h, d.cpu);
+        std::string host_id = host(h)->id();  // engine lock before, never inside, the activation's lock
         bool skip;
         {
           std::lock_guard<std::mutex> lk(act->mu);
           skip = act->failed;  // a peer failed while this one waited: the activation fails anyway
           if (!skip) {
-            Activation::Instance &me = act->instances[spec.aid];
-            me = {rp->element, rp->instance, h, spec.runtime_token, {}, {}};
-            for (auto &[tname, t] : d.transports) {
-              me.memory.push_back(t.element);
-              me.grants.emplace_back(act->memory.at(t.element).host, "");
-            }
-            for (size_t i = 0; i < spec.transports.size(); i++) me.grants[i].second = spec.transports[i].grant_id;
+            act->instances[spec.aid] = std::move(me);
+            if (!act->first_start_ms) act->first_start_ms = now_ms();
+            for (auto &tg : spec.transports) act->wiring[spec.aid + ":" + tg.durl] = host_id;
           }
         }
         if (skip) {
@@ -392,12 +392,6 @@ void Engine::run_app(const std::shared_ptr<Activation> &act) {
           rp->outcome.status = "skipped";
           rp->outcome.error = {{"type", "Skipped"}, {"message", "not started: a peer instance failed first"}};
           return;
-        }
-        std::string host_id = host(h)->id();  // engine lock before, never inside, the activation's lock
-        {
-          std::lock_guard<std::mutex> lk(act->mu);
-          if (!act->first_start_ms) act->first_start_ms = now_ms();
-          for (auto &tg : spec.transports) act->wiring[spec.aid + ":" + tg.durl] = host_id;
         }
         rp->outcome = host(h)->run_compute(spec);
         release_cpu(h, d.cpu);
@@ -469,7 +463,7 @@ void Engine::instance_failed(const std::shared_ptr<Activation> &act, const std::
   // remote keys), the memory it invoked at run time, its runtime token.
   std::string why;
   for (auto &[h, grant] : me.grants)
-    if (!grant.empty()) host(h)->revoke(grant, &why);  // an element already gone took its grants along
+    host(h)->revoke(grant, &why);  // an element already gone took its grants along
   for (auto &p : invoked) {
     host(p.host)->remove_element(p.id);
     unplace_memory(p.host, p.size);

@@ -23,3 +23,17 @@ TEST(Params, TypedReadsNameTheKeyAndRedactSecrets) {
   EXPECT_EQ(std::string::npos, p.redacted().find("s3cr3t"));
   EXPECT_NE(std::string::npos, p.redacted().find("secret,<redacted>"));
 }
+
+TEST(Params, AssignmentsFromTheCommandLine) {
+  libd::Params p;
+  ASSERT_TRUE(libd::parse_assignments("dev=rxe0,gid_index=1,mw=", &p));
+  EXPECT_EQ("rxe0", p.get_or("dev", ""));
+  EXPECT_EQ("1", p.get_or("gid_index", ""));
+  EXPECT_TRUE(p.has("mw"));
+  EXPECT_EQ("", p.get_or("mw", "x"));
+  libd::Params bad;
+  EXPECT_FALSE(libd::parse_assignments("dev", &bad));
+  EXPECT_FALSE(libd::parse_assignments("dev=rxe0,,mw=0", &bad));
+  EXPECT_FALSE(libd::parse_assignments("=rxe0", &bad));
+  EXPECT_FALSE(libd::parse_assignments("", &bad));
+}

@@ -56,6 +56,20 @@ int Params::get_size(const std::string &key, uint64_t dflt, uint64_t *out) const
   return 0;
 }
 
+bool parse_assignments(const std::string &text, Params *out) {
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t comma = text.find(',', start);
+    if (comma == std::string::npos) comma = text.size();
+    std::string item = text.substr(start, comma - start);
+    size_t eq = item.find('=');
+    if (eq == std::string::npos || eq == 0) return false;
+    out->set(item.substr(0, eq), item.substr(eq + 1));
+    start = comma + 1;
+  }
+  return true;
+}
+
 bool parse_size(const std::string &text, uint64_t *out) {
   size_t i = 0;
   while (i < text.size() && text[i] >= '0' && text[i] <= '9') i++;

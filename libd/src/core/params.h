@@ -39,6 +39,10 @@ class Params {
 // or if it overflows 64 bits.
 bool parse_size(const std::string &text, uint64_t *out);
 
+// "KEY=VALUE[,KEY=VALUE...]", as command-line options take device keys, merged into *out. false
+// if an item has no '=' or an empty key.
+bool parse_assignments(const std::string &text, Params *out);
+
 // Keys whose values never appear in messages.
 bool is_secret_key(const std::string &key);
 
