@@ -132,7 +132,6 @@ int main(int argc, char **argv) {
   if (verbs) {
     if (tcp.empty()) tcp = "127.0.0.1:0";
     if (server.enable_verbs(verbs_params)) die("verbs");
-    out["verbs"] = server.verbs_description();
   }
   if (!tcp.empty()) {
     auto colon = tcp.rfind(':');
@@ -147,6 +146,7 @@ int main(int argc, char **argv) {
     if (server.listen_unix(unix_path)) die("unix listener");
     out["unix"] = unix_path;
   }
+  if (verbs) out["verbs"] = server.verbs_description();  // after the tcp listener: it names the rdma_cm port
 
   std::ifstream existing(grants_file);
   if (existing) {

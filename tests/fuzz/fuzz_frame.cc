@@ -1,6 +1,8 @@
 // libFuzzer target: the tcp frame decoder as the server and the client run it — a byte stream
 // cut into frames, with payloads routed to buffers — plus the AUTH and AUTH_OK body decoders and
-// the verbs handshake record (VERBS_CONNECT / VERBS_ACCEPT bodies).
+// the verbs handshake record (VERBS_CONNECT / VERBS_ACCEPT bodies), the rdma_cm ticket
+// (VERBS_CM_TICKET) and the rdma_cm request's private data.
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstdlib>
@@ -8,6 +10,7 @@
 
 #include "proto/auth.h"
 #include "proto/frame.h"
+#include "verbs/cm.h"
 #include "verbs/record.h"
 
 using namespace libd::proto;
@@ -42,6 +45,12 @@ struct Sink : FrameReader::Handler {
       decode_grant(buf.data(), buf.size(), &g, &why);
     } else if (h.opcode == kVerbsConnect || h.opcode == kVerbsAccept) {
       check_record(buf.data(), buf.size());
+    } else if (h.opcode == kVerbsCmTicket) {
+      uint16_t port;
+      std::string ticket, why;
+      if (libd::verbs::decode_cm_ticket(buf.data(), buf.size(), &port, &ticket, &why) == 0 &&
+          libd::verbs::encode_cm_ticket(port, ticket) != buf)
+        abort();
     }
     return 0;
   }
@@ -50,6 +59,13 @@ struct Sink : FrameReader::Handler {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   const char *p = reinterpret_cast<const char *>(data);
+  {
+    // The rdma_cm REQ's private data, as a memory server's listener reads it.
+    std::string ticket, why;
+    if (libd::verbs::decode_cm_hello(p, size, &ticket, &why) == 0 &&
+        libd::verbs::encode_cm_hello(ticket) != std::string(p, std::min<size_t>(size, libd::verbs::kCmHelloSize)))
+      abort();
+  }
   // The same stream fed whole and in irregular pieces must give the same frames.
   Sink whole, pieces;
   FrameReader a(&whole), b(&pieces);

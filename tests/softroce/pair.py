@@ -28,6 +28,12 @@ def counter(name):
     return int(path.read_text())
 
 
+def cm_counter(direction, msg):
+    """The IB connection manager's message counters: cm_tx_msgs/req, cm_rx_msgs/rep..."""
+    path = pathlib.Path("/sys/class/infiniband/rxe0/ports/1") / f"cm_{direction}_msgs" / msg
+    return int(path.read_text())
+
+
 def serve(addr):
     grants = pathlib.Path("/tmp/pair-grants.jsonl")
     memd = subprocess.Popen([str(ROOT / "build" / "libd" / "libd-memd"), "--element", "mem1=8MiB",
@@ -76,12 +82,17 @@ def client(addr):
     from scad.launcher import run_action
     conn, f, config = fetch_grant(addr)
     sent0, rcvd0 = counter("sent_pkts"), counter("rcvd_pkts")
+    req0, rep0 = cm_counter("tx", "req"), cm_counter("rx", "rep")
     size = 1 << 20
     out = run_action({"aid": "pair-client", "code": str(ROOT / "tests" / "softroce" / "actions" / "verbs_roundtrip.py"),
                       "main": "main", "args": {"size": size, "offset": 4096},
                       "transports": [{"durl": "mem1;verbs", "config": config}]})
     sent, rcvd = counter("sent_pkts") - sent0, counter("rcvd_pkts") - rcvd0
+    reqs, reps = cm_counter("tx", "req") - req0, cm_counter("rx", "rep") - rep0
     problems = []
+    # The guests reach each other directly: set-up (auto) goes through rdma_cm, one REQ and REP.
+    if reqs < 1 or reps < 1:
+        problems.append(f"the queue pair was not connected through rdma_cm (REQ sent {reqs}, REP received {reps})")
     if not out["ok"]:
         problems.append(f"the action failed: {out['error']}")
     elif out["result"] != {"same": True, "same_async": True, "writes": 5, "reads": 2}:
@@ -89,8 +100,8 @@ def client(addr):
     # 2 MiB written and 2 MiB read, in MTU-sized packets (1024 B on rxe here): thousands each way.
     if sent < 2 * size // 4096 or rcvd < 2 * size // 4096:
         problems.append(f"rxe0 moved too few packets for 4 MiB of traffic (sent {sent}, received {rcvd})")
-    print(f"pair client: action {'ok' if out['ok'] else 'failed'}; rxe0 sent {sent}, received {rcvd} packets",
-          flush=True)
+    print(f"pair client: action {'ok' if out['ok'] else 'failed'}; rxe0 sent {sent}, received {rcvd} packets; "
+          f"rdma_cm REQ sent {reqs}, REP received {reps}", flush=True)
     for p in problems:
         print("pair client: " + p, flush=True)
     f.write(("ok" if not problems else "failed") + "\n")

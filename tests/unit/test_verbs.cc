@@ -11,6 +11,7 @@
 #include "core/params.h"
 #include "harness.h"
 #include "transports/verbs/verbs_connect.h"
+#include "verbs/cm.h"
 #include "verbs/record.h"
 
 using test::fill_random;
@@ -83,6 +84,38 @@ TEST(VerbsRecord, RefusesWhatIsNotAVersion1Record) {
   refused(v, "wraps");
 }
 
+TEST(VerbsCm, HelloAndTicketRoundTripAndRefuseGarbage) {
+  std::string ticket(verbs::kTicketSize, 'T'), back, why;
+  std::string hello = verbs::encode_cm_hello(ticket);
+  ASSERT_EQ(verbs::kCmHelloSize, hello.size());
+  EXPECT_EQ("RC", hello.substr(0, 2));
+  ASSERT_EQ(0, verbs::decode_cm_hello(hello.data(), hello.size(), &back, &why)) << why;
+  EXPECT_EQ(ticket, back);
+  std::string padded = hello + std::string(36, '\0');  // the CM pads a REQ's private data
+  EXPECT_EQ(0, verbs::decode_cm_hello(padded.data(), padded.size(), &back, &why)) << why;
+  auto refused = [&](const std::string &w, const char *expect) {
+    why.clear();
+    EXPECT_EQ(-EPROTO, verbs::decode_cm_hello(w.data(), w.size(), &back, &why));
+    EXPECT_NE(std::string::npos, why.find(expect)) << why;
+  };
+  refused(hello.substr(0, 19), "expected 20");
+  refused("XX" + hello.substr(2), "magic");
+  std::string v = hello;
+  v[2] = 2;
+  refused(v, "version 2");
+  refused(hello + "x", "trailing");
+  EXPECT_EQ(-EPROTO, verbs::decode_cm_hello(nullptr, 0, &back, &why));
+
+  uint16_t port = 0;
+  std::string body = verbs::encode_cm_ticket(4791, ticket);
+  ASSERT_EQ(0, verbs::decode_cm_ticket(body.data(), body.size(), &port, &back, &why)) << why;
+  EXPECT_EQ(4791, port);
+  EXPECT_EQ(ticket, back);
+  EXPECT_EQ(-EPROTO, verbs::decode_cm_ticket(body.data(), body.size() - 1, &port, &back, &why));
+  std::string zero = verbs::encode_cm_ticket(0, ticket);
+  EXPECT_EQ(-EPROTO, verbs::decode_cm_ticket(zero.data(), zero.size(), &port, &back, &why));
+}
+
 TEST(Verbs, WithoutADeviceInitSaysSo) {
   if (test::verbs_wanted()) GTEST_SKIP() << "this host has an RDMA device";
   auto a = test::make_action("client-1");
@@ -137,15 +170,21 @@ TEST(Verbs, RevokeCutsTheClientOffAtOnce) {
 // from the device itself: the key is scoped by the server, not only by our library.
 TEST(Verbs, TheDeviceEnforcesTheKeysScope) {
   NEED_VERBS();
-  for (const char *mw : {"1", "0"}) {
-    SCOPED_TRACE(std::string("mw=") + mw);
+  for (const char *mw : {"1", "0"})
+  for (auto setup : {verbs::Setup::kOob, verbs::Setup::kCm}) {
+    SCOPED_TRACE(std::string("mw=") + mw + (setup == verbs::Setup::kCm ? " via rdma_cm" : " via the record exchange"));
+    std::shared_ptr<verbs::Device> dev;
+    ASSERT_EQ(0, verbs::Device::open(libd::Params(), &dev)) << libd_last_error();
+    // rdma_cm needs an address on the device's network (it finds no route over loopback).
+    std::string host = setup == verbs::Setup::kCm ? dev->ipv4() : "127.0.0.1";
+    ASSERT_FALSE(host.empty()) << dev->describe() << " has no IPv4 GID";
     libd::MemoryServer server;
     libd::Params p;
     p.set("mw", mw);
     ASSERT_EQ(0, server.add_element("e1", 1 << 16));
     ASSERT_EQ(0, server.enable_verbs(p)) << libd_last_error();
     uint16_t port;
-    ASSERT_EQ(0, server.listen_tcp("127.0.0.1", 0, &port));
+    ASSERT_EQ(0, server.listen_tcp(host, 0, &port));
     libd::Grant a, b;
     a.element = b.element = "e1";
     a.client = "A", b.client = "B";
@@ -154,17 +193,16 @@ TEST(Verbs, TheDeviceEnforcesTheKeysScope) {
     ASSERT_EQ(0, server.grant(&a));
     ASSERT_EQ(0, server.grant(&b));
 
-    std::shared_ptr<verbs::Device> dev;
-    ASSERT_EQ(0, verbs::Device::open(libd::Params(), &dev)) << libd_last_error();
     verbs::Engine::Config cfg;
     auto connect = [&](const libd::Grant &g, verbs::Connected *c) {
-      return verbs::connect_engine(dev, cfg, "127.0.0.1", std::to_string(port), {g.id, g.secret, g.client},
-                                   Deadline::after_ms(5000), nullptr, c);
+      return verbs::connect_engine(dev, cfg, host, std::to_string(port), {g.id, g.secret, g.client},
+                                   setup, Deadline::after_ms(5000), nullptr, c);
     };
     verbs::Connected ca, cb;
     ASSERT_EQ(0, connect(a, &ca)) << libd_last_error();
     ASSERT_EQ(0, connect(b, &cb)) << libd_last_error();
     EXPECT_EQ(std::string(mw) == "1", bool(ca.peer.flags & verbs::kRecordFlagMemoryWindow));
+    EXPECT_EQ(setup == verbs::Setup::kCm, ca.via_cm) << ca.cm_skipped;
     void *mem = mmap(nullptr, 8192, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     std::shared_ptr<verbs::Mr> mr;
     ASSERT_EQ(0, dev->mrs().acquire(mem, 8192, IBV_ACCESS_LOCAL_WRITE, &mr));
@@ -233,6 +271,77 @@ TEST(Verbs, AStoppedServerMovesTheClientToError) {
   EXPECT_NE(std::string::npos, test::transport_error(rig.t).find("closed the connection"));
   EXPECT_NE(0, libd_trdma_read(rig.t, 8, 0, buf));
   EXPECT_NE(0, libd_transport_recover(rig.t)) << "nothing listens any more";
+}
+
+// rdma_cm set-up: a request whose ticket was not handed out on an authenticated control
+// connection is rejected with the reason; set-up=auto falls back to the record exchange where
+// rdma_cm has no route (loopback), and set-up=cm says why it cannot.
+TEST(Verbs, RdmaCmRejectsAForgedTicket) {
+  NEED_VERBS();
+  std::shared_ptr<verbs::Device> dev;
+  ASSERT_EQ(0, verbs::Device::open(libd::Params(), &dev)) << libd_last_error();
+  std::string host = dev->ipv4();
+  ASSERT_FALSE(host.empty()) << dev->describe();
+  libd::MemoryServer server;
+  ASSERT_EQ(0, server.add_element("e1", 1 << 16));
+  ASSERT_EQ(0, server.enable_verbs(libd::Params())) << libd_last_error();
+  uint16_t port;
+  ASSERT_EQ(0, server.listen_tcp(host, 0, &port));
+  ASSERT_NE(0, server.cm_port()) << server.verbs_description();
+  std::shared_ptr<verbs::Engine> engine;
+  ASSERT_EQ(0, verbs::Engine::create(dev, verbs::Engine::Config(), nullptr, &engine));
+  std::unique_ptr<verbs::CmLink> link;
+  verbs::Record peer;
+  verbs::CmStage stage;
+  int rc = verbs::cm_connect(*dev, engine->qp(), host, server.cm_port(), std::string(verbs::kTicketSize, 'x'),
+                             Deadline::after_ms(5000), &link, &peer, &stage);
+  EXPECT_EQ(-ECONNREFUSED, rc);
+  EXPECT_EQ(verbs::CmStage::kConnect, stage);
+  EXPECT_NE(std::string::npos, std::string(libd_last_error()).find("unknown or spent ticket")) << libd_last_error();
+
+  // The server is unharmed: a real client still connects through rdma_cm.
+  libd::Grant g;
+  g.element = "e1", g.client = "A", g.length = 4096, g.rights = 3;
+  ASSERT_EQ(0, server.grant(&g));
+  verbs::Connected c;
+  ASSERT_EQ(0, verbs::connect_engine(dev, verbs::Engine::Config(), host, std::to_string(port), {g.id, g.secret, g.client},
+                                     verbs::Setup::kCm, Deadline::after_ms(5000), nullptr, &c))
+      << libd_last_error();
+  EXPECT_TRUE(c.via_cm);
+  c.engine->close(-ECONNABORTED, "test over");
+}
+
+TEST(Verbs, AutoSetupFallsBackWhereRdmaCmCannotGo) {
+  NEED_VERBS();
+  std::shared_ptr<verbs::Device> dev;
+  ASSERT_EQ(0, verbs::Device::open(libd::Params(), &dev)) << libd_last_error();
+  for (const char *cm : {"1", "0"}) {
+    SCOPED_TRACE(std::string("server cm=") + cm);
+    libd::MemoryServer server;
+    libd::Params p;
+    p.set("cm", cm);
+    ASSERT_EQ(0, server.add_element("e1", 1 << 16));
+    ASSERT_EQ(0, server.enable_verbs(p)) << libd_last_error();
+    uint16_t port;
+    ASSERT_EQ(0, server.listen_tcp("127.0.0.1", 0, &port));
+    libd::Grant g;
+    g.element = "e1", g.client = "A", g.length = 4096, g.rights = 3;
+    ASSERT_EQ(0, server.grant(&g));
+    auto connect = [&](verbs::Setup setup, verbs::Connected *c) {
+      return verbs::connect_engine(dev, verbs::Engine::Config(), "127.0.0.1", std::to_string(port),
+                                   {g.id, g.secret, g.client}, setup, Deadline::after_ms(5000), nullptr, c);
+    };
+    verbs::Connected c;
+    ASSERT_EQ(0, connect(verbs::Setup::kAuto, &c)) << libd_last_error();
+    EXPECT_FALSE(c.via_cm);
+    EXPECT_FALSE(c.cm_skipped.empty());
+    if (std::string(cm) == "0") EXPECT_NE(std::string::npos, c.cm_skipped.find("cm,0")) << c.cm_skipped;
+    c.engine->close(-ECONNABORTED, "test over");
+    verbs::Connected forced;
+    EXPECT_NE(0, connect(verbs::Setup::kCm, &forced));
+    EXPECT_NE(std::string::npos, std::string(libd_last_error()).find(std::string(cm) == "0" ? "offers no rdma_cm" : "rdma_cm to 127.0.0.1"))
+        << libd_last_error();
+  }
 }
 
 // The registration cache: a second transport registering the same buffer costs nothing, and a

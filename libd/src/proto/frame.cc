@@ -39,6 +39,8 @@ const char *opcode_name(uint8_t op) {
     case kGoodbye: return "GOODBYE";
     case kVerbsConnect: return "VERBS_CONNECT";
     case kVerbsAccept: return "VERBS_ACCEPT";
+    case kVerbsCmRequest: return "VERBS_CM_REQUEST";
+    case kVerbsCmTicket: return "VERBS_CM_TICKET";
     default: return "?";
   }
 }
@@ -55,13 +57,14 @@ int decode_header(const char in[kHeaderSize], Header *out, std::string *why) {
   h.req_id = get(in + 8, 8);
   h.addr = get(in + 16, 8);
   h.size = get(in + 24, 8);
-  if (h.opcode < kChallenge || h.opcode > kVerbsAccept) {
+  if (h.opcode < kChallenge || h.opcode > kVerbsCmTicket) {
     *why = "unknown opcode " + std::to_string(h.opcode);
     return -EPROTO;
   }
   if (h.status > 0 || h.status < -4095) { *why = "status out of range"; return -EPROTO; }
   bool control = h.opcode == kChallenge || h.opcode == kAuth || h.opcode == kAuthOk ||
-                 h.opcode == kVerbsConnect || h.opcode == kVerbsAccept;
+                 h.opcode == kVerbsConnect || h.opcode == kVerbsAccept || h.opcode == kVerbsCmRequest ||
+                 h.opcode == kVerbsCmTicket;
   if (control && payload_length(h) > kMaxControlPayload) {
     *why = std::string(opcode_name(h.opcode)) + " body of " + std::to_string(h.size) + " bytes is too large";
     return -EPROTO;
@@ -78,6 +81,8 @@ uint64_t payload_length(const Header &h) {
     case kAuth:
     case kVerbsConnect:
     case kVerbsAccept:  // the server's record, or why it refused
+    case kVerbsCmRequest:
+    case kVerbsCmTicket:  // the cm port and ticket, or why not
     case kWrite: return h.size;
     case kAuthOk:
     case kReadResp: return h.status == 0 ? h.size : 0;

@@ -16,7 +16,8 @@
 // peer sends it (a server ends a connection by closing it), and a client refuses it as a protocol error.
 // VERBS_CONNECT / VERBS_ACCEPT carry the verbs handshake records (64 bytes each) on the same
 // authenticated connection; the verbs client then keeps the connection open, idle, as its
-// liveness channel, exactly as shm does.
+// liveness channel, exactly as shm does. VERBS_CM_REQUEST / VERBS_CM_TICKET instead hand out a
+// one-shot ticket the client presents in its rdma_cm connection request (verbs/cm.h).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -44,6 +45,8 @@ enum Opcode : uint8_t {
   kGoodbye = 10,
   kVerbsConnect = 11,  // client -> server after AUTH_OK: the client's verbs record (verbs/record.h)
   kVerbsAccept = 12,   // server -> client: status, and the server's record when 0
+  kVerbsCmRequest = 13,  // client -> server after AUTH_OK: asks for an rdma_cm ticket (no body)
+  kVerbsCmTicket = 14,   // server -> client: status; when 0 the cm port and ticket (verbs/cm.h)
 };
 
 struct Header {

@@ -17,7 +17,9 @@
 #include "libd.h"
 #include "proto/auth.h"
 #include "proto/frame.h"
+#include "server/cm_listener.h"
 #include "server/verbs_server.h"
+#include "verbs/cm.h"
 #include "verbs/record.h"
 
 namespace libd {
@@ -85,6 +87,7 @@ class MemoryServer::Conn : public FrameReader::Handler {
     srv_->conns_.erase(this);
     srv_->nconns_--;
     verbs_ep_.reset();  // the client's remote key dies with its connection: revocation is immediate
+    if (!cm_ticket_.empty()) srv_->cm_tickets_.erase(cm_ticket_);
     uv_timer_stop(&auth_timer_);
     pending_closes_ = 2;
     auto done = [](uv_handle_t *h) {
@@ -110,8 +113,13 @@ class MemoryServer::Conn : public FrameReader::Handler {
       case kVerbsConnect:
         if (!authed_ || unix_ || verbs_ep_ || got_verbs_) return -EPROTO;
         got_verbs_ = true;
+        if (!cm_ticket_.empty()) srv_->cm_tickets_.erase(cm_ticket_);  // the client gave up on rdma_cm
         ctl_.assign(size_t(h.size), '\0');
         *dest = ctl_.data();
+        return 0;
+      case kVerbsCmRequest:
+        if (!authed_ || unix_ || verbs_ep_ || got_verbs_ || got_cm_request_ || h.size != 0) return -EPROTO;
+        got_cm_request_ = true;
         return 0;
       case kWrite: {
         if (!authed_ || unix_) return -EPROTO;
@@ -130,6 +138,7 @@ class MemoryServer::Conn : public FrameReader::Handler {
     switch (h.opcode) {
       case kAuth: return on_auth();
       case kVerbsConnect: return on_verbs_connect(h);
+      case kVerbsCmRequest: return on_verbs_cm_request(h);
       case kPing:
         r.opcode = kPong;
         send_frame(r, {});
@@ -233,6 +242,43 @@ class MemoryServer::Conn : public FrameReader::Handler {
     return 0;
   }
 
+  int on_verbs_cm_request(const Header &h) {
+    Header r;
+    r.opcode = kVerbsCmTicket;
+    r.req_id = h.req_id;
+    std::string body;
+    if (!srv_->cm_) {
+      r.status = -EPROTONOSUPPORT;
+      body = srv_->verbs_ ? "no rdma_cm listener: " + srv_->cm_status_
+                          : "this memory server does not serve RDMA verbs (no device on its host, or verbs not enabled)";
+      body = body.substr(0, kMaxControlPayload);
+    } else {
+      cm_ticket_ = random_bytes(verbs::kTicketSize);
+      srv_->cm_tickets_[cm_ticket_] = this;
+      body = verbs::encode_cm_ticket(srv_->cm_->port(), cm_ticket_);
+    }
+    r.size = body.size();
+    send_frame(r, body);
+    return 0;
+  }
+
+ public:
+  // The rdma_cm request that presented this connection's ticket (the ticket is spent).
+  void on_cm_connect(rdma_cm_id *id) {
+    cm_ticket_.clear();
+    std::string why;
+    if (closing_ || verbs_ep_ || got_verbs_) {
+      CmListener::reject(id, "the connection that asked for this ticket is already connected or closing");
+      return;
+    }
+    got_verbs_ = true;
+    if (int rc = srv_->verbs_->accept_cm(element_, grant_, id, &verbs_ep_, &why)) {
+      (void)rc;
+      CmListener::reject(id, why);
+    }
+  }
+
+ private:
   // Control frames on a unix socket are sent with plain send(): they are small, the socket is
   // fresh, and the memfd must ride along with SCM_RIGHTS, which libuv streams cannot carry.
   int send_raw(const Header &h, const std::string &body, int fd_to_pass) {
@@ -383,7 +429,8 @@ class MemoryServer::Conn : public FrameReader::Handler {
   std::string nonce_;
   std::string ctl_;
   bool got_auth_ = false, authed_ = false, closing_ = false, paused_ = false, close_after_writes_ = false;
-  bool got_verbs_ = false;
+  bool got_verbs_ = false, got_cm_request_ = false;
+  std::string cm_ticket_;  // handed out, not yet presented
   std::unique_ptr<VerbsEndpoint> verbs_ep_;  // this client's queue pair and remote key
   bool in_read_ = false;       // answers are batched until the read is handled
   WriteReq *batch_ = nullptr;  // the answers batched so far
@@ -534,6 +581,7 @@ int MemoryServer::listen_tcp(const std::string &host, uint16_t port, uint16_t *b
                                                 : reinterpret_cast<sockaddr_in6 *>(&name)->sin6_port);
     tcp_host_ = host;
     tcp_listener_ = l;
+    start_cm();
   });
   if (rc) return set_error(rc, why);
   if (bound) *bound = tcp_port_;
@@ -578,13 +626,47 @@ int MemoryServer::listen_unix(const std::string &path) {
 }
 
 int MemoryServer::enable_verbs(const Params &params) {
+  std::string cm = params.get_or("cm", "1");
+  if (cm != "0" && cm != "1") return set_error(-EINVAL, "parameter 'cm' must be 0 or 1");
   std::unique_ptr<VerbsServer> v;
   if (int rc = VerbsServer::create(params, &v)) return rc;
-  verbs_ = std::move(v);
+  loop_.run_sync([&] {
+    verbs_ = std::move(v);
+    cm_wanted_ = cm == "1";
+    if (!cm_wanted_) cm_status_ = "turned off (cm,0)";
+    start_cm();
+  });
   return 0;
 }
 
-std::string MemoryServer::verbs_description() const { return verbs_ ? verbs_->describe() : ""; }
+void MemoryServer::start_cm() {
+  if (cm_ || !verbs_ || !tcp_listener_ || !cm_wanted_ || stopped_) return;
+  int rc = CmListener::create(loop_.loop(), tcp_host_,
+                              [this](rdma_cm_id *id, const std::string &ticket) { on_cm_request(id, ticket); }, &cm_);
+  if (rc) cm_status_ = last_error();
+}
+
+void MemoryServer::on_cm_request(rdma_cm_id *id, const std::string &ticket) {
+  auto it = cm_tickets_.find(ticket);
+  if (it == cm_tickets_.end()) {
+    CmListener::reject(id, "unknown or spent ticket: ask for one on an authenticated control connection");
+    return;
+  }
+  Conn *c = it->second;
+  cm_tickets_.erase(it);
+  c->on_cm_connect(id);
+}
+
+uint16_t MemoryServer::cm_port() {
+  uint16_t port = 0;
+  loop_.run_sync([&] { port = cm_ ? cm_->port() : 0; });
+  return port;
+}
+
+std::string MemoryServer::verbs_description() const {
+  if (!verbs_) return "";
+  return verbs_->describe() + (cm_ ? ", rdma_cm port " + std::to_string(cm_->port()) : ", no rdma_cm (" + cm_status_ + ")");
+}
 
 std::string MemoryServer::client_config(const Grant &g) const {
   std::string s;
@@ -606,6 +688,7 @@ void MemoryServer::stop() {
     unix_listener_ = nullptr;
     std::vector<Conn *> all(conns_.begin(), conns_.end());
     for (Conn *c : all) c->close();
+    cm_.reset();  // after the connections: their endpoints own identifiers on its channel
   });
   if (!unix_path_.empty()) unlink(unix_path_.c_str());
   unix_path_.clear();

@@ -3,6 +3,8 @@
 // and writes on the wire) and over a unix socket (the memfd handed over with SCM_RIGHTS, read-only
 // for read-only grants). One libuv loop serves every connection; no client can block another.
 #pragma once
+#include <rdma/rdma_cma.h>
+
 #include <atomic>
 #include <cstdint>
 #include <map>
@@ -10,6 +12,7 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <unordered_map>
 
 #include "core/params.h"
 #include "io/ioloop.h"
@@ -17,6 +20,7 @@
 namespace libd {
 
 class VerbsServer;
+class CmListener;
 
 struct Element {
   std::string name;
@@ -55,10 +59,14 @@ class MemoryServer {
   int listen_unix(const std::string &path);
   // Serves RDMA verbs clients on the tcp listener's connections too (their queue-pair records
   // travel on it): opens the device named by params (dev, port_num, gid_index, mw) or the one
-  // discovered. -ENODEV with the reason when the host has none.
+  // discovered. -ENODEV with the reason when the host has none. Once both verbs and the tcp
+  // listener are up, an rdma_cm listener on the tcp listener's address takes connection requests
+  // with tickets handed out on the control connections (verbs/cm.h); cm,0 turns it off, and a
+  // host where it cannot listen keeps the record exchange only (verbs_description says why).
   int enable_verbs(const Params &params);
   bool verbs_enabled() const { return verbs_ != nullptr; }
   std::string verbs_description() const;
+  uint16_t cm_port();  // the rdma_cm listener's port, 0 if there is none
   std::string tcp_host() const { return tcp_host_; }
   uint16_t tcp_port() const { return tcp_port_; }
   std::string unix_path() const { return unix_path_; }
@@ -75,6 +83,13 @@ class MemoryServer {
   std::shared_ptr<Element> find_element(const std::string &name);
   bool find_grant(const std::string &id, Grant *out);
   void close_conns_where(const std::function<bool(Conn *)> &pred);
+  void start_cm();  // loop thread
+  void on_cm_request(rdma_cm_id *id, const std::string &ticket);
+
+  std::unique_ptr<CmListener> cm_;  // loop thread; reset in stop() after every connection
+  std::unordered_map<std::string, Conn *> cm_tickets_;  // loop thread: one-shot, per connection
+  bool cm_wanted_ = true;
+  std::string cm_status_;  // why there is no rdma_cm listener
 
   std::unique_ptr<VerbsServer> verbs_;  // outlives every connection (closed in stop())
   IoLoop loop_;

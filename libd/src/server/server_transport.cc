@@ -5,6 +5,7 @@
 //   path   unix socket for shm clients (shm_server: required unless shm is 0; tcp_server: optional)
 //   dev, port_num, gid_index, mw   verbs_server: device selection; mw,0 forces per-grant
 //          registrations instead of type-2 memory windows (see server/verbs_server.h)
+//   cm     verbs_server: 0 turns off the rdma_cm listener (clients use the record exchange)
 // verbs_server also serves tcp clients: its listener carries the verbs handshake.
 // serve() starts the listeners (state READY); the message then holds "host,..;port,..;path,..".
 // grant() hands out a client configuration; revoke() and stop() cut clients off at once.

@@ -8,6 +8,7 @@
 #include "core/clock.h"
 #include "core/error.h"
 #include "libd.h"
+#include "verbs/cm.h"
 #include "verbs/qp.h"
 
 namespace libd {
@@ -25,6 +26,7 @@ VerbsEndpoint::~VerbsEndpoint() {
   // emulation) for that reference when a queue pair with a bound window is destroyed.
   if (mw_) ibv_dealloc_mw(mw_);
   if (qp_) ibv_destroy_qp(qp_);
+  if (cm_id_) rdma_destroy_id(cm_id_);  // tells an rdma_cm client (DREQ)
   if (range_mr_) ibv_dereg_mr(range_mr_);
 }
 
@@ -98,54 +100,98 @@ int VerbsServer::bind_window(VerbsEndpoint &ep, const Grant &grant, uint32_t *rk
   }
 }
 
-int VerbsServer::accept(const std::shared_ptr<Element> &element, const Grant &grant, const Record &client,
-                        std::unique_ptr<VerbsEndpoint> *out, Record *reply, std::string *why) {
-  auto ep = std::make_unique<VerbsEndpoint>();
-  ep->dev_ = dev_;
-  ep->element_ = element;
+int VerbsServer::prepare(const std::shared_ptr<Element> &element, const Grant &grant, VerbsEndpoint &ep,
+                         std::string *why) {
+  ep.dev_ = dev_;
+  ep.element_ = element;
   unsigned rights = grant.rights & (LIBD_RIGHT_READ | LIBD_RIGHT_WRITE);
-  int qp_access = ((rights & LIBD_RIGHT_READ) ? IBV_ACCESS_REMOTE_READ : 0) |
-                  ((rights & LIBD_RIGHT_WRITE) ? IBV_ACCESS_REMOTE_WRITE : 0);
+  int remote = ((rights & LIBD_RIGHT_READ) ? IBV_ACCESS_REMOTE_READ : 0) |
+               ((rights & LIBD_RIGHT_WRITE) ? IBV_ACCESS_REMOTE_WRITE : 0);
   char *range = element->base + grant.offset;
-  if (use_mw_) {
-    // Under the window, a registration of exactly the granted range that allows binding windows
-    // and nothing remote by itself. Exactly the range, not the whole element: rxe (Linux 6.1)
-    // checks an access through a window against the range of the registration beneath it.
-    ep->range_mr_ = ibv_reg_mr(dev_->pd(), range, grant.length, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND);
-    if (!ep->range_mr_) {
-      *why = std::string("cannot register the granted range: ") + strerror(errno);
-      return -ENOMEM;
-    }
-  } else {
-    int access = qp_access | ((rights & LIBD_RIGHT_WRITE) ? IBV_ACCESS_LOCAL_WRITE : 0);
-    ep->range_mr_ = ibv_reg_mr(dev_->pd(), range, grant.length, access);
-    if (!ep->range_mr_) {
-      *why = std::string("cannot register the granted range: ") + strerror(errno);
-      return -ENOMEM;
-    }
+  // Under a window, a registration of exactly the granted range that allows binding windows and
+  // nothing remote by itself. Exactly the range, not the whole element: rxe (Linux 6.1) checks an
+  // access through a window against the range of the registration beneath it.
+  int access = use_mw_ ? IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND
+                       : remote | ((rights & LIBD_RIGHT_WRITE) ? IBV_ACCESS_LOCAL_WRITE : 0);
+  ep.range_mr_ = ibv_reg_mr(dev_->pd(), range, grant.length, access);
+  if (!ep.range_mr_) {
+    *why = std::string("cannot register the granted range: ") + strerror(errno);
+    return -ENOMEM;
   }
   QpShape shape;
   shape.send_depth = 4;  // binds only: the server never initiates a transfer
-  if (int rc = create_rc_qp(*dev_, cq_, shape, &ep->qp_)) {
+  if (int rc = create_rc_qp(*dev_, cq_, shape, &ep.qp_)) {
     *why = last_error();
     return rc;
   }
-  uint32_t psn = random_psn();
-  if (int rc = connect_rc_qp(*dev_, ep->qp_, qp_access, psn, client)) {
-    *why = last_error();
-    return rc;
-  }
-  Record r = local_record(*dev_, ep->qp_, psn);
-  r.addr = uint64_t(uintptr_t(range));
+  return 0;
+}
+
+int VerbsServer::finish(const Grant &grant, uint32_t psn, VerbsEndpoint &ep, Record *reply, std::string *why) {
+  Record r = local_record(*dev_, ep.qp_, psn);
+  r.addr = uint64_t(uintptr_t(ep.element_->base + grant.offset));
   r.length = grant.length;
-  r.rights = rights;
+  r.rights = grant.rights & (LIBD_RIGHT_READ | LIBD_RIGHT_WRITE);
   if (use_mw_) {
-    if (int rc = bind_window(*ep, grant, &r.rkey, why)) return rc;
+    if (int rc = bind_window(ep, grant, &r.rkey, why)) return rc;
     r.flags |= kRecordFlagMemoryWindow;
   } else {
-    r.rkey = ep->range_mr_->rkey;
+    r.rkey = ep.range_mr_->rkey;
   }
   *reply = r;
+  return 0;
+}
+
+static int remote_access(const Grant &grant) {
+  return ((grant.rights & LIBD_RIGHT_READ) ? IBV_ACCESS_REMOTE_READ : 0) |
+         ((grant.rights & LIBD_RIGHT_WRITE) ? IBV_ACCESS_REMOTE_WRITE : 0);
+}
+
+int VerbsServer::accept(const std::shared_ptr<Element> &element, const Grant &grant, const Record &client,
+                        std::unique_ptr<VerbsEndpoint> *out, Record *reply, std::string *why) {
+  auto ep = std::make_unique<VerbsEndpoint>();
+  if (int rc = prepare(element, grant, *ep, why)) return rc;
+  uint32_t psn = random_psn();
+  if (int rc = connect_rc_qp(*dev_, ep->qp_, remote_access(grant), psn, client)) {
+    *why = last_error();
+    return rc;
+  }
+  if (int rc = finish(grant, psn, *ep, reply, why)) return rc;
+  *out = std::move(ep);
+  return 0;
+}
+
+int VerbsServer::accept_cm(const std::shared_ptr<Element> &element, const Grant &grant, rdma_cm_id *id,
+                           std::unique_ptr<VerbsEndpoint> *out, std::string *why) {
+  auto ep = std::make_unique<VerbsEndpoint>();
+  if (int rc = cm_check_device(id, *dev_, why)) return rc;
+  if (int rc = prepare(element, grant, *ep, why)) return rc;
+  // The queue pair is ours (our protection domain and completion queue); rdma_cm supplies the
+  // path and sequence numbers. It reaches RTS before the answer goes out, so the window can be
+  // bound now and the key is good the moment the client sees it.
+  uint32_t psn = 0;
+  int rc = cm_modify_qp(id, ep->qp_, IBV_QPS_INIT, remote_access(grant));
+  if (!rc) rc = cm_modify_qp(id, ep->qp_, IBV_QPS_RTR, -1);
+  if (!rc) rc = cm_modify_qp(id, ep->qp_, IBV_QPS_RTS, -1, &psn);
+  if (rc) {
+    *why = last_error();
+    return rc;
+  }
+  Record reply;
+  if (int rc = finish(grant, psn, *ep, &reply, why)) return rc;
+  std::string body = encode_record(reply);
+  rdma_conn_param cp = {};
+  cp.private_data = body.data();
+  cp.private_data_len = uint8_t(body.size());
+  cp.responder_resources = uint8_t(dev_->max_responder_reads());
+  cp.initiator_depth = 1;
+  cp.rnr_retry_count = 7;
+  cp.qp_num = ep->qp_->qp_num;
+  if (rdma_accept(id, &cp)) {
+    *why = std::string("rdma_accept failed: ") + strerror(errno);
+    return -errno;
+  }
+  ep->cm_id_ = id;
   *out = std::move(ep);
   return 0;
 }

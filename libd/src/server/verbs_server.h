@@ -8,6 +8,7 @@
 // closed, the grant revoked, the element removed — invalidates the key at once.
 #pragma once
 #include <infiniband/verbs.h>
+#include <rdma/rdma_cma.h>
 
 #include <memory>
 #include <string>
@@ -30,6 +31,7 @@ class VerbsEndpoint {
   ibv_qp *qp_ = nullptr;
   ibv_mw *mw_ = nullptr;
   ibv_mr *range_mr_ = nullptr;  // the granted range: MW_BIND only (windows) or the remote rights
+  rdma_cm_id *cm_id_ = nullptr;  // when connected through rdma_cm
 };
 
 class VerbsServer {
@@ -42,11 +44,18 @@ class VerbsServer {
   // Runs on the memory server's loop thread. 0 with *ep and *reply, or a negative errno and *why.
   int accept(const std::shared_ptr<Element> &element, const Grant &grant, const verbs::Record &client,
              std::unique_ptr<VerbsEndpoint> *ep, verbs::Record *reply, std::string *why);
+  // The same through rdma_cm: id is a connection request whose ticket named this client. Moves a
+  // new queue pair to RTS with rdma_cm's attributes, binds the key, and accepts with our record in
+  // the answer. On success the endpoint owns id; on failure the caller rejects it with *why.
+  int accept_cm(const std::shared_ptr<Element> &element, const Grant &grant, rdma_cm_id *id,
+                std::unique_ptr<VerbsEndpoint> *ep, std::string *why);
   std::string describe() const;
   bool uses_windows() const { return use_mw_; }
 
  private:
   VerbsServer() = default;
+  int prepare(const std::shared_ptr<Element> &element, const Grant &grant, VerbsEndpoint &ep, std::string *why);
+  int finish(const Grant &grant, uint32_t psn, VerbsEndpoint &ep, verbs::Record *reply, std::string *why);
   int bind_window(VerbsEndpoint &ep, const Grant &grant, uint32_t *rkey, std::string *why);
 
   std::shared_ptr<verbs::Device> dev_;

@@ -85,6 +85,13 @@ std::string gid_text(const ibv_gid &gid) {
   return buf;
 }
 
+std::string Device::ipv4() const {
+  if (!roce_ || !is_ipv4_mapped(gid_)) return "";
+  char buf[INET_ADDRSTRLEN];
+  inet_ntop(AF_INET, gid_.raw + 12, buf, sizeof buf);
+  return buf;
+}
+
 bool Device::available() {
   int n = 0;
   ibv_device **list = ibv_get_device_list(&n);

@@ -47,6 +47,8 @@ class Device {
   int max_initiator_reads() const { return max_init_reads_; }
   int max_responder_reads() const { return max_resp_reads_; }
   MrCache &mrs() { return *mrs_; }
+  // The IPv4 address of the chosen GID (RoCE v2 over IPv4), or "" if it has none.
+  std::string ipv4() const;
   std::string describe() const;  // "rxe0 port 1 gid[1] RoCEv2 ::ffff:10.0.0.1 mtu 1024"
 
  private:

@@ -1,8 +1,9 @@
 // rdma_uverbs (verbs): one-sided RDMA READ and WRITE to a memory element over libibverbs, on an
-// RC queue pair of our own. Set-up: the memory element's authenticated tcp control connection
-// (the same CHALLENGE/AUTH as tcp) carries our handshake record and brings back the server's,
-// with a remote key scoped to our grant; the connection then stays open, idle, as the liveness
-// channel (its closing means revoked or gone). Keys:
+// RC queue pair of our own. Set-up: we authenticate on the memory element's tcp control
+// connection (the same CHALLENGE/AUTH as tcp), then connect the queue pair through librdmacm
+// with a one-shot ticket from that connection, or by exchanging handshake records on it; either
+// way the server answers with a remote key scoped to our grant. The connection then stays open,
+// idle, as the liveness channel (its closing means revoked or gone). Keys:
 //   host, port, grant, secret   the memory element's control endpoint and grant (as for tcp)
 //   dev, port_num, gid_index    device selection (default: discovered; see verbs/device.h)
 //   depth        work requests in flight (default 64)
@@ -10,6 +11,8 @@
 //   poll         1: synchronous calls spin on the completion queue (latency) instead of
 //                sleeping until the event loop sees the completion channel (default 0)
 //   timeout_ms   per-operation deadline (default 10000)
+//   setup        auto (default): rdma_cm when the memory element offers it and the route to its
+//                host resolves to our device, else the record exchange; cm or oob: only that one
 #include <cerrno>
 #include <cstring>
 
@@ -38,6 +41,8 @@ class VerbsTransport : public Transport {
     if (int rc = params_.get_size("max_msg", 0, &max_msg)) return rc;
     std::string poll = params_.get_or("poll", "0");
     if (poll != "0" && poll != "1") return set_error(-EINVAL, "parameter 'poll' must be 0 or 1");
+    if (!verbs::parse_setup(params_.get_or("setup", "auto"), &setup_))
+      return set_error(-EINVAL, "parameter 'setup' must be auto, cm or oob");
     if (int rc = ensure_device()) return rc;
     cfg_.depth = int(std::min<uint64_t>(depth, uint64_t(dev_->max_qp_wr())));
     cfg_.max_msg = dev_->max_msg();
@@ -60,7 +65,7 @@ class VerbsTransport : public Transport {
     verbs::Connected c;
     proto::Credentials creds{params_.get_or("grant", ""), params_.get_or("secret", ""), aid()};
     if (int rc = verbs::connect_engine(dev_, cfg_, params_.get_or("host", ""), params_.get_or("port", ""), creds,
-                                       deadline, [this](int err, const std::string &why) { fail(err, why); }, &c))
+                                       setup_, deadline, [this](int err, const std::string &why) { fail(err, why); }, &c))
       return rc;
     if (local_) c.engine->set_local(local_);
     engine_ = std::move(c.engine);
@@ -110,6 +115,7 @@ class VerbsTransport : public Transport {
   std::shared_ptr<verbs::Mr> local_;
   std::shared_ptr<verbs::Engine> engine_;
   verbs::Engine::Config cfg_;
+  verbs::Setup setup_ = verbs::Setup::kAuto;
 };
 
 }  // namespace

@@ -49,6 +49,7 @@ int Engine::create(std::shared_ptr<Device> dev, const Config &cfg, FailFn on_fai
 
 Engine::~Engine() {
   if (qp_) ibv_destroy_qp(qp_);
+  cm_.reset();  // disconnects the rdma_cm identifier, if set-up used one
   if (cq_) ibv_destroy_cq(cq_);
   if (channel_) ibv_destroy_comp_channel(channel_);
   if (control_fd_ >= 0) ::close(control_fd_);
@@ -58,6 +59,8 @@ void Engine::set_remote(uint64_t first, uint64_t va, uint32_t rkey) {
   std::lock_guard<std::mutex> lk(mu_);
   remote_first_ = first, remote_va_ = va, rkey_ = rkey;
 }
+
+void Engine::attach_cm(std::unique_ptr<CmLink> link) { cm_ = std::move(link); }
 
 void Engine::set_local(std::shared_ptr<Mr> mr) {
   std::lock_guard<std::mutex> lk(mu_);

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "core/op.h"
+#include "verbs/cm.h"
 #include "verbs/device.h"
 
 namespace libd::verbs {
@@ -50,6 +51,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // Where the remote range is: element offset `first` is virtual address `va` under `rkey`.
   void set_remote(uint64_t first, uint64_t va, uint32_t rkey);
   void set_local(std::shared_ptr<Mr> mr);
+  // The rdma_cm identifier the queue pair was connected with: it lives as long as the engine.
+  void attach_cm(std::unique_ptr<CmLink> link);
   // Watches the completion channel and the control socket (whose closing means the grant or the
   // server is gone) on the shared loop; the engine closes control_fd when it is destroyed.
   void start(int control_fd);
@@ -96,6 +99,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   ibv_cq *cq_ = nullptr;
   ibv_qp *qp_ = nullptr;
   int control_fd_ = -1;
+  std::unique_ptr<CmLink> cm_;
   Watch *watch_ = nullptr;
   std::atomic<bool> armed_{false};
 
