@@ -56,12 +56,78 @@ struct Activation {
   std::condition_variable cv;
 };
 
-Engine::Engine(Store &store, std::string runtime_url) : store_(store), runtime_url_(std::move(runtime_url)) {}
+Engine::Engine(Store &store, std::string runtime_url) : store_(store), runtime_url_(std::move(runtime_url)) {
+  watcher_ = std::thread([this] { watch_hosts(); });
+}
 
 Engine::~Engine() {
-  // Let running activations end (each is bounded by its elements' timeouts).
+  {
+    // Let running activations end (each is bounded by its elements' timeouts).
+    std::unique_lock<std::mutex> lk(mu_);
+    cpu_cv_.wait(lk, [&] { return running_.empty(); });
+    stopping_ = true;
+  }
+  stop_cv_.notify_all();
+  watcher_.join();
+}
+
+void Engine::watch_hosts() {
   std::unique_lock<std::mutex> lk(mu_);
-  cpu_cv_.wait(lk, [&] { return running_.empty(); });
+  while (!stop_cv_.wait_for(lk, std::chrono::milliseconds(500), [&] { return stopping_; })) {
+    std::vector<int> lost;
+    for (size_t i = 0; i < hosts_.size(); i++) {
+      bool alive = hosts_[i].agent->alive();
+      if (hosts_[i].was_alive && !alive) lost.push_back(int(i));
+      hosts_[i].was_alive = alive;
+    }
+    if (lost.empty()) continue;
+    lk.unlock();
+    for (int h : lost) host_lost(h);
+    lk.lock();
+  }
+}
+
+void Engine::host_lost(int h) {
+  std::string host_id = host(h)->id();
+  std::vector<std::shared_ptr<Activation>> acts;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (auto &[id, act] : running_) acts.push_back(act);
+  }
+  for (auto &act : acts) {
+    std::vector<std::pair<std::string, json>> notices;  // (aid, notice)
+    {
+      std::lock_guard<std::mutex> lk(act->mu);
+      std::vector<std::string> gone;  // manifest names of memory on the lost host
+      for (auto &[name, p] : act->memory)
+        if (p.host == h) gone.push_back(name);
+      for (auto &[aid, inst] : act->instances) {
+        if (inst.host == h) continue;  // gone with the host
+        json shared = json::array();
+        for (auto &m : inst.memory)
+          if (std::find(gone.begin(), gone.end(), m) != gone.end()) shared.push_back(m);
+        for (auto &[key, p] : act->runtime_elements)  // "aid/name": what this instance invoked
+          if (p.host == h && key.rfind(aid + "/", 0) == 0) shared.push_back(key.substr(aid.size() + 1));
+        if (shared.empty()) continue;
+        std::string reason = "host '" + host_id + "' stopped answering (no heartbeat): memory element" +
+                             (shared.size() > 1 ? "s " : " ");
+        for (size_t i = 0; i < shared.size(); i++) reason += (i ? ", '" : "'") + shared[i].get<std::string>() + "'";
+        reason += shared.size() > 1 ? " are gone with it" : " is gone with it";
+        notices.emplace_back(aid, json{{"aid", nullptr}, {"element", shared[0]}, {"instance", nullptr},
+                                       {"status", "lost"}, {"type", "host_lost"}, {"host", host_id},
+                                       {"reason", reason}, {"shared", shared}});
+      }
+    }
+    for (auto &[aid, notice] : notices) {
+      int where = -1;
+      {
+        std::lock_guard<std::mutex> lk(act->mu);
+        auto it = act->instances.find(aid);
+        if (it != act->instances.end()) where = it->second.host;
+      }
+      if (where >= 0) host(where)->notify(aid, notice);
+    }
+  }
 }
 
 void Engine::add_host(std::shared_ptr<HostAgent> h) {

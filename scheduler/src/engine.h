@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <thread>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -57,7 +58,17 @@ class Engine {
     std::shared_ptr<HostAgent> agent;
     double cpu_free = 0;
     uint64_t pool_used = 0;
+    bool was_alive = true;  // as the host watcher last saw it
   };
+  // Every half second: a host whose heartbeats stopped takes its memory elements with it. The
+  // compute instances still running that reach one of them (by manifest or by runtime invoke) are
+  // told at once, as a peer failure of type host_lost, instead of finding out at their next
+  // operation.
+  void watch_hosts();
+  void host_lost(int host);
+  std::thread watcher_;
+  bool stopping_ = false;  // under mu_
+  std::condition_variable stop_cv_;
   // Placement. A memory element goes where the most pool is free (preferring `near`); a compute
   // element next to the memory it reaches when that host has cpus, else where most cpu is free.
   int place_memory(uint64_t size, int near, std::string *why);

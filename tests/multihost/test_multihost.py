@@ -51,10 +51,14 @@ def hosts(tmp_path):
         import disagg
         pythonpath = f"{os.path.dirname(disagg.__file__)}:{ROOT / 'bindings' / 'python'}"
 
+        agents = {}
+
         def start(ns, argv):
             p = subprocess.Popen(["ip", "netns", "exec", ns, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                  text=True)
             procs.append(p)
+            if "--id" in argv:
+                agents[argv[argv.index("--id") + 1]] = p
             ready, _, _ = select.select([p.stdout], [], [], 30)
             assert ready, f"{argv[0]} did not start: {p.stderr.read() if p.poll() is not None else ''}"
             return p.stdout.readline()
@@ -73,6 +77,7 @@ def hosts(tmp_path):
         platform = Platform.__new__(Platform)  # a client of the scheduler in its namespace
         platform.home, platform.url = home, url
         platform.auth = dict(l.split("=", 1) for l in (home / "wskprops").read_text().split())["AUTH"]
+        platform.agents = agents
         yield platform, names
     finally:
         stop_processes(procs)
@@ -139,3 +144,40 @@ def test_a_crash_on_one_host_is_told_to_its_peer_and_frees_grants_on_the_other(h
     assert "work#0" in rec["response"]["result"]["error"], rec["response"]
     told = [json.loads(line.split("peer failure: ", 1)[1]) for line in rec["logs"] if "peer failure: " in line]
     assert len(told) == 1 and told[0]["instance"] == 0 and told[0]["shared"] == ["data"], rec["logs"]
+
+
+def test_a_host_that_dies_takes_its_memory_and_its_clients_are_told(hosts):
+    # The compute instance runs on host-a, its memory element on host-b. host-b is killed (no
+    # goodbye): once its heartbeats are missed the scheduler tells the instance which memory is gone.
+    platform, names = hosts
+    app = pathlib.Path(__file__).parent / "lost"
+    status, body = in_ns(names["s"], platform, "PUT", "/api/v1/namespaces/_/apps/lost",
+                         {"manifest": (app / "scad.yaml").read_text(), "files": {"wait.py": (app / "wait.py").read_text()}})
+    assert status == 200, body
+    fifo = pathlib.Path(platform.home) / "lost-connected"
+    os.mkfifo(fifo)
+    done = {}
+
+    def invoke():
+        done["rec"] = in_ns(names["s"], platform, "POST", "/api/v1/namespaces/_/apps/lost?blocking=true",
+                            {"fifo": str(fifo)})[1]
+
+    import threading
+    runner = threading.Thread(target=invoke)
+    runner.start()
+    with open(fifo) as f:  # the instance has written to its memory on host-b
+        assert f.readline() == "connected\n"
+    agent_b = platform.agents["host-b"]
+    agent_b.kill()
+    agent_b.wait(10)
+    runner.join(120)
+    rec = done["rec"]
+    assert rec["response"]["status"] == "success", rec["response"]
+    notice = rec["response"]["result"]["notice"]
+    assert notice is not None, rec["logs"]
+    assert notice["type"] == "host_lost" and notice["host"] == "host-b" and notice["shared"] == ["data"], notice
+    assert "host-b" in notice["reason"] and "'data'" in notice["reason"], notice
+    # The transport found out by itself as well: its control connection died with the agent.
+    assert rec["response"]["result"]["state"] == "ERROR", rec["response"]["result"]
+    status, listed = in_ns(names["s"], platform, "GET", "/api/v1/hosts")
+    assert {h["id"]: h["state"] for h in listed} == {"host-a": "up", "host-b": "down"}, listed
