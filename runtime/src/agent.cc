@@ -36,6 +36,11 @@ int Agent::start(std::string *why) {
     return rc;
   }
   if (int rc = start_verbs(why)) return rc;
+  if (opts_.cgroup != "auto" && opts_.cgroup != "off") {
+    *why = "--cgroup takes auto or off; got '" + opts_.cgroup + "'";
+    return -EINVAL;
+  }
+  cgroups_ = Cgroups::open(opts_.cgroup, &cgroup_why_);
   workers_ = std::make_unique<WorkerPool>(
       WorkerOptions{opts_.python, opts_.pythonpath, opts_.home, opts_.prewarm, opts_.max_warm, opts_.keep_alive_ms});
   return 0;
@@ -190,6 +195,15 @@ ComputeOutcome Agent::run_compute(const ComputeSpec &spec) {
     o.error = {{"type", "StartError"}, {"message", "cannot start " + opts_.python + ": " + strerror(errno)}};
     return o;
   }
+  pid_t pid = w->pid;
+  if (cgroups_) {
+    std::string why = cgroups_->limit(pid, spec.cpu, spec.memory);
+    if (!why.empty()) o.logs.push_back(stamp + " stderr: scad agent: running without cgroup limits: " + why);
+    std::weak_ptr<Cgroups> cg = cgroups_;
+    w->on_exit = [cg](pid_t p) {
+      if (auto c = cg.lock()) c->release(p);
+    };
+  }
   {
     // From here notices go straight to the process; those that came before ride in the spec.
     std::lock_guard<std::mutex> lk(run_mu_);
@@ -221,10 +235,14 @@ ComputeOutcome Agent::run_compute(const ComputeSpec &spec) {
   }
   // The launcher answers one JSON line per run; anything else means the process died under it.
   if (r.died || reply.is_discarded() || !reply.is_object() || !reply.contains("ok")) {
+    int64_t ooms = cgroups_ ? cgroups_->last_oom_kills(pid) : 0;
     workers_->release(std::move(w), false);
     o.status = "action developer error";
     std::string how = r.signal ? "was killed by signal " + std::to_string(r.signal)
                                : "exited with status " + std::to_string(r.exit_code) + " without a result";
+    if (ooms > 0)
+      how += ": the kernel's OOM killer ended it for going over its memory limit of " +
+             std::to_string(spec.memory >> 20) + " MiB (cgroup memory.max)";
     o.error = {{"type", "Crash"}, {"message", "the compute element crashed: it " + how}};
     return o;
   }

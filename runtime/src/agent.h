@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "pool.h"
+#include "cgroup.h"
 #include "server/memory_server.h"
 
 namespace scad {
@@ -31,6 +32,8 @@ struct AgentOptions {
   // RDMA verbs on the memory pool: "auto" (when the host has an active device), "off", or the
   // device's keys "dev=rxe0,gid_index=1,mw=0" (then a missing device is an error at start).
   std::string verbs = "auto";
+  // cgroup v2 limits for compute processes: "auto" (where the host allows, see cgroup.h) or "off".
+  std::string cgroup = "auto";
 };
 
 struct TransportGrant {
@@ -49,6 +52,8 @@ struct ComputeSpec {
   std::vector<TransportGrant> transports;
   std::string runtime_url, runtime_token;
   int64_t timeout_ms = 60000;
+  double cpu = 1;                  // cores (cgroup cpu.max)
+  uint64_t memory = 256ull << 20;  // bytes (cgroup memory.max)
 };
 
 struct ComputeOutcome {
@@ -79,6 +84,9 @@ class Agent {
   // Whether the pool serves RDMA verbs, and on which device ("" when it does not).
   bool rdma() const { return server_.verbs_enabled(); }
   std::string rdma_device() const { return server_.verbs_description(); }
+  // Whether compute processes run under cgroup v2 limits, and if not why ("" when they do).
+  bool limits() const { return cgroups_ != nullptr; }
+  const std::string &limits_off_reason() const { return cgroup_why_; }
 
   // Ends a grant at once: its client's connections close and its remote keys die.
   int revoke(const std::string &grant_id, std::string *why);
@@ -94,6 +102,8 @@ class Agent {
   std::string materialize(const std::string &key, const nlohmann::json &files, std::string *why);
   AgentOptions opts_;
   libd::MemoryServer server_;
+  std::shared_ptr<Cgroups> cgroups_;  // before workers_: processes end (and leave their cgroups) first
+  std::string cgroup_why_;
   std::unique_ptr<WorkerPool> workers_;
   std::mutex code_mu_;
   std::mutex run_mu_;

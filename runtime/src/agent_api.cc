@@ -11,7 +11,8 @@ json to_json(const ComputeSpec &s) {
   for (auto &g : s.transports) t.push_back({{"durl", g.durl}, {"config", g.config}, {"grant_id", g.grant_id}});
   return {{"aid", s.aid}, {"code", s.code}, {"code_key", s.code_key}, {"code_files", s.code_files},
           {"main", s.main}, {"args", s.args}, {"transports", t}, {"runtime_url", s.runtime_url},
-          {"runtime_token", s.runtime_token}, {"timeout_ms", s.timeout_ms}};
+          {"runtime_token", s.runtime_token}, {"timeout_ms", s.timeout_ms},
+          {"cpu", s.cpu}, {"memory", s.memory}};
 }
 
 ComputeSpec spec_from_json(const json &j) {
@@ -26,6 +27,8 @@ ComputeSpec spec_from_json(const json &j) {
   s.runtime_url = j.value("runtime_url", "");
   s.runtime_token = j.value("runtime_token", "");
   s.timeout_ms = j.value("timeout_ms", int64_t(60000));
+  s.cpu = j.value("cpu", 1.0);
+  s.memory = j.value("memory", uint64_t(256) << 20);
   return s;
 }
 

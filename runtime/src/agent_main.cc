@@ -28,7 +28,7 @@ namespace {
   std::cerr << "scad-agent: " << why << "\n"
             << "usage: scad-agent --scheduler URL --address ADDR --token-file FILE [--id NAME] [--port N]\n"
             << "                  [--home DIR] [--python PATH] [--pythonpath P] [--pool SIZE] [--cpus N]\n"
-            << "                  [--verbs auto|off|KEY=VALUE,...]\n";
+            << "                  [--verbs auto|off|KEY=VALUE,...] [--cgroup auto|off]\n";
   exit(2);
 }
 
@@ -59,6 +59,7 @@ int main(int argc, char **argv) {
     else if (a == "--pythonpath") ao.pythonpath = value();
     else if (a == "--cpus") ao.cpus = std::stod(value());
     else if (a == "--verbs") ao.verbs = value();
+    else if (a == "--cgroup") ao.cgroup = value();
     else if (a == "--pool") {
       if (!libd::parse_size(value(), &ao.pool_bytes)) usage("--pool takes a size such as 4GiB");
     } else usage("unknown argument '" + a + "'");
@@ -96,7 +97,7 @@ int main(int argc, char **argv) {
   std::atomic<bool> stop{false}, registered{false};
   std::thread heartbeat([&] {
     nlohmann::json me = {{"id", ao.host_id}, {"url", url}, {"cpus", ao.cpus}, {"pool", ao.pool_bytes},
-                         {"rdma", agent.rdma()}, {"rdma_device", agent.rdma_device()}};
+                         {"rdma", agent.rdma()}, {"rdma_device", agent.rdma_device()}, {"limits", agent.limits()}};
     while (!stop) {
       httplib::Client c(scheduler);
       c.set_connection_timeout(2);
@@ -104,7 +105,9 @@ int main(int argc, char **argv) {
       auto res = c.Post("/api/v1/hosts/register", me.dump(), "application/json");
       if (res && res->status == 200 && !registered.exchange(true))
         std::cout << "scad-agent: " << ao.host_id << " serving at " << url << ", registered with " << scheduler
-                  << (agent.rdma() ? ", RDMA on " + agent.rdma_device() : ", no RDMA") << std::endl;
+                  << (agent.rdma() ? ", RDMA on " + agent.rdma_device() : ", no RDMA")
+                  << (agent.limits() ? ", cgroup v2 limits" : ", no cgroup limits (" + agent.limits_off_reason() + ")")
+                  << std::endl;
       else if ((!res || res->status != 200) && registered.exchange(false))
         std::cerr << "scad-agent: lost the scheduler at " << scheduler << "; retrying\n";
       for (int i = 0; i < 20 && !stop; i++) std::this_thread::sleep_for(std::chrono::milliseconds(100));

@@ -22,6 +22,7 @@ Worker::~Worker() {
   if (pid > 0) {
     kill(pid, SIGKILL);
     waitpid(pid, nullptr, 0);
+    if (on_exit) on_exit(pid);
   }
 }
 
@@ -186,6 +187,7 @@ WorkerRun WorkerPool::run(Worker &w, const std::string &line, int64_t timeout_ms
     if (waitpid(w.pid, &status, 0) == w.pid) {
       if (WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
       if (WIFSIGNALED(status)) r.signal = WTERMSIG(status);
+      if (w.on_exit) w.on_exit(w.pid);
       w.pid = -1;
     }
   }

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -31,6 +32,7 @@ struct Worker {
   std::string key;   // the action it may serve again ("" while pre-warmed)
   std::string pending;  // stdout bytes after the last full line
   std::chrono::steady_clock::time_point idle_since;
+  std::function<void(pid_t)> on_exit;  // after the process is reaped (leaves its cgroup)
   ~Worker();
 };
 

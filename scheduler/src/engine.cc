@@ -302,6 +302,7 @@ void Engine::run_action(const std::shared_ptr<Activation> &act) {
   spec.main = act->doc["exec"].value("main", "main");
   spec.args = act->params;
   spec.timeout_ms = act->doc.value("limits", json::object()).value("timeout", int64_t(60000));
+  spec.memory = uint64_t(act->doc.value("limits", json::object()).value("memory", int64_t(256))) << 20;  // MB, as OpenWhisk
   int h = place_compute(1, -1);
   if (h < 0) {
     finish(act, "whisk internal error", {{"error", "no host with cpus is available to run the action"}});
@@ -396,6 +397,8 @@ void Engine::run_app(const std::shared_ptr<Activation> &act) {
         spec.code_files = act->code_files;
         spec.main = d.main;
         spec.timeout_ms = d.timeout_ms;
+        spec.cpu = d.cpu;
+        spec.memory = d.memory;
         spec.args = act->params;
         spec.args["_instance"] = rp->instance;
         spec.args["_parallelism"] = d.parallelism;
