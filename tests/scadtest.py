@@ -62,6 +62,14 @@ class Memd:
 SERVER = BUILD / "scheduler" / "scad-server"
 
 
+def cluster_token(folder):
+    """A fresh cluster token in folder/cluster-token (mode 0600), as scad-server and scad-agent read it."""
+    token = pathlib.Path(folder) / "cluster-token"
+    token.write_text(os.urandom(24).hex() + "\n")
+    token.chmod(0o600)
+    return token
+
+
 def stop_processes(procs, grace_s=10):
     """SIGTERM to all, then waits; whatever is still there after grace_s is killed."""
     for p in procs:

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from scadtest import BUILD, ROOT, Platform, stop_processes
+from scadtest import BUILD, ROOT, Platform, cluster_token, stop_processes
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("ip"),
                                 reason="network namespaces need root and iproute2")
@@ -45,9 +45,7 @@ def hosts(tmp_path):
             sh("ip", "-n", names[key], "link", "set", "eth0", "up")
             sh("ip", "-n", names["s"], "link", "set", f"{tag}{key}1", "master", "br0")
             sh("ip", "-n", names["s"], "link", "set", f"{tag}{key}1", "up")
-        token = tmp_path / "cluster-token"
-        token.write_text(os.urandom(24).hex() + "\n")
-        token.chmod(0o600)
+        token = cluster_token(tmp_path)
         import disagg
         pythonpath = f"{os.path.dirname(disagg.__file__)}:{ROOT / 'bindings' / 'python'}"
 
@@ -101,6 +99,28 @@ def in_ns(ns, platform, method, path, body=None):
     return json.loads(out.stdout)
 
 
+def deploy_and_invoke_with_fifo(platform, names, app, fifo_name):
+    """Deploys the app in folder `app`, makes a fifo and invokes the app (blocking) in a thread with
+    {"fifo": path}. Returns (fifo, thread, done); done["rec"] holds the activation once it ends."""
+    files = {f.name: f.read_text() for f in app.glob("*.py")}
+    status, body = in_ns(names["s"], platform, "PUT", f"/api/v1/namespaces/_/apps/{app.name}",
+                         {"manifest": (app / "scad.yaml").read_text(), "files": files})
+    assert status == 200, body
+    fifo = pathlib.Path(platform.home) / fifo_name
+    os.mkfifo(fifo)
+    done = {}
+
+    def invoke():
+        done["rec"] = in_ns(names["s"], platform, "POST", f"/api/v1/namespaces/_/apps/{app.name}?blocking=true",
+                            {"fifo": str(fifo)})[1]
+        os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))  # never leave a writer in the app blocked
+
+    import threading
+    runner = threading.Thread(target=invoke)
+    runner.start()
+    return fifo, runner, done
+
+
 def test_compute_on_one_host_reaches_memory_on_another_over_tcp(hosts):
     platform, names = hosts
     status, listed = in_ns(names["s"], platform, "GET", "/api/v1/hosts")
@@ -121,21 +141,7 @@ def test_a_crash_on_one_host_is_told_to_its_peer_and_frees_grants_on_the_other(h
     # over HTTP: the revoke goes to host-b, the notice to host-a.
     platform, names = hosts
     app = pathlib.Path(__file__).parents[1] / "platform" / "apps" / "peers"
-    status, body = in_ns(names["s"], platform, "PUT", "/api/v1/namespaces/_/apps/peers",
-                         {"manifest": (app / "scad.yaml").read_text(), "files": {"work.py": (app / "work.py").read_text()}})
-    assert status == 200, body
-    fifo = pathlib.Path(platform.home) / "peers-go"
-    os.mkfifo(fifo)
-    done = {}
-
-    def invoke():
-        done["rec"] = in_ns(names["s"], platform, "POST", "/api/v1/namespaces/_/apps/peers?blocking=true",
-                            {"fifo": str(fifo)})[1]
-        os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))  # never leave the writer below blocked
-
-    import threading
-    runner = threading.Thread(target=invoke)
-    runner.start()
+    fifo, runner, done = deploy_and_invoke_with_fifo(platform, names, app, "peers-go")
     with open(fifo, "w"):  # instance 1 opens its end once it has the notice
         status, els = in_ns(names["s"], platform, "GET", "/api/v1/namespaces/_/elements")
         assert [(e["name"], e["host"]) for e in els] == [("data", "host-b")], els
@@ -150,21 +156,8 @@ def test_a_host_that_dies_takes_its_memory_and_its_clients_are_told(hosts):
     # The compute instance runs on host-a, its memory element on host-b. host-b is killed (no
     # goodbye): once its heartbeats are missed the scheduler tells the instance which memory is gone.
     platform, names = hosts
-    app = pathlib.Path(__file__).parent / "lost"
-    status, body = in_ns(names["s"], platform, "PUT", "/api/v1/namespaces/_/apps/lost",
-                         {"manifest": (app / "scad.yaml").read_text(), "files": {"wait.py": (app / "wait.py").read_text()}})
-    assert status == 200, body
-    fifo = pathlib.Path(platform.home) / "lost-connected"
-    os.mkfifo(fifo)
-    done = {}
-
-    def invoke():
-        done["rec"] = in_ns(names["s"], platform, "POST", "/api/v1/namespaces/_/apps/lost?blocking=true",
-                            {"fifo": str(fifo)})[1]
-
-    import threading
-    runner = threading.Thread(target=invoke)
-    runner.start()
+    fifo, runner, done = deploy_and_invoke_with_fifo(platform, names, pathlib.Path(__file__).parent / "lost",
+                                                     "lost-connected")
     with open(fifo) as f:  # the instance has written to its memory on host-b
         assert f.readline() == "connected\n"
     agent_b = platform.agents["host-b"]

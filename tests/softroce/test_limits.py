@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from scadtest import BUILD, ROOT, Platform, stop_processes
+from scadtest import BUILD, ROOT, Platform, cluster_token, stop_processes
 
 APP = pathlib.Path(__file__).parent / "apps" / "limits"
 
@@ -26,9 +26,7 @@ pytestmark = pytest.mark.skipif(not os.environ.get("LIBD_REQUIRE_VERBS") and
 
 @pytest.fixture
 def platform(tmp_path):
-    token = tmp_path / "cluster-token"
-    token.write_text(os.urandom(24).hex() + "\n")
-    token.chmod(0o600)
+    token = cluster_token(tmp_path)
     plat = Platform(tmp_path / "sched", extra=["--no-local-agent", "--cluster-token-file", str(token)])
     procs = [plat.proc]
     try:

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from scadtest import BUILD, ROOT, Platform, stop_processes
+from scadtest import BUILD, ROOT, Platform, cluster_token, stop_processes
 
 ADDR = "10.0.0.1"  # rxe0's netdev in the guest (tests/softroce/guest-init)
 APP = ROOT / "tests" / "multihost" / "app"
@@ -29,9 +29,7 @@ pytestmark = pytest.mark.skipif(not os.environ.get("LIBD_REQUIRE_VERBS") and not
 
 @pytest.fixture
 def cluster(tmp_path):
-    token = tmp_path / "cluster-token"
-    token.write_text(os.urandom(24).hex() + "\n")
-    token.chmod(0o600)
+    token = cluster_token(tmp_path)
     procs = []
 
     def start(verbs_b):
