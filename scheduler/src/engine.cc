@@ -95,7 +95,12 @@ void Engine::host_lost(int h) {
     for (auto &[id, act] : running_) acts.push_back(act);
   }
   for (auto &act : acts) {
-    std::vector<std::pair<std::string, json>> notices;  // (aid, notice)
+    struct Notice {
+      int host;
+      std::string aid;
+      json body;
+    };
+    std::vector<Notice> notices;
     {
       std::lock_guard<std::mutex> lk(act->mu);
       std::vector<std::string> gone;  // manifest names of memory on the lost host
@@ -113,20 +118,12 @@ void Engine::host_lost(int h) {
                              (shared.size() > 1 ? "s " : " ");
         for (size_t i = 0; i < shared.size(); i++) reason += (i ? ", '" : "'") + shared[i].get<std::string>() + "'";
         reason += shared.size() > 1 ? " are gone with it" : " is gone with it";
-        notices.emplace_back(aid, json{{"aid", nullptr}, {"element", shared[0]}, {"instance", nullptr},
+        notices.push_back({inst.host, aid, json{{"aid", nullptr}, {"element", shared[0]}, {"instance", nullptr},
                                        {"status", "lost"}, {"type", "host_lost"}, {"host", host_id},
-                                       {"reason", reason}, {"shared", shared}});
+                                       {"reason", reason}, {"shared", shared}}});
       }
     }
-    for (auto &[aid, notice] : notices) {
-      int where = -1;
-      {
-        std::lock_guard<std::mutex> lk(act->mu);
-        auto it = act->instances.find(aid);
-        if (it != act->instances.end()) where = it->second.host;
-      }
-      if (where >= 0) host(where)->notify(aid, notice);
-    }
+    for (auto &n : notices) host(n.host)->notify(n.aid, n.body);  // outside act->mu: it is an HTTP call
   }
 }
 

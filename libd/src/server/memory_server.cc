@@ -32,6 +32,7 @@ constexpr size_t kDirectMin = 16 * 1024;              // payloads this large ski
 constexpr size_t kPauseReadingAt = 64ull << 20;       // queued response bytes before we stop reading
 constexpr size_t kResumeReadingAt = 16ull << 20;
 constexpr uint64_t kAuthTimeoutMs = 10000;            // a silent client is dropped after this
+constexpr const char *kNoVerbs = "this memory server does not serve RDMA verbs (no device on its host, or verbs not enabled)";
 }  // namespace
 
 Element::~Element() {
@@ -220,46 +221,34 @@ class MemoryServer::Conn : public FrameReader::Handler {
     return 0;
   }
 
-  int on_verbs_connect(const Header &h) {
+  // A control answer: the body when status is 0, else why (cut to what a control frame holds).
+  int answer(const Header &h, Opcode opcode, int status, const std::string &body) {
     Header r;
-    r.opcode = kVerbsAccept;
+    r.opcode = opcode;
     r.req_id = h.req_id;
-    verbs::Record client, reply;
-    std::string why;
-    int rc;
-    if (verbs::decode_record(ctl_.data(), ctl_.size(), &client, &why)) {
-      rc = -EPROTO;
-    } else if (!srv_->verbs_) {
-      rc = -EPROTONOSUPPORT;
-      why = "this memory server does not serve RDMA verbs (no device on its host, or verbs not enabled)";
-    } else {
-      rc = srv_->verbs_->accept(element_, grant_, client, &verbs_ep_, &reply, &why);
-    }
-    r.status = rc;
-    std::string body = rc == 0 ? verbs::encode_record(reply) : why.substr(0, kMaxControlPayload);
-    r.size = body.size();
-    send_frame(r, body);
+    r.status = status;
+    std::string payload = status == 0 ? body : body.substr(0, kMaxControlPayload);
+    r.size = payload.size();
+    send_frame(r, payload);
     return 0;
   }
 
+  int on_verbs_connect(const Header &h) {
+    verbs::Record client, reply;
+    std::string why;
+    if (verbs::decode_record(ctl_.data(), ctl_.size(), &client, &why)) return answer(h, kVerbsAccept, -EPROTO, why);
+    if (!srv_->verbs_) return answer(h, kVerbsAccept, -EPROTONOSUPPORT, kNoVerbs);
+    int rc = srv_->verbs_->accept(element_, grant_, client, &verbs_ep_, &reply, &why);
+    return answer(h, kVerbsAccept, rc, rc == 0 ? verbs::encode_record(reply) : why);
+  }
+
   int on_verbs_cm_request(const Header &h) {
-    Header r;
-    r.opcode = kVerbsCmTicket;
-    r.req_id = h.req_id;
-    std::string body;
-    if (!srv_->cm_) {
-      r.status = -EPROTONOSUPPORT;
-      body = srv_->verbs_ ? "no rdma_cm listener: " + srv_->cm_status_
-                          : "this memory server does not serve RDMA verbs (no device on its host, or verbs not enabled)";
-      body = body.substr(0, kMaxControlPayload);
-    } else {
-      cm_ticket_ = random_bytes(verbs::kTicketSize);
-      srv_->cm_tickets_[cm_ticket_] = this;
-      body = verbs::encode_cm_ticket(srv_->cm_->port(), cm_ticket_);
-    }
-    r.size = body.size();
-    send_frame(r, body);
-    return 0;
+    if (!srv_->cm_)
+      return answer(h, kVerbsCmTicket, -EPROTONOSUPPORT,
+                    srv_->verbs_ ? "no rdma_cm listener: " + srv_->cm_status_ : std::string(kNoVerbs));
+    cm_ticket_ = random_bytes(verbs::kTicketSize);
+    srv_->cm_tickets_[cm_ticket_] = this;
+    return answer(h, kVerbsCmTicket, 0, verbs::encode_cm_ticket(srv_->cm_->port(), cm_ticket_));
   }
 
  public:
@@ -272,10 +261,7 @@ class MemoryServer::Conn : public FrameReader::Handler {
       return;
     }
     got_verbs_ = true;
-    if (int rc = srv_->verbs_->accept_cm(element_, grant_, id, &verbs_ep_, &why)) {
-      (void)rc;
-      CmListener::reject(id, why);
-    }
+    if (srv_->verbs_->accept_cm(element_, grant_, id, &verbs_ep_, &why) != 0) CmListener::reject(id, why);
   }
 
  private:

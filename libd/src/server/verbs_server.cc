@@ -18,6 +18,12 @@ using namespace verbs;
 namespace {
 constexpr int kCqSize = 256;
 constexpr int64_t kBindTimeoutMs = 2000;
+
+// The remote rights of a grant as verbs access flags.
+int remote_access(const Grant &grant) {
+  return ((grant.rights & LIBD_RIGHT_READ) ? IBV_ACCESS_REMOTE_READ : 0) |
+         ((grant.rights & LIBD_RIGHT_WRITE) ? IBV_ACCESS_REMOTE_WRITE : 0);
+}
 }  // namespace
 
 VerbsEndpoint::~VerbsEndpoint() {
@@ -64,9 +70,7 @@ int VerbsServer::bind_window(VerbsEndpoint &ep, const Grant &grant, uint32_t *rk
   wr.bind_mw.bind_info.mr = ep.range_mr_;
   wr.bind_mw.bind_info.addr = uint64_t(uintptr_t(ep.element_->base + grant.offset));
   wr.bind_mw.bind_info.length = grant.length;
-  wr.bind_mw.bind_info.mw_access_flags =
-      ((grant.rights & LIBD_RIGHT_READ) ? IBV_ACCESS_REMOTE_READ : 0) |
-      ((grant.rights & LIBD_RIGHT_WRITE) ? IBV_ACCESS_REMOTE_WRITE : 0);
+  wr.bind_mw.bind_info.mw_access_flags = unsigned(remote_access(grant));
   if (int rc = ibv_post_send(ep.qp_, &wr, &bad)) {
     *why = std::string("cannot post the window bind: ") + strerror(rc);
     return -rc;
@@ -104,15 +108,13 @@ int VerbsServer::prepare(const std::shared_ptr<Element> &element, const Grant &g
                          std::string *why) {
   ep.dev_ = dev_;
   ep.element_ = element;
-  unsigned rights = grant.rights & (LIBD_RIGHT_READ | LIBD_RIGHT_WRITE);
-  int remote = ((rights & LIBD_RIGHT_READ) ? IBV_ACCESS_REMOTE_READ : 0) |
-               ((rights & LIBD_RIGHT_WRITE) ? IBV_ACCESS_REMOTE_WRITE : 0);
+  int remote = remote_access(grant);
   char *range = element->base + grant.offset;
   // Under a window, a registration of exactly the granted range that allows binding windows and
   // nothing remote by itself. Exactly the range, not the whole element: rxe (Linux 6.1) checks an
   // access through a window against the range of the registration beneath it.
   int access = use_mw_ ? IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND
-                       : remote | ((rights & LIBD_RIGHT_WRITE) ? IBV_ACCESS_LOCAL_WRITE : 0);
+                       : remote | ((grant.rights & LIBD_RIGHT_WRITE) ? IBV_ACCESS_LOCAL_WRITE : 0);
   ep.range_mr_ = ibv_reg_mr(dev_->pd(), range, grant.length, access);
   if (!ep.range_mr_) {
     *why = std::string("cannot register the granted range: ") + strerror(errno);
@@ -140,11 +142,6 @@ int VerbsServer::finish(const Grant &grant, uint32_t psn, VerbsEndpoint &ep, Rec
   }
   *reply = r;
   return 0;
-}
-
-static int remote_access(const Grant &grant) {
-  return ((grant.rights & LIBD_RIGHT_READ) ? IBV_ACCESS_REMOTE_READ : 0) |
-         ((grant.rights & LIBD_RIGHT_WRITE) ? IBV_ACCESS_REMOTE_WRITE : 0);
 }
 
 int VerbsServer::accept(const std::shared_ptr<Element> &element, const Grant &grant, const Record &client,
