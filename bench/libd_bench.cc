@@ -129,14 +129,14 @@ void bench_transport(const std::string &impl, const std::string &config, const s
           // completes, the next starts in its slot, as redis-benchmark's clients do. Like them
           // (they all use one key), every operation targets the same remote range, each from its
           // own local slot. Bandwidth is the median over 5 equal parts of the run.
-          // Latency is sampled on one operation in 8: reading the clock twice per operation is
+          // Latency is sampled on one operation in 64: reading the clock twice per operation is
           // harness cost the peer's tools do not pay (a few us each on an emulated HPET).
           struct Slot { libd_op *op; Clock::time_point started; bool sampled; };
           std::vector<Slot> window(static_cast<size_t>(n), Slot{});
           uint64_t started_ops = 0;
           auto start = [&](int i) {
             uint64_t off = uint64_t(i) * size;
-            window[size_t(i)].sampled = started_ops++ % 8 == 0;
+            window[size_t(i)].sampled = started_ops++ % 64 == 0;
             if (window[size_t(i)].sampled) window[size_t(i)].started = Clock::now();
             int rc = is_read ? libd_trdma_read_async(t, size, 0, buf + off, &window[size_t(i)].op)
                              : libd_trdma_write_async(t, size, 0, buf + off, &window[size_t(i)].op);

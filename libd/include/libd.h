@@ -110,7 +110,7 @@ int libd_transport_get_message(libd_transport *trans, char *buf, size_t cap, siz
 int libd_transport_set(libd_transport *trans, const char *key, const char *value);
 
 /* Counters. Latency histogram bucket i counts operations whose latency was in
- * [2^i, 2^(i+1)) nanoseconds; one operation in 8 is timed (the first always), the counts of
+ * [2^i, 2^(i+1)) nanoseconds; one operation in 64 is timed (the first always), the counts of
  * operations and bytes are exact. */
 #define LIBD_HIST_BUCKETS 40
 typedef struct libd_stats {

@@ -30,12 +30,12 @@ bool Op::complete(int status, std::string why) {
 int Op::wait_until(Clock::time_point until) {
   int s = status();
   if (s != -EINPROGRESS) return s;
-  if (progress_) {
+  if (std::shared_ptr<OpDriver> d = driver_polls_ ? driver_.lock() : nullptr) {
     // The clock is read every so many rounds, not every round: progress is cheap, clocks may not be.
     for (unsigned round = 0; (s = status()) == -EINPROGRESS; round++) {
       if (round % kRoundsPerClockRead == 0 && until != Clock::time_point::max() && Clock::now() >= until)
         return -ETIMEDOUT;
-      progress_();
+      d->progress();
     }
     return s;
   }
@@ -56,7 +56,9 @@ int Op::cancel() {
     if (status() != -EINPROGRESS) return status();
     fn = canceller_;
   }
-  if (fn) fn(this);  // detaches from the engine; the engine will not touch our buffers after
+  // Detaches from the engine; the engine will not touch our buffers after.
+  if (auto d = driver_.lock()) d->cancel(this);
+  else if (fn) fn(this);
   if (!complete(-ECANCELED)) wait_until(Clock::time_point::max());  // a completion is landing now
   return status();
 }

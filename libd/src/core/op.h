@@ -16,6 +16,20 @@
 
 namespace libd {
 
+class Op;
+
+// The engine running an operation, as the operation sees it: how to withdraw it and, for an
+// engine that polls, how a waiter drives progress. The operation holds it weakly (it may outlive
+// its engine) and without an allocation per operation, unlike a std::function with a capture.
+class OpDriver {
+ public:
+  virtual ~OpDriver() = default;
+  // Detaches `op`; returns only when the engine no longer touches its buffers.
+  virtual void cancel(Op *op) = 0;
+  // One round of caller-driven progress; must not block.
+  virtual void progress() = 0;
+};
+
 struct Segment {
   uint64_t size;
   uint64_t raddr;
@@ -41,7 +55,8 @@ class Op {
   bool done() const { return status() != -EINPROGRESS; }
   // status(), after one round of caller-driven progress if the engine polls (libd_op_poll).
   int poll() {
-    if (progress_ && !done()) progress_();
+    if (driver_polls_ && !done())
+      if (auto d = driver_.lock()) d->progress();
     return status();
   }
   // Waits until done or until `until`; returns the status or -ETIMEDOUT for the wait itself.
@@ -51,9 +66,13 @@ class Op {
   // returns only when the engine no longer touches the buffers.
   void set_canceller(std::function<void(Op *)> fn);
   int cancel();
-  // Caller-driven progress (an engine in polling mode): waiters call `fn` in a loop instead of
-  // sleeping until someone else completes the operation. fn must not block.
-  void set_progress(std::function<void()> fn) { progress_ = std::move(fn); }
+  // The engine's side: cancel() goes to driver->cancel; if `polls`, waiters call
+  // driver->progress() in a loop instead of sleeping until someone else completes the operation.
+  // Set before the operation is handed to anyone else.
+  void set_driver(std::weak_ptr<OpDriver> driver, bool polls) {
+    driver_ = std::move(driver);
+    driver_polls_ = polls;
+  }
   // Runs once, right after completion (the transport's in-flight accounting).
   void set_on_done(std::function<void()> fn) { on_done_ = std::move(fn); }
 
@@ -71,7 +90,8 @@ class Op {
   std::condition_variable cv_;
   std::function<void(Op *)> canceller_;
   std::function<void()> on_done_;
-  std::function<void()> progress_;
+  std::weak_ptr<OpDriver> driver_;
+  bool driver_polls_ = false;
   std::string why_;
 };
 

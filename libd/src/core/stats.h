@@ -16,7 +16,7 @@ class Stats {
   // Whether the next operation is timed: one in kLatencySampleEvery, and every one until one has
   // been timed successfully. Timing every one costs two clock reads per operation (microseconds
   // each on an emulated HPET).
-  static constexpr uint64_t kLatencySampleEvery = 8;
+  static constexpr uint64_t kLatencySampleEvery = 64;
   bool sample_latency() {
     return next_.fetch_add(1, std::memory_order_relaxed) % kLatencySampleEvery == 0 ||
            !timed_any_.load(std::memory_order_relaxed);

@@ -79,13 +79,11 @@ class VerbsTransport : public Transport {
   }
 
   int do_post(const std::shared_ptr<Op> &op) override {
-    arm_cancel(op);
-    engine_->post(op);
+    engine_->post(op);  // the engine is the operation's driver: it cancels it, and may poll for it
     return 0;
   }
 
   int do_run(const std::shared_ptr<Op> &op, std::shared_lock<std::shared_mutex> &io) override {
-    arm_cancel(op);
     auto engine = engine_;
     io.unlock();  // a spinning caller must not keep recover/terminate waiting
     engine->run(op);
@@ -101,13 +99,6 @@ class VerbsTransport : public Transport {
   int ensure_device() {
     if (dev_) return 0;
     return verbs::Device::open(params_, &dev_);
-  }
-
-  void arm_cancel(const std::shared_ptr<Op> &op) {
-    std::weak_ptr<verbs::Engine> weak = engine_;
-    op->set_canceller([weak](Op *o) {
-      if (auto e = weak.lock()) e->cancel(o);
-    });
   }
 
   // Destruction order matters: the engine (queue pair) and registration before the device.

@@ -32,6 +32,11 @@ int Engine::create(std::shared_ptr<Device> dev, const Config &cfg, FailFn on_fai
   std::shared_ptr<Engine> e(new Engine());
   e->dev_ = std::move(dev);
   e->cfg_ = cfg;
+  e->cfg_.max_sge = std::max(1, std::min(cfg.max_sge, kMaxSge));
+  e->slots_.resize(size_t(cfg.depth));
+  e->free_slots_.reserve(size_t(cfg.depth));
+  for (int i = cfg.depth - 1; i >= 0; i--) e->free_slots_.push_back(i);
+  e->burst_.reserve(size_t(cfg.depth));
   e->on_fail_ = std::move(on_fail);
   e->channel_ = ibv_create_comp_channel(e->dev_->ctx());
   if (!e->channel_) return set_error(-errno, std::string("verbs: cannot create a completion channel: ") + strerror(errno));
@@ -41,7 +46,7 @@ int Engine::create(std::shared_ptr<Device> dev, const Config &cfg, FailFn on_fai
   if (!e->cq_) return set_error(-ENOMEM, "verbs: cannot create a completion queue of " + std::to_string(cfg.depth + 8));
   QpShape shape;
   shape.send_depth = cfg.depth;
-  shape.max_sge = cfg.max_sge;
+  shape.max_sge = e->cfg_.max_sge;
   if (int rc = create_rc_qp(*e->dev_, e->cq_, shape, &e->qp_)) return rc;
   *out = std::move(e);
   return 0;
@@ -87,13 +92,11 @@ void Engine::start(int control_fd) {
       (void)status, (void)events;
       uv_poll_stop(h);
       if (auto e = static_cast<Watch *>(h->data)->engine.lock()) {
-        std::vector<std::shared_ptr<OpState>> done;
         {
           std::lock_guard<std::mutex> lk(e->mu_);
           e->breakdown_locked(-ECONNRESET, "the memory element closed the connection (grant revoked or server gone)");
         }
-        e->drain(&done);
-        e->finish(done);
+        e->progress();
       }
     });
     uv_timer_start(&w->timer, [](uv_timer_t *t) {
@@ -112,71 +115,97 @@ void Engine::arm() {
 
 // ---- building and posting -------------------------------------------------------------------
 
-void Engine::build_locked(const std::shared_ptr<OpState> &st) {
-  const auto &segs = st->op->segments();
-  Wr cur;
-  auto flush = [&] {
-    if (cur.sges.empty()) return;
-    cur.st = st;
-    st->wrs_left++;
-    backlog_.push_back(std::move(cur));
-    cur = Wr();
-  };
-  for (const Segment &s : segs) {
-    uint64_t done = 0;
-    while (done < s.size) {
-      uint64_t raddr = s.raddr + done;
-      uint64_t va = remote_va_ + (raddr - remote_first_);
-      bool contiguous = !cur.sges.empty() && cur.va + cur.len == va && int(cur.sges.size()) < cfg_.max_sge;
-      if (!contiguous || cur.len >= cfg_.max_msg) flush();
-      if (cur.sges.empty()) cur.va = va;
-      uint64_t room = cfg_.max_msg - cur.len;
-      uint32_t piece = uint32_t(std::min<uint64_t>(s.size - done, room));
-      ibv_sge sge;
-      sge.addr = uint64_t(uintptr_t(s.buf + done));
-      sge.length = piece;
-      sge.lkey = local_->lkey();
-      cur.sges.push_back(sge);
-      cur.len += piece;
-      done += piece;
-    }
+Engine::OpState *Engine::acquire_locked(const std::shared_ptr<Op> &op) {
+  if (free_states_.empty()) {
+    states_.push_back(std::make_unique<OpState>());
+    free_states_.push_back(states_.back().get());
   }
-  flush();
+  OpState *st = free_states_.back();
+  free_states_.pop_back();
+  st->op = op;
+  st->prev = nullptr;
+  st->next = live_;
+  if (live_) live_->prev = st;
+  live_ = st;
+  return st;
 }
 
-void Engine::pump_locked(std::vector<std::shared_ptr<OpState>> *done) {
-  while (!broken_ && !backlog_.empty() && int(posted_.size()) < cfg_.depth) {
-    size_t n = std::min(backlog_.size(), size_t(cfg_.depth) - posted_.size());
-    std::vector<ibv_send_wr> &wrs = post_scratch_;  // reused: no allocation per post
-    wrs.resize(n);
-    for (size_t i = 0; i < n; i++) {
-      Wr &w = backlog_[i];
-      ibv_send_wr &r = wrs[i];
-      r = {};
-      r.wr_id = next_wr_id_++;
-      r.opcode = w.st->op->kind() == OpKind::Read ? IBV_WR_RDMA_READ : IBV_WR_RDMA_WRITE;
-      r.send_flags = IBV_SEND_SIGNALED;
-      r.sg_list = w.sges.data();
-      r.num_sge = int(w.sges.size());
-      r.wr.rdma.remote_addr = w.va;
-      r.wr.rdma.rkey = rkey_;
-      r.next = i + 1 < n ? &wrs[i + 1] : nullptr;
+void Engine::retire_locked(OpState *st, DoneList *done) {
+  if (st->prev) st->prev->next = st->next;
+  else live_ = st->next;
+  if (st->next) st->next->prev = st->prev;
+  st->prev = nullptr;
+  done->push(st);
+}
+
+void Engine::build_locked(OpState *st, Slot &slot) {
+  const auto &segs = st->op->segments();
+  ibv_send_wr &wr = slot.wr;
+  wr = {};
+  wr.wr_id = uint64_t(&slot - slots_.data());
+  wr.opcode = st->op->kind() == OpKind::Read ? IBV_WR_RDMA_READ : IBV_WR_RDMA_WRITE;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.sg_list = slot.sge;
+  wr.wr.rdma.rkey = rkey_;
+  uint32_t len = 0;
+  while (st->seg < segs.size()) {
+    const Segment &s = segs[st->seg];
+    if (st->seg_done == s.size) {  // finished, or empty
+      st->seg++, st->seg_done = 0;
+      continue;
+    }
+    uint64_t va = remote_va_ + (s.raddr + st->seg_done - remote_first_);
+    if (wr.num_sge > 0 && (wr.wr.rdma.remote_addr + len != va || wr.num_sge == cfg_.max_sge || len >= cfg_.max_msg))
+      break;  // not contiguous with this request, or it is full: the next one takes it
+    if (wr.num_sge == 0) wr.wr.rdma.remote_addr = va;
+    uint32_t piece = uint32_t(std::min<uint64_t>(s.size - st->seg_done, cfg_.max_msg - len));
+    ibv_sge &sge = slot.sge[wr.num_sge++];
+    sge.addr = uint64_t(uintptr_t(s.buf + st->seg_done));
+    sge.length = piece;
+    sge.lkey = local_->lkey();
+    len += piece;
+    st->seg_done += piece;
+  }
+  slot.st = st;
+  st->on_wire++;
+}
+
+void Engine::pump_locked(DoneList *done) {
+  if (!broken_ && !backlog_.empty() && !free_slots_.empty()) {
+    burst_.clear();
+    while (!backlog_.empty() && !free_slots_.empty()) {
+      OpState *st = backlog_.front();
+      Slot &slot = slots_[size_t(free_slots_.back())];
+      free_slots_.pop_back();
+      build_locked(st, slot);
+      if (!burst_.empty()) burst_.back()->next = &slot.wr;
+      burst_.push_back(&slot.wr);
+      if (st->built()) backlog_.pop_front();  // its last piece is in a request
     }
     ibv_send_wr *bad = nullptr;
-    int rc = ibv_post_send(qp_, wrs.data(), &bad);
-    size_t posted = rc ? size_t(bad - wrs.data()) : n;
-    for (size_t i = 0; i < posted; i++) posted_[wrs[i].wr_id] = backlog_[i].st;
-    backlog_.erase(backlog_.begin(), backlog_.begin() + long(posted));
-    if (rc) {
+    if (int rc = ibv_post_send(qp_, burst_.front(), &bad)) {
+      // From `bad` on nothing reached the send queue: give those slots back.
+      bool unposted = false;
+      for (ibv_send_wr *w : burst_) {
+        unposted |= w == bad || !bad;
+        if (!unposted) continue;
+        Slot &slot = slots_[w->wr_id];
+        OpState *st = slot.st;
+        slot.st = nullptr;
+        free_slots_.push_back(int(w->wr_id));
+        st->on_wire--;
+        if (st->status == 0) st->status = -EIO, st->why = std::string("posting to the send queue failed: ") + strerror(rc);
+        if (st->on_wire == 0 && st->built()) retire_locked(st, done);
+      }
       breakdown_locked(-EIO, std::string("posting to the send queue failed: ") + strerror(rc));
-      break;
     }
   }
   if (broken_) {
     // Nothing will go out any more: what never reached the wire fails now.
-    for (Wr &w : backlog_) {
-      if (w.st->status == 0) w.st->status = broken_err_, w.st->why = broken_why_;
-      if (--w.st->wrs_left == 0) done->push_back(w.st);
+    for (OpState *st : backlog_) {
+      st->seg = st->op->segments().size();
+      if (st->status == 0) st->status = broken_err_, st->why = broken_why_;
+      if (st->on_wire == 0) retire_locked(st, done);
     }
     backlog_.clear();
   }
@@ -193,35 +222,24 @@ void Engine::breakdown_locked(int err, const std::string &why) {
 
 // Queues the operation's requests and posts what the depth allows. false if it completed at
 // once (the queue pair was already broken or closed).
-bool Engine::enqueue(const std::shared_ptr<Op> &op, std::vector<std::shared_ptr<OpState>> *done) {
+bool Engine::enqueue(const std::shared_ptr<Op> &op, DoneList *done) {
   std::lock_guard<std::mutex> lk(mu_);
-  auto st = std::make_shared<OpState>();
-  st->op = op;
+  OpState *st = acquire_locked(op);
   if (broken_ || closed_) {
     st->status = broken_ ? broken_err_ : -ECONNABORTED;
     st->why = broken_ ? broken_why_ : "the transport was closed";
-    done->push_back(st);
+    retire_locked(st, done);
     return false;
   }
-  live_[op.get()] = st;
-  build_locked(st);
+  backlog_.push_back(st);
   pump_locked(done);
   return true;
 }
 
 void Engine::post(const std::shared_ptr<Op> &op) {
-  std::vector<std::shared_ptr<OpState>> done;
-  if (cfg_.poll_mode) {
-    // Whoever waits for it drives progress; the loop still sees the channel as a backstop.
-    std::weak_ptr<Engine> weak = weak_from_this();
-    op->set_progress([weak] {
-      if (auto e = weak.lock()) {
-        std::vector<std::shared_ptr<OpState>> d;
-        e->drain(&d);
-        e->finish(d);
-      }
-    });
-  }
+  // Polling mode: whoever waits for it drives progress; the loop still sees the channel as a backstop.
+  op->set_driver(weak_from_this(), cfg_.poll_mode);
+  DoneList done;
   bool queued = enqueue(op, &done);
   finish(done);
   // Polling mode asks for no events: an event per completion would wake the loop thread and cost
@@ -239,7 +257,8 @@ void Engine::run(const std::shared_ptr<Op> &op) {
     post(op);
     return;
   }
-  std::vector<std::shared_ptr<OpState>> done;
+  op->set_driver(weak_from_this(), true);
+  DoneList done;
   enqueue(op, &done);
   finish(done);
   for (unsigned round = 1; !op->done(); round++) {
@@ -253,19 +272,26 @@ void Engine::run(const std::shared_ptr<Op> &op) {
   }
 }
 
+void Engine::progress() {
+  DoneList done;
+  drain(&done);
+  finish(done);
+}
+
 // ---- completions ----------------------------------------------------------------------------
 
-void Engine::drain(std::vector<std::shared_ptr<OpState>> *done) {
+void Engine::drain(DoneList *done) {
   ibv_wc wc[kPollBatch];
   std::lock_guard<std::mutex> lk(mu_);
   for (;;) {
     int n = ibv_poll_cq(cq_, kPollBatch, wc);
     if (n <= 0) break;
     for (int i = 0; i < n; i++) {
-      auto it = posted_.find(wc[i].wr_id);
-      if (it == posted_.end()) continue;
-      std::shared_ptr<OpState> st = std::move(it->second);
-      posted_.erase(it);
+      if (wc[i].wr_id >= slots_.size() || !slots_[wc[i].wr_id].st) continue;  // given back by close()
+      Slot &slot = slots_[wc[i].wr_id];
+      OpState *st = slot.st;
+      slot.st = nullptr;
+      free_slots_.push_back(int(wc[i].wr_id));
       if (wc[i].status != IBV_WC_SUCCESS && st->status == 0) {
         if (wc[i].status == IBV_WC_WR_FLUSH_ERR && broken_) {
           st->status = broken_err_, st->why = broken_why_;
@@ -280,22 +306,29 @@ void Engine::drain(std::vector<std::shared_ptr<OpState>> *done) {
           breakdown_locked(st->status, st->why);
         }
       }
-      if (--st->wrs_left == 0) done->push_back(st);
+      if (--st->on_wire == 0 && st->built()) retire_locked(st, done);
     }
     if (n < kPollBatch) break;
   }
   pump_locked(done);
 }
 
-void Engine::finish(std::vector<std::shared_ptr<OpState>> &done, Op *keep) {
-  if (done.empty()) return;
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    for (auto &st : done) live_.erase(st->op.get());
+// Completes what `done` holds (except `keep`, which its canceller completes) and returns the
+// states to the free list.
+void Engine::finish(DoneList &done, Op *keep) {
+  if (!done.head) return;
+  for (OpState *st = done.head; st; st = st->next)
+    if (st->op.get() != keep) st->op->complete(st->status, std::move(st->why));
+  std::lock_guard<std::mutex> lk(mu_);
+  for (OpState *st = done.head, *next; st; st = next) {
+    next = st->next;
+    st->op.reset();
+    st->seg = 0, st->seg_done = 0, st->on_wire = 0, st->status = 0;
+    st->why.clear();
+    st->next = nullptr;
+    free_states_.push_back(st);
   }
-  for (auto &st : done)
-    if (st->op.get() != keep) st->op->complete(st->status, st->why);
-  done.clear();
+  done = DoneList();
 }
 
 void Engine::on_channel() {
@@ -303,30 +336,21 @@ void Engine::on_channel() {
   void *ctx;
   while (ibv_get_cq_event(channel_, &cq, &ctx) == 0) ibv_ack_cq_events(cq, 1);
   armed_.store(false);
-  bool rearm;
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    rearm = !cfg_.poll_mode;  // polling mode: see post()
-  }
-  if (rearm) arm();
-  std::vector<std::shared_ptr<OpState>> done;
-  drain(&done);
-  finish(done);
+  if (!cfg_.poll_mode) arm();  // polling mode: see post()
+  progress();
 }
 
 void Engine::check_deadlines() {
-  std::vector<std::shared_ptr<OpState>> done;
   {
     std::lock_guard<std::mutex> lk(mu_);
-    for (auto &[op, st] : live_) {
+    for (OpState *st = live_; st; st = st->next) {
       if (st->op->deadline().expired()) {
         breakdown_locked(-ETIMEDOUT, "an operation did not complete within its deadline (the queue pair was reset)");
         break;
       }
     }
   }
-  drain(&done);
-  finish(done);
+  progress();
 }
 
 // Once the queue pair is in ERROR the device hands every posted request back as a flush
@@ -334,7 +358,7 @@ void Engine::check_deadlines() {
 // what comes back — except `keep`, which its canceller completes.
 void Engine::await_flush(Deadline deadline, const std::function<bool()> &returned, Op *keep) {
   for (;;) {
-    std::vector<std::shared_ptr<OpState>> done;
+    DoneList done;
     drain(&done);
     finish(done, keep);
     {
@@ -350,30 +374,32 @@ void Engine::cancel(Op *op) {
   Deadline deadline = Deadline::after_ms(kFlushWaitMs);
   {
     std::lock_guard<std::mutex> lk(mu_);
-    auto it = live_.find(op);
-    if (it == live_.end()) return;
-    std::shared_ptr<OpState> st = it->second;
-    // Requests not yet on the wire are simply dropped.
-    for (auto b = backlog_.begin(); b != backlog_.end();) {
-      if (b->st == st) {
-        b = backlog_.erase(b);
-        st->wrs_left--;
-      } else {
-        ++b;
+    OpState *st = live_;
+    while (st && st->op.get() != op) st = st->next;
+    if (!st) return;
+    // Requests not yet built are simply dropped.
+    for (auto b = backlog_.begin(); b != backlog_.end(); ++b) {
+      if (*b == st) {
+        backlog_.erase(b);
+        break;
       }
     }
-    bool on_wire = false;
-    for (auto &[id, p] : posted_) on_wire |= p == st;
-    if (!on_wire) {
-      live_.erase(it);
+    st->seg = st->op->segments().size();
+    if (st->on_wire == 0) {
+      DoneList dropped;  // its canceller completes the operation: the state just goes back
+      retire_locked(st, &dropped);
+      st->op.reset();
+      st->seg = 0, st->seg_done = 0, st->status = 0;
+      st->why.clear();
+      free_states_.push_back(st);
       return;
     }
     breakdown_locked(-ECANCELED, "an operation was cancelled while on the wire (RDMA cannot withdraw a posted request; the queue pair was reset)");
   }
   // Wait until the device has given back every request of this operation.
   await_flush(deadline, [&] {
-    for (auto &[id, p] : posted_)
-      if (p->op.get() == op) return false;
+    for (const Slot &s : slots_)
+      if (s.st && s.st->op.get() == op) return false;
     return true;
   }, op);
 }
@@ -386,18 +412,21 @@ void Engine::close(int err, const std::string &why) {
     breakdown_locked(err, why);
     closed_ = true;
   }
-  await_flush(deadline, [&] { return posted_.empty(); }, nullptr);
-  std::vector<std::shared_ptr<OpState>> rest;
+  await_flush(deadline, [&] { return free_slots_.size() == slots_.size(); }, nullptr);
+  DoneList rest;
   {
     std::lock_guard<std::mutex> lk(mu_);
-    for (auto &[op, st] : live_) {
+    // What the device did not give back in time: its slots are forgotten, its operations fail.
+    backlog_.clear();
+    for (Slot &s : slots_) s.st = nullptr;
+    free_slots_.clear();
+    for (int i = int(slots_.size()) - 1; i >= 0; i--) free_slots_.push_back(i);
+    while (OpState *st = live_) {
       if (st->status == 0) st->status = err, st->why = why;
-      rest.push_back(st);
+      retire_locked(st, &rest);
     }
-    live_.clear();
-    posted_.clear();
   }
-  for (auto &st : rest) st->op->complete(st->status, st->why);
+  finish(rest);
   if (Watch *w = watch_) {
     watch_ = nullptr;
     IoLoop::shared().run_sync([w] {

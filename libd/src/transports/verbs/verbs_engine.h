@@ -2,9 +2,14 @@
 //
 // An operation becomes work requests: each segment is cut at the device's message limit (or the
 // max_msg key), and remote-contiguous segments of a batch share one request as a gather/scatter
-// list (up to the device's SGE limit). Up to `depth` requests are on the wire; the rest wait in
-// order and go out as completions free their slots, each burst with one ibv_post_send (one
-// doorbell). Every request is signalled, so a completion frees exactly its slot.
+// list (up to the device's SGE limit). Requests are built straight into the send slots, up to
+// `depth` of them on the wire; operations that do not fit wait in order and are built as
+// completions free slots, each burst posted with one ibv_post_send (one doorbell). Every request
+// is signalled, so a completion frees exactly its slot.
+//
+// The per-operation path allocates nothing: slots are preallocated, an operation's state comes
+// from a free list, and the live and finished sets are lists through those states. At 64 bytes
+// the device's own path is a few microseconds, so every allocation and map lookup shows.
 //
 // Completions are event-driven: the completion channel's descriptor sits in the shared libuv
 // loop, which re-arms the queue and polls it. In polling mode a synchronous caller spins on the
@@ -24,7 +29,6 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "core/op.h"
@@ -33,7 +37,7 @@
 
 namespace libd::verbs {
 
-class Engine : public std::enable_shared_from_this<Engine> {
+class Engine : public OpDriver, public std::enable_shared_from_this<Engine> {
  public:
   struct Config {
     int depth = 64;
@@ -45,7 +49,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
 
   // Completion channel, completion queue and queue pair (RESET state). 0 or -errno + last_error.
   static int create(std::shared_ptr<Device> dev, const Config &cfg, FailFn on_fail, std::shared_ptr<Engine> *out);
-  ~Engine();
+  ~Engine() override;
 
   ibv_qp *qp() const { return qp_; }
   // Where the remote range is: element offset `first` is virtual address `va` under `rkey`.
@@ -60,32 +64,52 @@ class Engine : public std::enable_shared_from_this<Engine> {
   void post(const std::shared_ptr<Op> &op);
   // Synchronous: polling mode spins here until done or the deadline; event mode = post().
   void run(const std::shared_ptr<Op> &op);
-  void cancel(Op *op);
+  void cancel(Op *op) override;
+  // One round of caller-driven progress (polling mode): completions in, waiting requests out.
+  void progress() override;
   // Breaks the queue pair, waits (bounded) until the device gives every request back, fails what
   // is left with err/why and stops watching. Idempotent. Never called on the loop thread.
   void close(int err, const std::string &why);
 
  private:
+  static constexpr int kMaxSge = 16;
   struct OpState {
     std::shared_ptr<Op> op;
-    int wrs_left = 0;
+    size_t seg = 0;         // building: the next segment to put in a request
+    uint64_t seg_done = 0;  //   and how much of it is already in one
+    int on_wire = 0;        // requests posted and not yet completed
     int status = 0;
     std::string why;
+    OpState *prev = nullptr, *next = nullptr;  // the live list while running, the done list after
+    bool built() const { return seg == op->segments().size(); }
   };
-  struct Wr {
-    std::shared_ptr<OpState> st;
-    uint64_t va = 0;
-    uint32_t len = 0;
-    std::vector<ibv_sge> sges;
+  struct Slot {  // one send-queue entry; its index is the request's wr_id
+    OpState *st = nullptr;
+    ibv_send_wr wr;
+    ibv_sge sge[kMaxSge];
+  };
+  struct DoneList {  // finished states, in order, through `next`
+    OpState *head = nullptr;
+    OpState **tail = &head;
+    void push(OpState *st) {
+      st->next = nullptr;
+      *tail = st;
+      tail = &st->next;
+    }
   };
   struct Watch;
 
   Engine() = default;
-  bool enqueue(const std::shared_ptr<Op> &op, std::vector<std::shared_ptr<OpState>> *done);
-  void build_locked(const std::shared_ptr<OpState> &st);
-  void pump_locked(std::vector<std::shared_ptr<OpState>> *done);
-  void drain(std::vector<std::shared_ptr<OpState>> *done);
-  void finish(std::vector<std::shared_ptr<OpState>> &done, Op *keep = nullptr);
+  // An operation's state from the free list, linked into the live list. Under mu_.
+  OpState *acquire_locked(const std::shared_ptr<Op> &op);
+  // Off the live list and onto `done`. Under mu_.
+  void retire_locked(OpState *st, DoneList *done);
+  bool enqueue(const std::shared_ptr<Op> &op, DoneList *done);
+  // Fills one free slot with the next request of `st`. Under mu_.
+  void build_locked(OpState *st, Slot &slot);
+  void pump_locked(DoneList *done);
+  void drain(DoneList *done);
+  void finish(DoneList &done, Op *keep = nullptr);
   void await_flush(Deadline deadline, const std::function<bool()> &returned, Op *keep);
   void on_channel();
   void check_deadlines();
@@ -107,11 +131,13 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::shared_ptr<Mr> local_;
   uint64_t remote_first_ = 0, remote_va_ = 0;
   uint32_t rkey_ = 0;
-  uint64_t next_wr_id_ = 1;
-  std::unordered_map<uint64_t, std::shared_ptr<OpState>> posted_;  // by wr_id
-  std::deque<Wr> backlog_;
-  std::vector<ibv_send_wr> post_scratch_;  // under mu_
-  std::unordered_map<Op *, std::shared_ptr<OpState>> live_;  // not yet complete
+  std::vector<Slot> slots_;              // depth of them
+  std::vector<int> free_slots_;          // indexes into slots_
+  std::vector<ibv_send_wr *> burst_;     // the requests of one post, in order; reused
+  std::deque<OpState *> backlog_;        // not fully built yet, in order
+  std::vector<std::unique_ptr<OpState>> states_;  // every state ever made
+  std::vector<OpState *> free_states_;
+  OpState *live_ = nullptr;              // not yet complete
   bool broken_ = false;
   int broken_err_ = 0;
   std::string broken_why_;
