@@ -43,9 +43,12 @@ def libd_bench(*args):
     return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
 
 
-def perftest(tool, size, iters, port, gid):
-    """Runs a perftest server and client; returns the client's result row as floats."""
-    common = [tool, "-d", "rxe0", "-x", str(gid), "-s", str(size), "-n", str(iters), "-p", str(port), "-F"]
+def perftest(tool, size, port, gid, iters=None, seconds=None):
+    """Runs a perftest server and client, for `iters` operations or `seconds` of steady state
+    (perftest's duration mode leaves its start-up out of the figure, as libd-bench does); returns
+    the client's result row as floats."""
+    run = ["-n", str(iters)] if iters else ["-D", str(seconds)]
+    common = [tool, "-d", "rxe0", "-x", str(gid), "-s", str(size), *run, "-p", str(port), "-F"]
     server = subprocess.Popen(common, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         # The server listens on its tcp port once its device is open: retry until the client gets in.
@@ -96,18 +99,21 @@ def main():
             # Warm-up, not counted: the first minute of a fresh guest runs both sides slower.
             libd_bench("transport", "verbs", config + ";poll,1", "--sizes", "64,65536", "--inflight", INFLIGHT,
                        "--budget-ms", "500")
-            perftest("ib_write_bw", 65536, 500, port, gid)
+            perftest("ib_write_bw", 65536, port, gid, iters=500)
             for rnd in range(ROUNDS):
                 for size in BW_SIZES:
                     print(f"round {rnd + 1}/{ROUNDS}: bandwidth {human(size)} ...", flush=True)
-                    iters = max(200, min(5000, (48 << 20) // size))
                     ours = libd_bench("transport", "verbs", config + ";depth,128;poll,1", "--sizes", size,
                                       "--inflight", INFLIGHT, "--budget-ms", "1000")
                     ev = libd_bench("transport", "verbs", config + ";depth,128", "--sizes", size,
                                     "--inflight", INFLIGHT, "--budget-ms", "1000") if rnd == 0 else []
                     for op, tool in (("write", "ib_write_bw"), ("read", "ib_read_bw")):
                         port += 1
-                        ref = perftest(tool, size, iters, port, gid)[3] * 1e6 / 1e9  # MB/s -> GB/s
+                        # Small sizes: perftest's duration mode (steady state; a run of 5000
+                        # operations is ~0.1 s of which the start-up is a visible part). From 1 MiB
+                        # a count: 2 s is too few operations for its duration mode to report.
+                        timing = {"seconds": 2} if size < (1 << 20) else {"iters": max(200, (48 << 20) // size)}
+                        ref = perftest(tool, size, port, gid, **timing)[3] * 1e6 / 1e9  # MB/s -> GB/s
                         mine = next(r["gbps"] for r in ours if r["op"] == op)
                         ratios.setdefault((op, size, "bw"), []).append(mine / ref if ref else 0)
                         for r in ev:
@@ -118,7 +124,7 @@ def main():
                                  "--inflight", "1", "--budget-ms", "500")
                 for size in LAT_SIZES:
                     port += 1
-                    ref = perftest("ib_read_lat", size, 1000, port, gid)[4]  # t_typical
+                    ref = perftest("ib_read_lat", size, port, gid, iters=1000)[4]  # t_typical
                     mine = next(r["median_us"] for r in lat if r["op"] == "read" and r["size"] == size)
                     ratios.setdefault(("read", size, "lat"), []).append(mine / ref if ref else 0)
                     wr = next(r["median_us"] for r in lat if r["op"] == "write" and r["size"] == size)
