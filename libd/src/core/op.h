@@ -26,8 +26,8 @@ class OpDriver {
   virtual ~OpDriver() = default;
   // Detaches `op`; returns only when the engine no longer touches its buffers.
   virtual void cancel(Op *op) = 0;
-  // One round of caller-driven progress; must not block.
-  virtual void progress() = 0;
+  // One round of caller-driven progress; must not block. Only called if the driver said it polls.
+  virtual void progress() {}
 };
 
 struct Segment {
@@ -62,8 +62,8 @@ class Op {
   // Waits until done or until `until`; returns the status or -ETIMEDOUT for the wait itself.
   int wait_until(Clock::time_point until);
 
-  // The transport installs how to detach the operation from its engine; cancel() runs it and
-  // returns only when the engine no longer touches the buffers.
+  // For a transport without a driver object (the test fake): how to detach the operation;
+  // cancel() runs it and returns only when the engine no longer touches the buffers.
   void set_canceller(std::function<void(Op *)> fn);
   int cancel();
   // The engine's side: cancel() goes to driver->cancel; if `polls`, waiters call

@@ -50,13 +50,13 @@ class TcpTransport : public Transport {
   }
 
   int do_post(const std::shared_ptr<Op> &op) override {
-    arm_cancel(op);
+    op->set_driver(conn_, false);
     conn_->post(op);
     return 0;
   }
 
   int do_run(const std::shared_ptr<Op> &op, std::shared_lock<std::shared_mutex> &io) override {
-    arm_cancel(op);
+    op->set_driver(conn_, false);
     auto conn = conn_;
     io.unlock();  // a leader may wait a whole deadline: recover/terminate must not wait for it
     conn->run(op);
@@ -64,13 +64,6 @@ class TcpTransport : public Transport {
   }
 
  private:
-  void arm_cancel(const std::shared_ptr<Op> &op) {
-    std::weak_ptr<TcpConn> weak = conn_;
-    op->set_canceller([weak](Op *o) {
-      if (auto conn = weak.lock()) conn->detach(o);
-    });
-  }
-
   std::shared_ptr<TcpConn> conn_;
 };
 

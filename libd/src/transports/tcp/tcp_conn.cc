@@ -131,7 +131,7 @@ void TcpConn::run(const std::shared_ptr<Op> &op) {
   }
 }
 
-void TcpConn::detach(Op *op) {
+void TcpConn::cancel(Op *op) {
   Lock lk(mu_);
   std::shared_ptr<OpState> st;
   for (auto &[id, p] : inflight_)

@@ -30,7 +30,7 @@ namespace libd {
 
 using TcpCredentials = proto::Credentials;
 
-class TcpConn : public proto::FrameReader::Handler, public std::enable_shared_from_this<TcpConn> {
+class TcpConn : public proto::FrameReader::Handler, public OpDriver, public std::enable_shared_from_this<TcpConn> {
  public:
   using FailFn = std::function<void(int err, const std::string &why)>;
 
@@ -44,7 +44,7 @@ class TcpConn : public proto::FrameReader::Handler, public std::enable_shared_fr
   // Runs an operation to completion, leading progress in this thread when the connection is idle.
   void run(const std::shared_ptr<Op> &op);
   // Detaches an operation (cancel): on return the connection no longer touches its buffers.
-  void detach(Op *op);
+  void cancel(Op *op) override;
   // Closes the connection; pending operations fail with err. Waits until the loop let go of it.
   void close(int err, const std::string &why);
 

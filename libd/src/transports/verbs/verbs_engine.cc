@@ -322,13 +322,14 @@ void Engine::finish(DoneList &done, Op *keep) {
   std::lock_guard<std::mutex> lk(mu_);
   for (OpState *st = done.head, *next; st; st = next) {
     next = st->next;
-    st->op.reset();
-    st->seg = 0, st->seg_done = 0, st->on_wire = 0, st->status = 0;
-    st->why.clear();
-    st->next = nullptr;
-    free_states_.push_back(st);
+    recycle_locked(st);
   }
   done = DoneList();
+}
+
+void Engine::recycle_locked(OpState *st) {
+  *st = OpState();
+  free_states_.push_back(st);
 }
 
 void Engine::on_channel() {
@@ -386,12 +387,9 @@ void Engine::cancel(Op *op) {
     }
     st->seg = st->op->segments().size();
     if (st->on_wire == 0) {
-      DoneList dropped;  // its canceller completes the operation: the state just goes back
+      DoneList dropped;  // Op::cancel completes the operation: the state just goes back
       retire_locked(st, &dropped);
-      st->op.reset();
-      st->seg = 0, st->seg_done = 0, st->status = 0;
-      st->why.clear();
-      free_states_.push_back(st);
+      recycle_locked(st);
       return;
     }
     breakdown_locked(-ECANCELED, "an operation was cancelled while on the wire (RDMA cannot withdraw a posted request; the queue pair was reset)");

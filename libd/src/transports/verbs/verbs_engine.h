@@ -104,6 +104,8 @@ class Engine : public OpDriver, public std::enable_shared_from_this<Engine> {
   OpState *acquire_locked(const std::shared_ptr<Op> &op);
   // Off the live list and onto `done`. Under mu_.
   void retire_locked(OpState *st, DoneList *done);
+  // Cleared and back on the free list. Under mu_.
+  void recycle_locked(OpState *st);
   bool enqueue(const std::shared_ptr<Op> &op, DoneList *done);
   // Fills one free slot with the next request of `st`. Under mu_.
   void build_locked(OpState *st, Slot &slot);
