@@ -7,6 +7,7 @@
 #include <sys/mman.h>
 
 #include <cstring>
+#include <thread>
 
 #include "core/params.h"
 #include "harness.h"
@@ -175,6 +176,101 @@ TEST(Verbs, PollingModeMovesTheSameData) {
   }
 }
 
+// Selective signalling: with many operations live, only some requests ask for a completion and
+// one completion stands for everything posted before it. Every operation must still complete with
+// its data however the caller waits: newest first (its request may have no signalled one after
+// it: the waiter posts a fence), in order, or not at all (the deadline tick fences). Both modes,
+// a read-write grant (the fence is a zero-length write) and a read-only one (a zero-length read).
+TEST(Verbs, UnsignalledRequestsStillCompleteEveryOperation) {
+  NEED_VERBS();
+  constexpr int kOps = 48;       // well over a quarter of the depth live: most requests go unsignalled
+  constexpr uint64_t kSize = 100;  // under the inline size: writes travel in the request
+  for (const char *mode : {"poll,1", "poll,0"}) {
+    SCOPED_TRACE(mode);
+    auto rig = make_rig("verbs", 1 << 20, 3, std::string(mode) + ";depth,64");
+    char *buf = nullptr;
+    ASSERT_EQ(0, libd_trdma_reg(rig.t, 1 << 20, reinterpret_cast<void **>(&buf)));
+    fill_random(buf, kOps * kSize, 11);
+    std::vector<libd_op *> ops(kOps);
+    for (int i = 0; i < kOps; i++)
+      ASSERT_EQ(0, libd_trdma_write_async(rig.t, kSize, i * kSize, buf + i * kSize, &ops[size_t(i)])) << libd_last_error();
+    for (int i = kOps - 1; i >= 0; i--) {
+      ASSERT_EQ(0, libd_op_wait(ops[size_t(i)], 5000)) << i << ": " << libd_last_error();
+      libd_op_free(ops[size_t(i)]);
+    }
+    char *back = buf + (1 << 19);
+    for (int i = 0; i < kOps; i++)
+      ASSERT_EQ(0, libd_trdma_read_async(rig.t, kSize, i * kSize, back + i * kSize, &ops[size_t(i)])) << libd_last_error();
+    // Nobody waits: the transport's counters show when every read has completed.
+    libd_stats st{};
+    Deadline until = Deadline::after_ms(5000);
+    while (libd_transport_stats(rig.t, &st) == 0 && st.read_ops < uint64_t(kOps) && !until.expired())
+      std::this_thread::yield();
+    EXPECT_EQ(uint64_t(kOps), st.read_ops) << "operations nobody waits for must complete too";
+    for (auto *op : ops) {
+      EXPECT_EQ(0, libd_op_wait(op, 5000)) << libd_last_error();
+      libd_op_free(op);
+    }
+    EXPECT_EQ(0, memcmp(buf, back, kOps * kSize));
+  }
+  auto ro = make_rig("verbs", 1 << 20, LIBD_RIGHT_READ, "poll,1;depth,64");
+  char *buf = nullptr;
+  ASSERT_EQ(0, libd_trdma_reg(ro.t, 1 << 20, reinterpret_cast<void **>(&buf)));
+  std::vector<libd_op *> ops(kOps);
+  for (int i = 0; i < kOps; i++)
+    ASSERT_EQ(0, libd_trdma_read_async(ro.t, kSize, i * kSize, buf + i * kSize, &ops[size_t(i)])) << libd_last_error();
+  for (int i = kOps - 1; i >= 0; i--) {
+    EXPECT_EQ(0, libd_op_wait(ops[size_t(i)], 5000)) << i << ": " << libd_last_error();
+    libd_op_free(ops[size_t(i)]);
+  }
+  EXPECT_EQ(LIBD_STATE_READY, libd_transport_state(ro.t)) << "a fence must be an operation the grant allows";
+}
+
+// Cancelling one operation among many unsignalled ones resets the queue pair. Requests still on
+// the wire are flushed back with a completion each; those that had already completed unsignalled
+// have none, and nothing signalled follows them any more — the engine's fence on the broken queue
+// pair must still tell. Every other operation completes (done or failed), and recover starts clean.
+TEST(Verbs, ACancelAmongUnsignalledRequestsFlushesEveryOperation) {
+  NEED_VERBS();
+  auto rig = make_rig("verbs", 4 << 20, 3, "poll,1;depth,64");
+  char *buf = nullptr;
+  ASSERT_EQ(0, libd_trdma_reg(rig.t, 4 << 20, reinterpret_cast<void **>(&buf)));
+  constexpr int kOps = 60;
+  std::vector<libd_op *> ops(kOps);
+  for (int i = 0; i < kOps; i++)
+    ASSERT_EQ(0, libd_trdma_write_async(rig.t, 65536, uint64_t(i % 32) * 65536, buf, &ops[size_t(i)])) << libd_last_error();
+  int rc = libd_op_cancel(ops[kOps / 2]);
+  EXPECT_TRUE(rc == 0 || rc == -ECANCELED) << rc;
+  for (int i = 0; i < kOps; i++) {
+    EXPECT_NE(-ETIMEDOUT, libd_op_wait(ops[size_t(i)], 5000)) << i << " never completed";
+    libd_op_free(ops[size_t(i)]);
+  }
+  ASSERT_EQ(0, libd_transport_recover(rig.t)) << libd_last_error();
+  fill_random(buf, 4096, 9);
+  ASSERT_EQ(0, libd_trdma_write(rig.t, 4096, 0, buf)) << libd_last_error();
+  ASSERT_EQ(0, libd_trdma_read(rig.t, 4096, 0, buf + 8192)) << libd_last_error();
+  EXPECT_EQ(0, memcmp(buf, buf + 8192, 4096));
+}
+
+// Inline writes (the data travels in the request) and, with inline,0, through the local key: the
+// same bytes land either way, at every size around the inline limit.
+TEST(Verbs, InlineAndRegisteredWritesLandTheSameBytes) {
+  NEED_VERBS();
+  for (const char *cfg : {"inline,128", "inline,0"}) {
+    SCOPED_TRACE(cfg);
+    auto rig = make_rig("verbs", 1 << 16, 3, cfg);
+    char *buf = nullptr;
+    ASSERT_EQ(0, libd_trdma_reg(rig.t, 1 << 16, reinterpret_cast<void **>(&buf)));
+    for (size_t n : {1ul, 64ul, 127ul, 128ul, 129ul, 1000ul}) {
+      fill_random(buf, n, n + 1);
+      ASSERT_EQ(0, libd_trdma_write(rig.t, n, 7, buf)) << libd_last_error();
+      std::memset(buf + 32768, 0, n);
+      ASSERT_EQ(0, libd_trdma_read(rig.t, n, 7, buf + 32768)) << libd_last_error();
+      ASSERT_EQ(0, memcmp(buf, buf + 32768, n)) << n;
+    }
+  }
+}
+
 TEST(Verbs, RevokeCutsTheClientOffAtOnce) {
   NEED_VERBS();
   for (const char *mw : {"1", "0"}) {
@@ -242,7 +338,7 @@ TEST(Verbs, TheDeviceEnforcesTheKeysScope) {
     // Inside the grant: fine.
     ASSERT_EQ(0, op_on(*ca.engine, OpKind::Read, 4096));
     // A's key, aimed 4 KiB past A's range (into B's): refused by the device.
-    ca.engine->set_remote(4096, ca.peer.addr + 4096, ca.peer.rkey);
+    ca.engine->set_remote(4096, ca.peer.addr + 4096, ca.peer.rkey, false);
     EXPECT_EQ(-EACCES, op_on(*ca.engine, OpKind::Read, 4096));
     // A read-only key refuses a write.
     verbs::Connected ca2;
@@ -252,7 +348,7 @@ TEST(Verbs, TheDeviceEnforcesTheKeysScope) {
       // B's key on A's queue pair: a type-2 window answers only its own queue pair.
       verbs::Connected ca3;
       ASSERT_EQ(0, connect(a, &ca3));
-      ca3.engine->set_remote(8192, cb.peer.addr, cb.peer.rkey);
+      ca3.engine->set_remote(8192, cb.peer.addr, cb.peer.rkey, false);
       EXPECT_EQ(-EACCES, op_on(*ca3.engine, OpKind::Read, 8192));
       ca3.engine->close(-ECONNABORTED, "test over");
     }

@@ -35,7 +35,7 @@ int Op::wait_until(Clock::time_point until) {
     for (unsigned round = 0; (s = status()) == -EINPROGRESS; round++) {
       if (round % kRoundsPerClockRead == 0 && until != Clock::time_point::max() && Clock::now() >= until)
         return -ETIMEDOUT;
-      d->progress();
+      d->progress(this);
     }
     return s;
   }

@@ -26,8 +26,9 @@ class OpDriver {
   virtual ~OpDriver() = default;
   // Detaches `op`; returns only when the engine no longer touches its buffers.
   virtual void cancel(Op *op) = 0;
-  // One round of caller-driven progress; must not block. Only called if the driver said it polls.
-  virtual void progress() {}
+  // One round of caller-driven progress for `waiting` (a waiter's operation; may be null); must
+  // not block. Only called if the driver said it polls.
+  virtual void progress(Op *waiting) { (void)waiting; }
 };
 
 struct Segment {
@@ -56,7 +57,7 @@ class Op {
   // status(), after one round of caller-driven progress if the engine polls (libd_op_poll).
   int poll() {
     if (driver_polls_ && !done())
-      if (auto d = driver_.lock()) d->progress();
+      if (auto d = driver_.lock()) d->progress(this);
     return status();
   }
   // Waits until done or until `until`; returns the status or -ETIMEDOUT for the wait itself.
@@ -73,6 +74,10 @@ class Op {
     driver_ = std::move(driver);
     driver_polls_ = polls;
   }
+  // The driver's own record of this operation, kept here so that progress(this) finds it
+  // without a lookup. Written and read only by the driver, under its own lock.
+  void set_driver_state(void *state) { driver_state_ = state; }
+  void *driver_state() const { return driver_state_; }
   // Runs once, right after completion (the transport's in-flight accounting).
   void set_on_done(std::function<void()> fn) { on_done_ = std::move(fn); }
 
@@ -92,6 +97,7 @@ class Op {
   std::function<void()> on_done_;
   std::weak_ptr<OpDriver> driver_;
   bool driver_polls_ = false;
+  void *driver_state_ = nullptr;
   std::string why_;
 };
 

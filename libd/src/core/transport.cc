@@ -35,6 +35,7 @@ int Transport::unsupported(const char *what) {
 
 void Transport::transition_locked(int to) {
   state_ = to;
+  state_now_.store(to, std::memory_order_release);
   seq_++;
   cv_.notify_all();
 }
@@ -323,72 +324,71 @@ int Transport::ensure_ready(Deadline deadline) {
   }
 }
 
-int Transport::prepare(OpKind kind, std::vector<Segment> segs, std::shared_ptr<Op> *out) {
-  if (this->kind() != LIBD_KIND_RDMA) return unsupported(kind == OpKind::Read ? "read" : "write");
-  if (segs.empty()) return set_error(-EINVAL, "no segments");
-  Deadline deadline = op_deadline();
-  {
-    std::shared_lock<std::shared_mutex> io(io_mu_);
-    if (int rc = check_local(segs)) {
-      std::lock_guard<std::mutex> lk(mu_);  // terminate drops the buffer: "terminated" says more
-      if (state_ == LIBD_STATE_TERMINATED) return set_error(-ESHUTDOWN, "transport " + quote(name_) + " is terminated");
-      return rc;
-    }
-  }
-  if (int rc = ensure_ready(deadline)) return rc;
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    unsigned need = kind == OpKind::Read ? LIBD_RIGHT_READ : LIBD_RIGHT_WRITE;
-    if (!(remote_rights_ & need))
-      return set_error(-EACCES, "transport " + quote(name_) + ": the grant does not allow " +
-                                    (kind == OpKind::Read ? "reads" : "writes"));
-    uint64_t lo = remote_base_, hi = remote_base_ + remote_len_;
-    for (const auto &s : segs)
-      if (s.raddr < lo || s.raddr > hi || s.size > hi - s.raddr)
-        return set_error(-ERANGE, "transport " + quote(name_) + ": remote range [" + std::to_string(s.raddr) +
-                                      ", +" + std::to_string(s.size) + ") is outside the granted [" +
-                                      std::to_string(lo) + ", " + std::to_string(hi) + ")");
-  }
-  *out = std::make_shared<Op>(kind, std::move(segs), deadline, stats_);
+int Transport::check_remote(OpKind kind, const std::vector<Segment> &segs) {
+  unsigned need = kind == OpKind::Read ? LIBD_RIGHT_READ : LIBD_RIGHT_WRITE;
+  if (!(remote_rights_ & need))
+    return set_error(-EACCES, "transport " + quote(name_) + ": the grant does not allow " +
+                                  (kind == OpKind::Read ? "reads" : "writes"));
+  uint64_t lo = remote_base_, hi = remote_base_ + remote_len_;
+  for (const auto &s : segs)
+    if (s.raddr < lo || s.raddr > hi || s.size > hi - s.raddr)
+      return set_error(-ERANGE, "transport " + quote(name_) + ": remote range [" + std::to_string(s.raddr) +
+                                    ", +" + std::to_string(s.size) + ") is outside the granted [" +
+                                    std::to_string(lo) + ", " + std::to_string(hi) + ")");
   return 0;
 }
 
-int Transport::start(const std::shared_ptr<Op> &op, bool sync) {
-  std::shared_lock<std::shared_mutex> io(io_mu_);
-  if (int rc = check_local(op->segments())) return rc;  // re-registered meanwhile
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    if (state_ != LIBD_STATE_READY)
-      return state_ == LIBD_STATE_TERMINATED ? set_error(-ESHUTDOWN, "transport " + quote(name_) + " is terminated")
-                                             : error_locked();
-  }
-  inflight_.fetch_add(1);
-  op->set_on_done([this] { inflight_.fetch_sub(1); });
-  if (op->bytes() == 0) {
-    op->complete(0);
+// One shared hold of the I/O lock covers the checks and the post: connect, recover, terminate and
+// reg take it exclusively, so the local buffer, the grant and the engine cannot change in
+// between. The state is read from its atomic mirror; only a transport that is not READY takes
+// the slow path (ensure_ready: lazy connect, or waiting for a configuration or a recover).
+int Transport::start(OpKind kind, std::vector<Segment> segs, bool sync, std::shared_ptr<Op> *out) {
+  if (this->kind() != LIBD_KIND_RDMA) return unsupported(kind == OpKind::Read ? "read" : "write");
+  if (segs.empty()) return set_error(-EINVAL, "no segments");
+  Deadline deadline = op_deadline();
+  for (;;) {
+    std::shared_lock<std::shared_mutex> io(io_mu_);
+    if (int rc = check_local(segs)) {
+      // terminate drops the buffer: "terminated" says more
+      if (state_now_.load(std::memory_order_acquire) == LIBD_STATE_TERMINATED)
+        return set_error(-ESHUTDOWN, "transport " + quote(name_) + " is terminated");
+      return rc;
+    }
+    if (state_now_.load(std::memory_order_acquire) != LIBD_STATE_READY) {
+      io.unlock();
+      if (int rc = ensure_ready(deadline)) return rc;
+      continue;  // READY now, or a moment ago: check everything again under the lock
+    }
+    // The grant is set by do_connect under the exclusive I/O lock: stable here.
+    if (int rc = check_remote(kind, segs)) return rc;
+    auto op = std::make_shared<Op>(kind, std::move(segs), deadline, stats_);
+    inflight_.fetch_add(1, std::memory_order_relaxed);
+    op->set_on_done([this] { inflight_.fetch_sub(1, std::memory_order_relaxed); });
+    *out = op;
+    if (op->bytes() == 0) {
+      op->complete(0);
+      return 0;
+    }
+    int rc = sync ? do_run(op, io) : do_post(op);
+    if (rc) {
+      std::string why = last_error();
+      op->complete(rc);
+      return set_error(rc, why);
+    }
     return 0;
   }
-  int rc = sync ? do_run(op, io) : do_post(op);
-  if (rc) {
-    std::string why = last_error();
-    op->complete(rc);
-    return set_error(rc, why);
-  }
-  return 0;
 }
 
 int Transport::submit(OpKind kind, std::vector<Segment> segs, std::shared_ptr<Op> *out) {
   std::shared_ptr<Op> op;
-  if (int rc = prepare(kind, std::move(segs), &op)) return rc;
-  if (int rc = start(op, false)) return rc;
+  if (int rc = start(kind, std::move(segs), false, &op)) return rc;
   *out = std::move(op);
   return 0;
 }
 
 int Transport::run(OpKind kind, std::vector<Segment> segs) {
   std::shared_ptr<Op> op;
-  if (int rc = prepare(kind, std::move(segs), &op)) return rc;
-  if (int rc = start(op, true)) return rc;
+  if (int rc = start(kind, std::move(segs), true, &op)) return rc;
   // The engine enforces the deadline; the grace covers its timer's granularity.
   int rc = op->wait_until(op->deadline().at() + std::chrono::milliseconds(500));
   if (rc == -ETIMEDOUT && !op->done()) {

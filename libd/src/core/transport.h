@@ -3,6 +3,7 @@
 // (local, shm, tcp, fake, verbs, servers) override the do_* hooks; every hook they leave out
 // answers -EOPNOTSUPP instead of crashing.
 #pragma once
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
@@ -128,10 +129,12 @@ class Transport : public libd_transport {
   int ensure_ready(Deadline deadline);
   int connect_locked(std::unique_lock<std::mutex> &lk, Deadline deadline, bool recovering);
   int error_locked();
-  // Checks and creates an operation (not yet started); prepare + start = submit.
-  int prepare(OpKind kind, std::vector<Segment> segs, std::shared_ptr<Op> *out);
-  int start(const std::shared_ptr<Op> &op, bool sync);
+  // Checks, creates and posts an operation (sync: through do_run). On success *out is set; it
+  // may also be set, already completed with the error, when the post itself failed.
+  int start(OpKind kind, std::vector<Segment> segs, bool sync, std::shared_ptr<Op> *out);
   int check_local(const std::vector<Segment> &segs);
+  // Rights and bounds against the grant. Under the shared I/O lock.
+  int check_remote(OpKind kind, const std::vector<Segment> &segs);
   void free_owned_buffer();
 
   std::string name_;
@@ -141,6 +144,7 @@ class Transport : public libd_transport {
   std::mutex mu_;
   std::condition_variable cv_;
   int state_ = LIBD_STATE_INIT;
+  std::atomic<int> state_now_{LIBD_STATE_INIT};  // state_, readable without mu_ (the operation fast path)
   uint64_t seq_ = 0;
   bool busy_ = false;  // a thread is connecting / recovering / terminating
   int error_code_ = 0;

@@ -23,7 +23,7 @@ uint32_t random_psn() {
   return rng() & 0xFFFFFF;
 }
 
-int create_rc_qp(Device &dev, ibv_cq *cq, const QpShape &shape, ibv_qp **out) {
+int create_rc_qp(Device &dev, ibv_cq *cq, const QpShape &shape, ibv_qp **out, int *inline_granted) {
   ibv_qp_init_attr ia = {};
   ia.send_cq = cq;
   ia.recv_cq = cq;
@@ -33,9 +33,17 @@ int create_rc_qp(Device &dev, ibv_cq *cq, const QpShape &shape, ibv_qp **out) {
   ia.cap.max_recv_wr = uint32_t(shape.recv_depth);
   ia.cap.max_send_sge = uint32_t(std::min(shape.max_sge, dev.max_sge()));
   ia.cap.max_recv_sge = 1;
+  ia.cap.max_inline_data = uint32_t(std::max(0, shape.max_inline));
   errno = 0;
   ibv_qp *qp = ibv_create_qp(dev.pd(), &ia);
+  if (!qp && ia.cap.max_inline_data) {
+    // The size of inline data a device takes is not in its attributes: asking is the only test.
+    ia.cap.max_inline_data = 0;
+    errno = 0;
+    qp = ibv_create_qp(dev.pd(), &ia);
+  }
   if (!qp) return verr(0, "cannot create a queue pair on " + dev.name() + " (depth " + std::to_string(ia.cap.max_send_wr) + ")");
+  if (inline_granted) *inline_granted = int(ia.cap.max_inline_data);  // the device writes back what it gave
   *out = qp;
   return 0;
 }

@@ -8,6 +8,8 @@
 //   dev, port_num, gid_index    device selection (default: discovered; see verbs/device.h)
 //   depth        work requests in flight (default 64)
 //   max_msg      largest single request; bigger transfers are split (default: the port's limit)
+//   inline       writes up to this many bytes travel inside the request (IBV_SEND_INLINE), if
+//                the device grants it; 0 turns it off (default 128, as UCX's rc transports)
 //   poll         1: synchronous calls spin on the completion queue (latency) instead of
 //                sleeping until the event loop sees the completion channel (default 0)
 //   timeout_ms   per-operation deadline (default 10000)
@@ -32,13 +34,15 @@ class VerbsTransport : public Transport {
 
   int do_init() override {
     if (!configured()) return set_error(-EINVAL, "needs host, port, grant and secret");
-    uint64_t port, depth, max_msg;
+    uint64_t port, depth, max_msg, max_inline;
     if (int rc = params_.get_u64("port", 0, &port)) return rc;
     if (port == 0 || port > 65535) return set_error(-EINVAL, "parameter 'port' must be 1..65535");
     if (params_.get_or("secret", "").size() < 32) return set_error(-EINVAL, "parameter 'secret' is too short");
     if (int rc = params_.get_u64("depth", 64, &depth)) return rc;
     if (depth == 0 || depth > 16384) return set_error(-EINVAL, "parameter 'depth' must be 1..16384");
     if (int rc = params_.get_size("max_msg", 0, &max_msg)) return rc;
+    if (int rc = params_.get_size("inline", 128, &max_inline)) return rc;
+    if (max_inline > 4096) return set_error(-EINVAL, "parameter 'inline' must be 0..4096");
     std::string poll = params_.get_or("poll", "0");
     if (poll != "0" && poll != "1") return set_error(-EINVAL, "parameter 'poll' must be 0 or 1");
     if (!verbs::parse_setup(params_.get_or("setup", "auto"), &setup_))
@@ -49,6 +53,7 @@ class VerbsTransport : public Transport {
     if (max_msg) cfg_.max_msg = uint32_t(std::min<uint64_t>(max_msg, cfg_.max_msg));
     cfg_.max_sge = std::min(dev_->max_sge(), 16);
     cfg_.poll_mode = poll == "1";
+    cfg_.max_inline = int(max_inline);
     return 0;
   }
 

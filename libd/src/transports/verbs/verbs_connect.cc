@@ -115,7 +115,7 @@ int connect_engine(std::shared_ptr<Device> dev, const Engine::Config &cfg, const
   }
   if (peer.length != grant.length || peer.rights != (grant.rights & 3u))
     return give_up(-EPROTO, "the memory element's verbs key does not match its grant");
-  engine->set_remote(grant.offset, peer.addr, peer.rkey);
+  engine->set_remote(grant.offset, peer.addr, peer.rkey, (peer.rights & LIBD_RIGHT_WRITE) != 0);
   engine->start(fd);
   out->engine = std::move(engine);
   out->grant = grant;

@@ -17,6 +17,7 @@ namespace {
 constexpr uint64_t kDeadlineTickMs = 50;
 constexpr int64_t kFlushWaitMs = 3000;  // how long close() waits for the device to give requests back
 constexpr int kPollBatch = 32;
+constexpr uint64_t kSignalEveryMax = 16;  // perftest signals 1 in 100; a quarter of the depth keeps slots turning
 }  // namespace
 
 // The loop-side handles; freed by their close callbacks, so they may outlive the engine briefly.
@@ -34,8 +35,7 @@ int Engine::create(std::shared_ptr<Device> dev, const Config &cfg, FailFn on_fai
   e->cfg_ = cfg;
   e->cfg_.max_sge = std::max(1, std::min(cfg.max_sge, kMaxSge));
   e->slots_.resize(size_t(cfg.depth));
-  e->free_slots_.reserve(size_t(cfg.depth));
-  for (int i = cfg.depth - 1; i >= 0; i--) e->free_slots_.push_back(i);
+  e->signal_every_ = std::max<uint64_t>(1, std::min<uint64_t>(kSignalEveryMax, uint64_t(cfg.depth) / 4));
   e->burst_.reserve(size_t(cfg.depth));
   e->on_fail_ = std::move(on_fail);
   e->channel_ = ibv_create_comp_channel(e->dev_->ctx());
@@ -47,7 +47,8 @@ int Engine::create(std::shared_ptr<Device> dev, const Config &cfg, FailFn on_fai
   QpShape shape;
   shape.send_depth = cfg.depth;
   shape.max_sge = e->cfg_.max_sge;
-  if (int rc = create_rc_qp(*e->dev_, e->cq_, shape, &e->qp_)) return rc;
+  shape.max_inline = cfg.max_inline;
+  if (int rc = create_rc_qp(*e->dev_, e->cq_, shape, &e->qp_, &e->max_inline_)) return rc;
   *out = std::move(e);
   return 0;
 }
@@ -60,9 +61,9 @@ Engine::~Engine() {
   if (control_fd_ >= 0) ::close(control_fd_);
 }
 
-void Engine::set_remote(uint64_t first, uint64_t va, uint32_t rkey) {
+void Engine::set_remote(uint64_t first, uint64_t va, uint32_t rkey, bool writable) {
   std::lock_guard<std::mutex> lk(mu_);
-  remote_first_ = first, remote_va_ = va, rkey_ = rkey;
+  remote_first_ = first, remote_va_ = va, rkey_ = rkey, writable_ = writable;
 }
 
 void Engine::attach_cm(std::unique_ptr<CmLink> link) { cm_ = std::move(link); }
@@ -96,7 +97,7 @@ void Engine::start(int control_fd) {
           std::lock_guard<std::mutex> lk(e->mu_);
           e->breakdown_locked(-ECONNRESET, "the memory element closed the connection (grant revoked or server gone)");
         }
-        e->progress();
+        e->progress(nullptr);
       }
     });
     uv_timer_start(&w->timer, [](uv_timer_t *t) {
@@ -123,10 +124,12 @@ Engine::OpState *Engine::acquire_locked(const std::shared_ptr<Op> &op) {
   OpState *st = free_states_.back();
   free_states_.pop_back();
   st->op = op;
+  op->set_driver_state(st);
   st->prev = nullptr;
   st->next = live_;
   if (live_) live_->prev = st;
   live_ = st;
+  live_count_++;
   return st;
 }
 
@@ -135,6 +138,7 @@ void Engine::retire_locked(OpState *st, DoneList *done) {
   else live_ = st->next;
   if (st->next) st->next->prev = st->prev;
   st->prev = nullptr;
+  live_count_--;
   done->push(st);
 }
 
@@ -142,9 +146,8 @@ void Engine::build_locked(OpState *st, Slot &slot) {
   const auto &segs = st->op->segments();
   ibv_send_wr &wr = slot.wr;
   wr = {};
-  wr.wr_id = uint64_t(&slot - slots_.data());
+  wr.wr_id = head_;
   wr.opcode = st->op->kind() == OpKind::Read ? IBV_WR_RDMA_READ : IBV_WR_RDMA_WRITE;
-  wr.send_flags = IBV_SEND_SIGNALED;
   wr.sg_list = slot.sge;
   wr.wr.rdma.rkey = rkey_;
   uint32_t len = 0;
@@ -166,37 +169,48 @@ void Engine::build_locked(OpState *st, Slot &slot) {
     len += piece;
     st->seg_done += piece;
   }
+  if (wr.opcode == IBV_WR_RDMA_WRITE && len <= uint32_t(max_inline_)) wr.send_flags = IBV_SEND_INLINE;
   slot.st = st;
   st->on_wire++;
+  st->last_seq = head_++;
 }
 
 void Engine::pump_locked(DoneList *done) {
-  if (!broken_ && !backlog_.empty() && !free_slots_.empty()) {
+  if (!broken_ && !backlog_.empty() && free_slots_locked() > 0) {
     burst_.clear();
-    while (!backlog_.empty() && !free_slots_.empty()) {
+    uint64_t first = head_;
+    while (!backlog_.empty() && free_slots_locked() > 0) {
       OpState *st = backlog_.front();
-      Slot &slot = slots_[size_t(free_slots_.back())];
-      free_slots_.pop_back();
+      Slot &slot = slot_of(head_);
       build_locked(st, slot);
+      bool ends_op = st->built();
+      if (head_ - covered_ >= signal_every_ || free_slots_locked() == 0 ||
+          (ends_op && (st->urgent || live_count_ < signal_every_))) {
+        slot.wr.send_flags |= IBV_SEND_SIGNALED;
+        covered_ = head_;
+      }
       if (!burst_.empty()) burst_.back()->next = &slot.wr;
       burst_.push_back(&slot.wr);
-      if (st->built()) backlog_.pop_front();  // its last piece is in a request
+      if (ends_op) backlog_.pop_front();  // its last piece is in a request
+    }
+    if (!cfg_.poll_mode && covered_ != head_) {  // nobody polls in event mode: the burst must end signalled
+      burst_.back()->send_flags |= IBV_SEND_SIGNALED;
+      covered_ = head_;
     }
     ibv_send_wr *bad = nullptr;
     if (int rc = ibv_post_send(qp_, burst_.front(), &bad)) {
-      // From `bad` on nothing reached the send queue: give those slots back.
-      bool unposted = false;
-      for (ibv_send_wr *w : burst_) {
-        unposted |= w == bad || !bad;
-        if (!unposted) continue;
-        Slot &slot = slots_[w->wr_id];
+      // From `bad` on nothing reached the send queue: give those slots back (the newest ones).
+      uint64_t unposted_from = bad ? bad->wr_id : first;
+      for (uint64_t seq = unposted_from; seq < head_; seq++) {
+        Slot &slot = slot_of(seq);
         OpState *st = slot.st;
         slot.st = nullptr;
-        free_slots_.push_back(int(w->wr_id));
         st->on_wire--;
         if (st->status == 0) st->status = -EIO, st->why = std::string("posting to the send queue failed: ") + strerror(rc);
         if (st->on_wire == 0 && st->built()) retire_locked(st, done);
       }
+      head_ = unposted_from;
+      covered_ = std::min(covered_, head_);  // the break flushes everything posted back anyway
       breakdown_locked(-EIO, std::string("posting to the send queue failed: ") + strerror(rc));
     }
   }
@@ -211,20 +225,48 @@ void Engine::pump_locked(DoneList *done) {
   }
 }
 
+void Engine::fence_locked() {
+  if (free_slots_locked() == 0) return;  // a full ring ends in a signalled request
+  Slot &slot = slot_of(head_);
+  slot.st = nullptr;
+  ibv_send_wr &wr = slot.wr;
+  wr = {};
+  wr.wr_id = head_;
+  wr.opcode = writable_ ? IBV_WR_RDMA_WRITE : IBV_WR_RDMA_READ;  // what the memory element's queue pair allows
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.num_sge = 0;  // zero length: no key or address is checked (IBA C9-88)
+  wr.wr.rdma.remote_addr = remote_va_;
+  wr.wr.rdma.rkey = rkey_;
+  ibv_send_wr *bad = nullptr;
+  head_++;
+  if (int rc = ibv_post_send(qp_, &wr, &bad)) {
+    head_--;
+    breakdown_locked(-EIO, std::string("posting to the send queue failed: ") + strerror(rc));
+    return;
+  }
+  covered_ = head_;
+}
+
 void Engine::breakdown_locked(int err, const std::string &why) {
   if (broken_) return;
   broken_ = true;
   broken_err_ = err;
   broken_why_ = why;
   break_qp(qp_);
+  // Requests that completed unsignalled just before the break have no completion of their own,
+  // and no later request will now be signalled: one posted to the broken queue pair is flushed
+  // back at once, and its completion stands for them. (If the device refuses it, close() and
+  // cancel() give up on them at their deadline.)
+  if (covered_ < head_) fence_locked();
   if (!closed_ && on_fail_) on_fail_(err, why);
 }
 
 // Queues the operation's requests and posts what the depth allows. false if it completed at
 // once (the queue pair was already broken or closed).
-bool Engine::enqueue(const std::shared_ptr<Op> &op, DoneList *done) {
+bool Engine::enqueue(const std::shared_ptr<Op> &op, bool urgent, DoneList *done) {
   std::lock_guard<std::mutex> lk(mu_);
   OpState *st = acquire_locked(op);
+  st->urgent = urgent;
   if (broken_ || closed_) {
     st->status = broken_ ? broken_err_ : -ECONNABORTED;
     st->why = broken_ ? broken_why_ : "the transport was closed";
@@ -240,7 +282,7 @@ void Engine::post(const std::shared_ptr<Op> &op) {
   // Polling mode: whoever waits for it drives progress; the loop still sees the channel as a backstop.
   op->set_driver(weak_from_this(), cfg_.poll_mode);
   DoneList done;
-  bool queued = enqueue(op, &done);
+  bool queued = enqueue(op, false, &done);
   finish(done);
   // Polling mode asks for no events: an event per completion would wake the loop thread and cost
   // a system call to re-arm, for every operation. Waiters and libd_op_poll drive progress; the
@@ -259,7 +301,7 @@ void Engine::run(const std::shared_ptr<Op> &op) {
   }
   op->set_driver(weak_from_this(), true);
   DoneList done;
-  enqueue(op, &done);
+  enqueue(op, true, &done);
   finish(done);
   for (unsigned round = 1; !op->done(); round++) {
     drain(&done);
@@ -272,45 +314,60 @@ void Engine::run(const std::shared_ptr<Op> &op) {
   }
 }
 
-void Engine::progress() {
+void Engine::progress(Op *waiting) {
   DoneList done;
-  drain(&done);
+  drain(&done, waiting);
   finish(done);
 }
 
 // ---- completions ----------------------------------------------------------------------------
 
-void Engine::drain(DoneList *done) {
+void Engine::drain(DoneList *done, Op *waiting) {
   ibv_wc wc[kPollBatch];
   std::lock_guard<std::mutex> lk(mu_);
+  bool any = false;
   for (;;) {
     int n = ibv_poll_cq(cq_, kPollBatch, wc);
     if (n <= 0) break;
-    for (int i = 0; i < n; i++) {
-      if (wc[i].wr_id >= slots_.size() || !slots_[wc[i].wr_id].st) continue;  // given back by close()
-      Slot &slot = slots_[wc[i].wr_id];
-      OpState *st = slot.st;
-      slot.st = nullptr;
-      free_slots_.push_back(int(wc[i].wr_id));
-      if (wc[i].status != IBV_WC_SUCCESS && st->status == 0) {
-        if (wc[i].status == IBV_WC_WR_FLUSH_ERR && broken_) {
-          st->status = broken_err_, st->why = broken_why_;
-        } else {
-          // Access: the key does not cover the range, lacks the right, or was revoked. Invalid
-          // request: the server's queue pair does not allow the operation at all (read-only).
-          bool access = wc[i].status == IBV_WC_REM_ACCESS_ERR || wc[i].status == IBV_WC_REM_INV_REQ_ERR;
-          st->status = access ? -EACCES : -EIO;
-          st->why = std::string("work completion error: ") + ibv_wc_status_str(wc[i].status) +
-                    (access ? " (the memory element's key does not allow this range or operation, or was revoked)"
-                     : wc[i].status == IBV_WC_RETRY_EXC_ERR ? " (the peer stopped answering)" : "");
-          breakdown_locked(st->status, st->why);
-        }
-      }
-      if (--st->on_wire == 0 && st->built()) retire_locked(st, done);
-    }
+    any = true;
+    for (int i = 0; i < n; i++) complete_through_locked(wc[i], done);
     if (n < kPollBatch) break;
   }
+  if (!any && waiting) {
+    // Nothing came: if the waiter's operation ended in a request that no signalled one follows,
+    // no completion will ever say so. The state is checked to still be this operation's.
+    auto *st = static_cast<OpState *>(waiting->driver_state());
+    if (!broken_ && st && st->op.get() == waiting && st->built() && st->on_wire > 0 && !covered_locked(st))
+      fence_locked();
+  }
   pump_locked(done);
+}
+
+void Engine::complete_through_locked(const ibv_wc &wc, DoneList *done) {
+  if (wc.wr_id < tail_ || wc.wr_id >= head_) return;  // given back by close() already
+  for (uint64_t seq = tail_; seq <= wc.wr_id; seq++) {
+    Slot &slot = slot_of(seq);
+    OpState *st = slot.st;
+    slot.st = nullptr;
+    if (!st) continue;  // a fence
+    // Requests before the one completed succeeded: an error always completes, and first.
+    if (seq == wc.wr_id && wc.status != IBV_WC_SUCCESS && st->status == 0) {
+      if (wc.status == IBV_WC_WR_FLUSH_ERR && broken_) {
+        st->status = broken_err_, st->why = broken_why_;
+      } else {
+        // Access: the key does not cover the range, lacks the right, or was revoked. Invalid
+        // request: the server's queue pair does not allow the operation at all (read-only).
+        bool access = wc.status == IBV_WC_REM_ACCESS_ERR || wc.status == IBV_WC_REM_INV_REQ_ERR;
+        st->status = access ? -EACCES : -EIO;
+        st->why = std::string("work completion error: ") + ibv_wc_status_str(wc.status) +
+                  (access ? " (the memory element's key does not allow this range or operation, or was revoked)"
+                   : wc.status == IBV_WC_RETRY_EXC_ERR ? " (the peer stopped answering)" : "");
+        breakdown_locked(st->status, st->why);
+      }
+    }
+    if (--st->on_wire == 0 && st->built()) retire_locked(st, done);
+  }
+  tail_ = wc.wr_id + 1;
 }
 
 // Completes what `done` holds (except `keep`, which its canceller completes) and returns the
@@ -338,12 +395,14 @@ void Engine::on_channel() {
   while (ibv_get_cq_event(channel_, &cq, &ctx) == 0) ibv_ack_cq_events(cq, 1);
   armed_.store(false);
   if (!cfg_.poll_mode) arm();  // polling mode: see post()
-  progress();
+  progress(nullptr);
 }
 
 void Engine::check_deadlines() {
   {
     std::lock_guard<std::mutex> lk(mu_);
+    // Operations nobody waits for (polling mode): whatever ended unsignalled gets a fence.
+    if (cfg_.poll_mode && !broken_ && tail_ < head_ && covered_ < head_) fence_locked();
     for (OpState *st = live_; st; st = st->next) {
       if (st->op->deadline().expired()) {
         breakdown_locked(-ETIMEDOUT, "an operation did not complete within its deadline (the queue pair was reset)");
@@ -351,7 +410,7 @@ void Engine::check_deadlines() {
       }
     }
   }
-  progress();
+  progress(nullptr);
 }
 
 // Once the queue pair is in ERROR the device hands every posted request back as a flush
@@ -396,8 +455,8 @@ void Engine::cancel(Op *op) {
   }
   // Wait until the device has given back every request of this operation.
   await_flush(deadline, [&] {
-    for (const Slot &s : slots_)
-      if (s.st && s.st->op.get() == op) return false;
+    for (uint64_t seq = tail_; seq < head_; seq++)
+      if (OpState *st = slot_of(seq).st; st && st->op.get() == op) return false;
     return true;
   }, op);
 }
@@ -410,15 +469,14 @@ void Engine::close(int err, const std::string &why) {
     breakdown_locked(err, why);
     closed_ = true;
   }
-  await_flush(deadline, [&] { return free_slots_.size() == slots_.size(); }, nullptr);
+  await_flush(deadline, [&] { return tail_ == head_; }, nullptr);
   DoneList rest;
   {
     std::lock_guard<std::mutex> lk(mu_);
     // What the device did not give back in time: its slots are forgotten, its operations fail.
     backlog_.clear();
     for (Slot &s : slots_) s.st = nullptr;
-    free_slots_.clear();
-    for (int i = int(slots_.size()) - 1; i >= 0; i--) free_slots_.push_back(i);
+    tail_ = covered_ = head_;  // a late completion of theirs is ignored (wr_id < tail_)
     while (OpState *st = live_) {
       if (st->status == 0) st->status = err, st->why = why;
       retire_locked(st, &rest);

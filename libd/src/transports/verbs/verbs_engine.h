@@ -4,8 +4,20 @@
 // max_msg key), and remote-contiguous segments of a batch share one request as a gather/scatter
 // list (up to the device's SGE limit). Requests are built straight into the send slots, up to
 // `depth` of them on the wire; operations that do not fit wait in order and are built as
-// completions free slots, each burst posted with one ibv_post_send (one doorbell). Every request
-// is signalled, so a completion frees exactly its slot.
+// completions free slots, each burst posted with one ibv_post_send (one doorbell). Writes up to
+// the queue pair's inline size travel in the request itself (IBV_SEND_INLINE): no local key
+// lookup and no DMA read of the buffer.
+//
+// Selective signalling, as perftest and UCX do: a reliable connection completes its send queue in
+// order, so one completion stands for every request posted before it, and only some requests ask
+// for one. The slots are therefore a ring in posting order (request n in slot n % depth) and a
+// completion gives back every slot up to its own. A request is signalled when it is the
+// `signal_every`-th since the last signalled one, when it takes the last free slot, when it ends
+// an operation someone waits on synchronously or one of only a few live ones, and (event mode)
+// when it ends a burst, since no one polls there. A waiter whose operation ended in an unsignalled
+// request that nothing signalled follows yet posts a zero-length signalled request (a fence);
+// the deadline tick does the same for operations nobody waits for. A request in error, and every
+// request flushed after it, completes whether signalled or not.
 //
 // The per-operation path allocates nothing: slots are preallocated, an operation's state comes
 // from a free list, and the live and finished sets are lists through those states. At 64 bytes
@@ -43,6 +55,7 @@ class Engine : public OpDriver, public std::enable_shared_from_this<Engine> {
     int depth = 64;
     uint32_t max_msg = 1u << 30;
     int max_sge = 16;
+    int max_inline = 128;  // asked of the device; it may grant less (see inline_size())
     bool poll_mode = false;
   };
   using FailFn = std::function<void(int err, const std::string &why)>;
@@ -52,8 +65,11 @@ class Engine : public OpDriver, public std::enable_shared_from_this<Engine> {
   ~Engine() override;
 
   ibv_qp *qp() const { return qp_; }
-  // Where the remote range is: element offset `first` is virtual address `va` under `rkey`.
-  void set_remote(uint64_t first, uint64_t va, uint32_t rkey);
+  // Where the remote range is: element offset `first` is virtual address `va` under `rkey`;
+  // `writable`: the grant allows writes (a fence is then a zero-length write, else a read).
+  void set_remote(uint64_t first, uint64_t va, uint32_t rkey, bool writable);
+  // Bytes of a write that travel inline, as the device granted.
+  int inline_size() const { return max_inline_; }
   void set_local(std::shared_ptr<Mr> mr);
   // The rdma_cm identifier the queue pair was connected with: it lives as long as the engine.
   void attach_cm(std::unique_ptr<CmLink> link);
@@ -65,8 +81,9 @@ class Engine : public OpDriver, public std::enable_shared_from_this<Engine> {
   // Synchronous: polling mode spins here until done or the deadline; event mode = post().
   void run(const std::shared_ptr<Op> &op);
   void cancel(Op *op) override;
-  // One round of caller-driven progress (polling mode): completions in, waiting requests out.
-  void progress() override;
+  // One round of caller-driven progress (polling mode): completions in, waiting requests out,
+  // and a fence if `waiting` ended in an unsignalled request nothing signalled follows.
+  void progress(Op *waiting) override;
   // Breaks the queue pair, waits (bounded) until the device gives every request back, fails what
   // is left with err/why and stops watching. Idempotent. Never called on the loop thread.
   void close(int err, const std::string &why);
@@ -78,13 +95,15 @@ class Engine : public OpDriver, public std::enable_shared_from_this<Engine> {
     size_t seg = 0;         // building: the next segment to put in a request
     uint64_t seg_done = 0;  //   and how much of it is already in one
     int on_wire = 0;        // requests posted and not yet completed
+    uint64_t last_seq = 0;  // the sequence number of its latest request
+    bool urgent = false;    // a synchronous caller waits: its last request is signalled
     int status = 0;
     std::string why;
     OpState *prev = nullptr, *next = nullptr;  // the live list while running, the done list after
     bool built() const { return seg == op->segments().size(); }
   };
-  struct Slot {  // one send-queue entry; its index is the request's wr_id
-    OpState *st = nullptr;
+  struct Slot {  // one send-queue entry; wr_id is the request's sequence number
+    OpState *st = nullptr;  // null for a fence
     ibv_send_wr wr;
     ibv_sge sge[kMaxSge];
   };
@@ -106,11 +125,18 @@ class Engine : public OpDriver, public std::enable_shared_from_this<Engine> {
   void retire_locked(OpState *st, DoneList *done);
   // Cleared and back on the free list. Under mu_.
   void recycle_locked(OpState *st);
-  bool enqueue(const std::shared_ptr<Op> &op, DoneList *done);
+  bool enqueue(const std::shared_ptr<Op> &op, bool urgent, DoneList *done);
   // Fills one free slot with the next request of `st`. Under mu_.
   void build_locked(OpState *st, Slot &slot);
   void pump_locked(DoneList *done);
-  void drain(DoneList *done);
+  // Gives back the slots of requests [tail_, seq], which completed (the last with `wc`). Under mu_.
+  void complete_through_locked(const ibv_wc &wc, DoneList *done);
+  // Posts a zero-length signalled request so that everything before it completes. Under mu_.
+  void fence_locked();
+  bool covered_locked(const OpState *st) const { return st->last_seq < covered_; }
+  size_t free_slots_locked() const { return slots_.size() - size_t(head_ - tail_); }
+  Slot &slot_of(uint64_t seq) { return slots_[size_t(seq % slots_.size())]; }
+  void drain(DoneList *done, Op *waiting = nullptr);
   void finish(DoneList &done, Op *keep = nullptr);
   void await_flush(Deadline deadline, const std::function<bool()> &returned, Op *keep);
   void on_channel();
@@ -133,13 +159,19 @@ class Engine : public OpDriver, public std::enable_shared_from_this<Engine> {
   std::shared_ptr<Mr> local_;
   uint64_t remote_first_ = 0, remote_va_ = 0;
   uint32_t rkey_ = 0;
-  std::vector<Slot> slots_;              // depth of them
-  std::vector<int> free_slots_;          // indexes into slots_
+  bool writable_ = false;
+  int max_inline_ = 0;                   // as granted by the device
+  uint64_t signal_every_ = 1;
+  std::vector<Slot> slots_;              // a ring of depth slots, in posting order
+  uint64_t head_ = 0;                    // sequence number of the next request
+  uint64_t tail_ = 0;                    //   and of the oldest one not given back
+  uint64_t covered_ = 0;                 // requests before this one have a signalled one after them
   std::vector<ibv_send_wr *> burst_;     // the requests of one post, in order; reused
   std::deque<OpState *> backlog_;        // not fully built yet, in order
   std::vector<std::unique_ptr<OpState>> states_;  // every state ever made
   std::vector<OpState *> free_states_;
   OpState *live_ = nullptr;              // not yet complete
+  size_t live_count_ = 0;
   bool broken_ = false;
   int broken_err_ = 0;
   std::string broken_why_;
