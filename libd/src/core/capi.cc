@@ -11,6 +11,7 @@
 using libd::Action;
 using libd::OpKind;
 using libd::Segment;
+using libd::Segments;
 using libd::set_error;
 using libd::Transport;
 
@@ -40,7 +41,7 @@ int to_segments(const libd_iov *iov, int n, std::vector<Segment> *out) {
   return 0;
 }
 
-int start(libd_transport *t, OpKind kind, std::vector<Segment> segs, libd_op **op) {
+int start(libd_transport *t, OpKind kind, Segments segs, libd_op **op) {
   if (!t || !op) return set_error(-EINVAL, "NULL transport or op pointer");
   std::shared_ptr<libd::Op> o;
   if (int rc = T(t)->submit(kind, std::move(segs), &o)) return rc;

@@ -2,28 +2,27 @@
 
 namespace libd {
 
-Op::Op(OpKind kind, std::vector<Segment> segs, Deadline deadline, std::shared_ptr<Stats> stats)
+Op::Op(OpKind kind, Segments segs, Deadline deadline, std::shared_ptr<Stats> stats)
     : kind_(kind), segs_(std::move(segs)), deadline_(deadline), stats_(std::move(stats)),
       sampled_(stats_ && stats_->sample_latency()), start_ns_(sampled_ ? now_ns() : 0) {
   for (const auto &s : segs_) bytes_ += s.size;
 }
 
+// Lock-free unless someone sleeps on the condition variable: the completer publishes the status,
+// then looks for sleepers; a sleeper registers, then looks at the status. Both sequentially
+// consistent, so at least one of them sees the other (no lost wake-up).
 bool Op::complete(int status, std::string why) {
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    if (completing_) return false;  // a cancel raced a completion: the first one wins
-    completing_ = true;
-    why_ = std::move(why);
-  }
+  if (completing_.exchange(true, std::memory_order_acq_rel)) return false;  // a cancel raced a completion: the first one wins
+  why_ = std::move(why);  // published by the status store below
   // Accounting before the operation is seen done: a waiter that wakes finds the counters and the
   // transport's in-flight count already up to date (it may re-register at once, read stats, ...).
   if (stats_) stats_->record(kind_, bytes_, sampled_ ? now_ns() - start_ns_ : -1, status == 0);
   if (on_done_) on_done_();
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    status_.store(status, std::memory_order_release);
+  status_.store(status, std::memory_order_seq_cst);
+  if (sleepers_.load(std::memory_order_seq_cst) > 0) {
+    std::lock_guard<std::mutex> lk(mu_);  // a sleeper between its check and its wait holds mu_
+    cv_.notify_all();
   }
-  cv_.notify_all();
   return true;
 }
 
@@ -40,8 +39,10 @@ int Op::wait_until(Clock::time_point until) {
     return s;
   }
   std::unique_lock<std::mutex> lk(mu_);
-  if (!cv_.wait_until(lk, until, [&] { return status() != -EINPROGRESS; })) return -ETIMEDOUT;
-  return status();
+  sleepers_.fetch_add(1, std::memory_order_seq_cst);
+  bool done = cv_.wait_until(lk, until, [&] { return status_.load(std::memory_order_seq_cst) != -EINPROGRESS; });
+  sleepers_.fetch_sub(1, std::memory_order_relaxed);
+  return done ? status() : -ETIMEDOUT;
 }
 
 void Op::set_canceller(std::function<void(Op *)> fn) {
@@ -67,7 +68,6 @@ int Op::cancel() {
 
 namespace libd {
 std::string Op::message() {
-  std::lock_guard<std::mutex> lk(mu_);
-  return why_;
+  return done() ? why_ : std::string();  // written once, before the status
 }
 }  // namespace libd

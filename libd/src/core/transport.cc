@@ -283,7 +283,7 @@ int Transport::reg(size_t size, void **buf) {
   return 0;
 }
 
-int Transport::check_local(const std::vector<Segment> &segs) {
+int Transport::check_local(const Segments &segs) {
   if (!lbuf_)
     return set_error(-ENOBUFS, "transport " + quote(name_) + ": no local buffer registered; call reg() first");
   for (const auto &s : segs) {
@@ -324,7 +324,7 @@ int Transport::ensure_ready(Deadline deadline) {
   }
 }
 
-int Transport::check_remote(OpKind kind, const std::vector<Segment> &segs) {
+int Transport::check_remote(OpKind kind, const Segments &segs) {
   unsigned need = kind == OpKind::Read ? LIBD_RIGHT_READ : LIBD_RIGHT_WRITE;
   if (!(remote_rights_ & need))
     return set_error(-EACCES, "transport " + quote(name_) + ": the grant does not allow " +
@@ -342,7 +342,7 @@ int Transport::check_remote(OpKind kind, const std::vector<Segment> &segs) {
 // reg take it exclusively, so the local buffer, the grant and the engine cannot change in
 // between. The state is read from its atomic mirror; only a transport that is not READY takes
 // the slow path (ensure_ready: lazy connect, or waiting for a configuration or a recover).
-int Transport::start(OpKind kind, std::vector<Segment> segs, bool sync, std::shared_ptr<Op> *out) {
+int Transport::start(OpKind kind, Segments segs, bool sync, std::shared_ptr<Op> *out) {
   if (this->kind() != LIBD_KIND_RDMA) return unsupported(kind == OpKind::Read ? "read" : "write");
   if (segs.empty()) return set_error(-EINVAL, "no segments");
   Deadline deadline = op_deadline();
@@ -379,14 +379,14 @@ int Transport::start(OpKind kind, std::vector<Segment> segs, bool sync, std::sha
   }
 }
 
-int Transport::submit(OpKind kind, std::vector<Segment> segs, std::shared_ptr<Op> *out) {
+int Transport::submit(OpKind kind, Segments segs, std::shared_ptr<Op> *out) {
   std::shared_ptr<Op> op;
   if (int rc = start(kind, std::move(segs), false, &op)) return rc;
   *out = std::move(op);
   return 0;
 }
 
-int Transport::run(OpKind kind, std::vector<Segment> segs) {
+int Transport::run(OpKind kind, Segments segs) {
   std::shared_ptr<Op> op;
   if (int rc = start(kind, std::move(segs), true, &op)) return rc;
   // The engine enforces the deadline; the grace covers its timer's granularity.

@@ -75,9 +75,9 @@ class Transport : public libd_transport {
   int reg(size_t size, void **buf);
   int remote(uint64_t *size, unsigned *rights);
   // Validates, waits for READY (up to the deadline) and posts. *out is the running operation.
-  int submit(OpKind kind, std::vector<Segment> segs, std::shared_ptr<Op> *out);
+  int submit(OpKind kind, Segments segs, std::shared_ptr<Op> *out);
   // submit + wait; never longer than the deadline plus a grace period.
-  int run(OpKind kind, std::vector<Segment> segs);
+  int run(OpKind kind, Segments segs);
   // run() only if it cannot wait (see libd_trdma_read_nowait); -EAGAIN otherwise.
   int run_nowait(OpKind kind, Segment seg);
 
@@ -131,10 +131,10 @@ class Transport : public libd_transport {
   int error_locked();
   // Checks, creates and posts an operation (sync: through do_run). On success *out is set; it
   // may also be set, already completed with the error, when the post itself failed.
-  int start(OpKind kind, std::vector<Segment> segs, bool sync, std::shared_ptr<Op> *out);
-  int check_local(const std::vector<Segment> &segs);
+  int start(OpKind kind, Segments segs, bool sync, std::shared_ptr<Op> *out);
+  int check_local(const Segments &segs);
   // Rights and bounds against the grant. Under the shared I/O lock.
-  int check_remote(OpKind kind, const std::vector<Segment> &segs);
+  int check_remote(OpKind kind, const Segments &segs);
   void free_owned_buffer();
 
   std::string name_;
