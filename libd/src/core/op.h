@@ -49,6 +49,15 @@ class Segments {
     if (n_ == 1) one_ = *list.begin();
     else many_.assign(list);
   }
+  // A moved-from list is empty (the default move would keep n_ over an emptied vector).
+  Segments(Segments &&o) noexcept : one_(o.one_), many_(std::move(o.many_)), n_(o.n_) { o.n_ = 0, o.many_.clear(); }
+  Segments &operator=(Segments &&o) noexcept {
+    one_ = o.one_, many_ = std::move(o.many_), n_ = o.n_;
+    o.n_ = 0, o.many_.clear();
+    return *this;
+  }
+  Segments(const Segments &) = default;
+  Segments &operator=(const Segments &) = default;
   size_t size() const { return n_; }
   bool empty() const { return n_ == 0; }
   const Segment *begin() const { return many_.empty() ? &one_ : many_.data(); }
@@ -74,7 +83,8 @@ class Op {
   // Called by the transport once; later calls are ignored (a cancel may race a completion).
   // Returns true if this call completed the operation.
   bool complete(int status, std::string why = {});
-  // Why it failed, as the engine saw it ("" if it succeeded or the engine gave no reason).
+  // Why it failed, as the engine saw it ("" while running, if it succeeded, or if the engine gave
+  // no reason).
   std::string message();
   int status() const { return status_.load(std::memory_order_acquire); }
   bool done() const { return status() != -EINPROGRESS; }

@@ -90,7 +90,9 @@ int Transport::configure(const Params &extra) {
   }
   timeout_ms_ = int64_t(t);
   if (state_ == LIBD_STATE_READY || state_ == LIBD_STATE_ERROR) {
-    // A new address: drop the old connection, reconnect lazily on the next operation.
+    // A new address: drop the old connection, reconnect lazily on the next operation. Out of
+    // READY first, so that no operation reaches the engine being dropped (they wait for busy_).
+    transition_locked(LIBD_STATE_INITD);
     busy_ = true;
     lk.unlock();
     {

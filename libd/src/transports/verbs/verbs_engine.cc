@@ -178,7 +178,7 @@ void Engine::build_locked(OpState *st, Slot &slot) {
 void Engine::pump_locked(DoneList *done) {
   if (!broken_ && !backlog_.empty() && free_slots_locked() > 0) {
     burst_.clear();
-    uint64_t first = head_;
+    uint64_t first = head_, covered_before = covered_;
     while (!backlog_.empty() && free_slots_locked() > 0) {
       OpState *st = backlog_.front();
       Slot &slot = slot_of(head_);
@@ -210,7 +210,14 @@ void Engine::pump_locked(DoneList *done) {
         if (st->on_wire == 0 && st->built()) retire_locked(st, done);
       }
       head_ = unposted_from;
-      covered_ = std::min(covered_, head_);  // the break flushes everything posted back anyway
+      // Coverage counts only what reached the queue: the last signalled request among those, or
+      // what was covered before the burst. The break then fences whatever is left uncovered.
+      covered_ = covered_before;
+      for (uint64_t seq = unposted_from; seq > first; seq--)
+        if (slot_of(seq - 1).wr.send_flags & IBV_SEND_SIGNALED) {
+          covered_ = seq;
+          break;
+        }
       breakdown_locked(-EIO, std::string("posting to the send queue failed: ") + strerror(rc));
     }
   }
@@ -252,12 +259,13 @@ void Engine::breakdown_locked(int err, const std::string &why) {
   broken_ = true;
   broken_err_ = err;
   broken_why_ = why;
-  break_qp(qp_);
   // Requests that completed unsignalled just before the break have no completion of their own,
-  // and no later request will now be signalled: one posted to the broken queue pair is flushed
-  // back at once, and its completion stands for them. (If the device refuses it, close() and
-  // cancel() give up on them at their deadline.)
+  // and no later request will be signalled: a fence posted now, while the queue pair still
+  // takes requests, completes (done or flushed) and stands for them. (If the device refuses it —
+  // the queue pair may be in ERROR already — close() and cancel() give up on them at their
+  // deadline.)
   if (covered_ < head_) fence_locked();
+  break_qp(qp_);
   if (!closed_ && on_fail_) on_fail_(err, why);
 }
 
@@ -349,22 +357,23 @@ void Engine::complete_through_locked(const ibv_wc &wc, DoneList *done) {
     Slot &slot = slot_of(seq);
     OpState *st = slot.st;
     slot.st = nullptr;
-    if (!st) continue;  // a fence
     // Requests before the one completed succeeded: an error always completes, and first.
-    if (seq == wc.wr_id && wc.status != IBV_WC_SUCCESS && st->status == 0) {
-      if (wc.status == IBV_WC_WR_FLUSH_ERR && broken_) {
-        st->status = broken_err_, st->why = broken_why_;
-      } else {
+    if (seq == wc.wr_id && wc.status != IBV_WC_SUCCESS && (!st || st->status == 0)) {
+      int err = broken_err_;
+      std::string why = broken_why_;
+      if (wc.status != IBV_WC_WR_FLUSH_ERR || !broken_) {
         // Access: the key does not cover the range, lacks the right, or was revoked. Invalid
         // request: the server's queue pair does not allow the operation at all (read-only).
         bool access = wc.status == IBV_WC_REM_ACCESS_ERR || wc.status == IBV_WC_REM_INV_REQ_ERR;
-        st->status = access ? -EACCES : -EIO;
-        st->why = std::string("work completion error: ") + ibv_wc_status_str(wc.status) +
-                  (access ? " (the memory element's key does not allow this range or operation, or was revoked)"
-                   : wc.status == IBV_WC_RETRY_EXC_ERR ? " (the peer stopped answering)" : "");
-        breakdown_locked(st->status, st->why);
+        err = access ? -EACCES : -EIO;
+        why = std::string("work completion error: ") + ibv_wc_status_str(wc.status) +
+              (access ? " (the memory element's key does not allow this range or operation, or was revoked)"
+               : wc.status == IBV_WC_RETRY_EXC_ERR ? " (the peer stopped answering)" : "");
+        breakdown_locked(err, why);  // a fence's error too: the device has broken the queue pair
       }
+      if (st) st->status = err, st->why = std::move(why);
     }
+    if (!st) continue;  // a fence
     if (--st->on_wire == 0 && st->built()) retire_locked(st, done);
   }
   tail_ = wc.wr_id + 1;
@@ -401,10 +410,13 @@ void Engine::on_channel() {
 void Engine::check_deadlines() {
   {
     std::lock_guard<std::mutex> lk(mu_);
-    // Operations nobody waits for (polling mode): whatever ended unsignalled gets a fence.
+    // Operations nobody waits for (polling mode): whatever ended unsignalled gets a fence, and a
+    // tick for its completion to come before its deadline is judged.
+    uint64_t covered_before = covered_;
     if (cfg_.poll_mode && !broken_ && tail_ < head_ && covered_ < head_) fence_locked();
     for (OpState *st = live_; st; st = st->next) {
-      if (st->op->deadline().expired()) {
+      bool just_fenced = st->built() && st->on_wire > 0 && st->last_seq >= covered_before;
+      if (!just_fenced && st->op->deadline().expired()) {
         breakdown_locked(-ETIMEDOUT, "an operation did not complete within its deadline (the queue pair was reset)");
         break;
       }
@@ -432,6 +444,7 @@ void Engine::await_flush(Deadline deadline, const std::function<bool()> &returne
 
 void Engine::cancel(Op *op) {
   Deadline deadline = Deadline::after_ms(kFlushWaitMs);
+  progress(op);  // it may have finished on the wire already: then nothing needs resetting
   {
     std::lock_guard<std::mutex> lk(mu_);
     OpState *st = live_;
