@@ -159,6 +159,9 @@ class ShmTransport : public Transport {
 
   int do_post(const std::shared_ptr<Op> &op) override {
     if (!alive_->load(std::memory_order_relaxed)) {
+      // The watch saw the peer go and is about to say so; the failed operation must not find
+      // the transport still READY, so say it here too (fail() acts once).
+      fail(-ECONNRESET, "the memory element closed the connection (grant revoked or server gone)");
       op->complete(-ECONNRESET, "the memory element is gone");
       return 0;
     }
@@ -169,6 +172,7 @@ class ShmTransport : public Transport {
     }
     // A server that died during the copy leaves memory nobody will see again: say so.
     if (!alive_->load(std::memory_order_acquire)) {
+      fail(-ECONNRESET, "the memory element closed the connection (grant revoked or server gone)");
       op->complete(-ECONNRESET, "the memory element went away during the transfer");
       return 0;
     }
