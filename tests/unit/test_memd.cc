@@ -101,7 +101,9 @@ TEST_P(KilledServer, IsAnErrorWithinTheDeadlineAndRecoverWorksOnceBack) {
   memd->kill(SIGKILL);
   auto t0 = steady_clock::now();
   int rc = libd_trdma_read(t, 1 << 20, 0, buf);
-  for (int i = 0; rc == 0 && i < 100; i++) rc = libd_trdma_read(t, 1 << 20, 0, buf);  // shm may see it a moment later
+  // shm maps the memory itself, so reads still work until its watch sees the socket close (the
+  // loop thread may wait for a core on a loaded machine): keep reading, within the deadline.
+  while (rc == 0 && ms_since(t0) < 2000) rc = libd_trdma_read(t, 1 << 20, 0, buf);
   EXPECT_TRUE(rc == -ECONNRESET || rc == -ENOTCONN || rc == -ETIMEDOUT) << rc << " " << libd_last_error();
   EXPECT_LT(ms_since(t0), 2000.0) << "must fail within the deadline";
   EXPECT_EQ(LIBD_STATE_ERROR, libd_transport_state(t));
