@@ -19,6 +19,15 @@ using test::fill_random;
 using test::make_rig;
 using namespace libd;
 
+// After a reset: recover rebuilds the queue pair, and 4 KiB written then read back match.
+static void RecoverAndRoundTrip(libd_transport *t, char *buf, uint64_t seed) {
+  ASSERT_EQ(0, libd_transport_recover(t)) << libd_last_error();
+  fill_random(buf, 4096, seed);
+  ASSERT_EQ(0, libd_trdma_write(t, 4096, 0, buf)) << libd_last_error();
+  ASSERT_EQ(0, libd_trdma_read(t, 4096, 0, buf + 8192)) << libd_last_error();
+  EXPECT_EQ(0, memcmp(buf, buf + 8192, 4096));
+}
+
 #define NEED_VERBS()                                                         \
   do {                                                                       \
     if (!test::verbs_wanted()) GTEST_SKIP() << "no RDMA device on this host"; \
@@ -245,11 +254,7 @@ TEST(Verbs, ACancelAmongUnsignalledRequestsFlushesEveryOperation) {
     EXPECT_NE(-ETIMEDOUT, libd_op_wait(ops[size_t(i)], 5000)) << i << " never completed";
     libd_op_free(ops[size_t(i)]);
   }
-  ASSERT_EQ(0, libd_transport_recover(rig.t)) << libd_last_error();
-  fill_random(buf, 4096, 9);
-  ASSERT_EQ(0, libd_trdma_write(rig.t, 4096, 0, buf)) << libd_last_error();
-  ASSERT_EQ(0, libd_trdma_read(rig.t, 4096, 0, buf + 8192)) << libd_last_error();
-  EXPECT_EQ(0, memcmp(buf, buf + 8192, 4096));
+  RecoverAndRoundTrip(rig.t, buf, 9);
 }
 
 // Inline writes (the data travels in the request) and, with inline,0, through the local key: the
@@ -373,11 +378,7 @@ TEST(Verbs, ACancelledOperationResetsTheQueuePairAndRecoverRebuildsIt) {
   } else {
     ASSERT_EQ(0, rc) << "the write finished before the cancel";
   }
-  ASSERT_EQ(0, libd_transport_recover(rig.t)) << libd_last_error();
-  fill_random(buf, 4096, 1);
-  ASSERT_EQ(0, libd_trdma_write(rig.t, 4096, 0, buf)) << libd_last_error();
-  ASSERT_EQ(0, libd_trdma_read(rig.t, 4096, 0, buf + 8192)) << libd_last_error();
-  EXPECT_EQ(0, memcmp(buf, buf + 8192, 4096));
+  RecoverAndRoundTrip(rig.t, buf, 1);
 }
 
 TEST(Verbs, AStoppedServerMovesTheClientToError) {
