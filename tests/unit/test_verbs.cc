@@ -28,6 +28,15 @@ static void RecoverAndRoundTrip(libd_transport *t, char *buf, uint64_t seed) {
   EXPECT_EQ(0, memcmp(buf, buf + 8192, 4096));
 }
 
+// Waits for each operation, the newest first (its last request is the likeliest to have no
+// signalled one after it), and frees it.
+static void WaitNewestFirst(const std::vector<libd_op *> &ops) {
+  for (size_t i = ops.size(); i-- > 0;) {
+    ASSERT_EQ(0, libd_op_wait(ops[i], 5000)) << i << ": " << libd_last_error();
+    libd_op_free(ops[i]);
+  }
+}
+
 #define NEED_VERBS()                                                         \
   do {                                                                       \
     if (!test::verbs_wanted()) GTEST_SKIP() << "no RDMA device on this host"; \
@@ -203,10 +212,7 @@ TEST(Verbs, UnsignalledRequestsStillCompleteEveryOperation) {
     std::vector<libd_op *> ops(kOps);
     for (int i = 0; i < kOps; i++)
       ASSERT_EQ(0, libd_trdma_write_async(rig.t, kSize, i * kSize, buf + i * kSize, &ops[size_t(i)])) << libd_last_error();
-    for (int i = kOps - 1; i >= 0; i--) {
-      ASSERT_EQ(0, libd_op_wait(ops[size_t(i)], 5000)) << i << ": " << libd_last_error();
-      libd_op_free(ops[size_t(i)]);
-    }
+    ASSERT_NO_FATAL_FAILURE(WaitNewestFirst(ops));
     char *back = buf + (1 << 19);
     for (int i = 0; i < kOps; i++)
       ASSERT_EQ(0, libd_trdma_read_async(rig.t, kSize, i * kSize, back + i * kSize, &ops[size_t(i)])) << libd_last_error();
@@ -228,10 +234,7 @@ TEST(Verbs, UnsignalledRequestsStillCompleteEveryOperation) {
   std::vector<libd_op *> ops(kOps);
   for (int i = 0; i < kOps; i++)
     ASSERT_EQ(0, libd_trdma_read_async(ro.t, kSize, i * kSize, buf + i * kSize, &ops[size_t(i)])) << libd_last_error();
-  for (int i = kOps - 1; i >= 0; i--) {
-    EXPECT_EQ(0, libd_op_wait(ops[size_t(i)], 5000)) << i << ": " << libd_last_error();
-    libd_op_free(ops[size_t(i)]);
-  }
+  ASSERT_NO_FATAL_FAILURE(WaitNewestFirst(ops));
   EXPECT_EQ(LIBD_STATE_READY, libd_transport_state(ro.t)) << "a fence must be an operation the grant allows";
 }
 

@@ -326,18 +326,32 @@ int Transport::ensure_ready(Deadline deadline) {
   }
 }
 
+bool Transport::grant_allows(OpKind kind) const {
+  return remote_rights_ & (kind == OpKind::Read ? LIBD_RIGHT_READ : LIBD_RIGHT_WRITE);
+}
+
+bool Transport::within_grant(const Segment &s) const {
+  uint64_t lo = remote_base_, hi = remote_base_ + remote_len_;
+  return s.raddr >= lo && s.raddr <= hi && s.size <= hi - s.raddr;
+}
+
 int Transport::check_remote(OpKind kind, const Segments &segs) {
-  unsigned need = kind == OpKind::Read ? LIBD_RIGHT_READ : LIBD_RIGHT_WRITE;
-  if (!(remote_rights_ & need))
+  if (!grant_allows(kind))
     return set_error(-EACCES, "transport " + quote(name_) + ": the grant does not allow " +
                                   (kind == OpKind::Read ? "reads" : "writes"));
-  uint64_t lo = remote_base_, hi = remote_base_ + remote_len_;
   for (const auto &s : segs)
-    if (s.raddr < lo || s.raddr > hi || s.size > hi - s.raddr)
+    if (!within_grant(s))
       return set_error(-ERANGE, "transport " + quote(name_) + ": remote range [" + std::to_string(s.raddr) +
                                     ", +" + std::to_string(s.size) + ") is outside the granted [" +
-                                    std::to_string(lo) + ", " + std::to_string(hi) + ")");
+                                    std::to_string(remote_base_) + ", " + std::to_string(remote_base_ + remote_len_) + ")");
   return 0;
+}
+
+std::shared_ptr<Op> Transport::new_op(OpKind kind, Segments segs, Deadline deadline) {
+  auto op = std::make_shared<Op>(kind, std::move(segs), deadline, stats_);
+  inflight_.fetch_add(1, std::memory_order_relaxed);
+  op->set_on_done([this] { inflight_.fetch_sub(1, std::memory_order_relaxed); });
+  return op;
 }
 
 // One shared hold of the I/O lock covers the checks and the post: connect, recover, terminate and
@@ -363,9 +377,7 @@ int Transport::start(OpKind kind, Segments segs, bool sync, std::shared_ptr<Op> 
     }
     // The grant is set by do_connect under the exclusive I/O lock: stable here.
     if (int rc = check_remote(kind, segs)) return rc;
-    auto op = std::make_shared<Op>(kind, std::move(segs), deadline, stats_);
-    inflight_.fetch_add(1, std::memory_order_relaxed);
-    op->set_on_done([this] { inflight_.fetch_sub(1, std::memory_order_relaxed); });
+    auto op = new_op(kind, std::move(segs), deadline);
     *out = op;
     if (op->bytes() == 0) {
       op->complete(0);
@@ -412,18 +424,12 @@ int Transport::run_nowait(OpKind kind, Segment seg) {
   if (!completes_inline() || this->kind() != LIBD_KIND_RDMA) return -EAGAIN;
   std::shared_lock<std::shared_mutex> io(io_mu_, std::try_to_lock);
   if (!io.owns_lock()) return -EAGAIN;  // a reconnect or a re-registration is under way
-  {
-    std::unique_lock<std::mutex> lk(mu_, std::try_to_lock);
-    if (!lk.owns_lock() || state_ != LIBD_STATE_READY) return -EAGAIN;
-    unsigned need = kind == OpKind::Read ? LIBD_RIGHT_READ : LIBD_RIGHT_WRITE;
-    uint64_t lo = remote_base_, hi = remote_base_ + remote_len_;
-    // Anything to report goes through the blocking form, which says it properly.
-    if (!(remote_rights_ & need) || seg.raddr < lo || seg.raddr > hi || seg.size > hi - seg.raddr) return -EAGAIN;
-  }
+  // As start()'s fast path (the grant is stable under the I/O lock); anything to report goes
+  // through the blocking form, which says it properly.
+  if (state_now_.load(std::memory_order_acquire) != LIBD_STATE_READY || !grant_allows(kind) || !within_grant(seg))
+    return -EAGAIN;
   if (check_local({seg})) return -EAGAIN;
-  auto op = std::make_shared<Op>(kind, std::vector<Segment>{seg}, op_deadline(), stats_);
-  inflight_.fetch_add(1);
-  op->set_on_done([this] { inflight_.fetch_sub(1); });
+  auto op = new_op(kind, seg, op_deadline());
   if (int rc = do_post(op)) {
     op->complete(rc);
     return rc;

@@ -133,8 +133,13 @@ class Transport : public libd_transport {
   // may also be set, already completed with the error, when the post itself failed.
   int start(OpKind kind, Segments segs, bool sync, std::shared_ptr<Op> *out);
   int check_local(const Segments &segs);
-  // Rights and bounds against the grant. Under the shared I/O lock.
+  // Rights and bounds against the grant. Under the shared I/O lock (do_connect sets the grant
+  // under the exclusive one).
   int check_remote(OpKind kind, const Segments &segs);
+  bool grant_allows(OpKind kind) const;
+  bool within_grant(const Segment &s) const;
+  // A new operation, counted in flight until it completes.
+  std::shared_ptr<Op> new_op(OpKind kind, Segments segs, Deadline deadline);
   void free_owned_buffer();
 
   std::string name_;

@@ -18,6 +18,8 @@ constexpr uint64_t kDeadlineTickMs = 50;
 constexpr int64_t kFlushWaitMs = 3000;  // how long close() waits for the device to give requests back
 constexpr int kPollBatch = 32;
 constexpr uint64_t kSignalEveryMax = 16;  // perftest signals 1 in 100; a quarter of the depth keeps slots turning
+
+std::string post_failure(int rc) { return std::string("posting to the send queue failed: ") + strerror(rc); }
 }  // namespace
 
 // The loop-side handles; freed by their close callbacks, so they may outlive the engine briefly.
@@ -206,7 +208,7 @@ void Engine::pump_locked(DoneList *done) {
         OpState *st = slot.st;
         slot.st = nullptr;
         st->on_wire--;
-        if (st->status == 0) st->status = -EIO, st->why = std::string("posting to the send queue failed: ") + strerror(rc);
+        if (st->status == 0) st->status = -EIO, st->why = post_failure(rc);
         if (st->on_wire == 0 && st->built()) retire_locked(st, done);
       }
       head_ = unposted_from;
@@ -218,7 +220,7 @@ void Engine::pump_locked(DoneList *done) {
           covered_ = seq;
           break;
         }
-      breakdown_locked(-EIO, std::string("posting to the send queue failed: ") + strerror(rc));
+      breakdown_locked(-EIO, post_failure(rc));
     }
   }
   if (broken_) {
@@ -248,7 +250,7 @@ void Engine::fence_locked() {
   head_++;
   if (int rc = ibv_post_send(qp_, &wr, &bad)) {
     head_--;
-    breakdown_locked(-EIO, std::string("posting to the send queue failed: ") + strerror(rc));
+    breakdown_locked(-EIO, post_failure(rc));
     return;
   }
   covered_ = head_;
