@@ -3,7 +3,7 @@
 // that bench/run can print ratios from one run on one machine. Output: one JSON object a line.
 //
 //   libd-bench transport IMPL CONFIG [--sizes 64,4096,...] [--inflight 1,16] [--budget-ms 300]
-//                                    [--ops read|write|both]
+//                                    [--ops read|write|both] [--count N]
 //   libd-bench memcpy [--sizes ...]
 //   libd-bench pingpong [--busy-poll] [--size 64]
 //
@@ -13,6 +13,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -77,9 +78,27 @@ std::vector<uint64_t> parse_list(const std::string &s) {
   return out;
 }
 
-void emit(const char *peer, const char *op, uint64_t size, int inflight, double gbps, double median_us) {
-  printf("{\"peer\": \"%s\", \"op\": \"%s\", \"size\": %llu, \"inflight\": %d, \"gbps\": %.4f, \"median_us\": %.3f}\n",
-         peer, op, (unsigned long long)size, inflight, gbps, median_us);
+// CPU time of the whole process (every thread), user and system, in microseconds.
+struct CpuTime {
+  double user_us = 0, sys_us = 0, wall_us = 0;
+  static CpuTime now() {
+    rusage ru{};
+    getrusage(RUSAGE_SELF, &ru);
+    auto us = [](const timeval &tv) { return double(tv.tv_sec) * 1e6 + double(tv.tv_usec); };
+    return CpuTime{us(ru.ru_utime), us(ru.ru_stime), seconds_since(Clock::time_point()) * 1e6};
+  }
+};
+
+// cpu: the process's CPU time per operation over the timed part (where a slower transport spends
+// it: in user space, or in the kernel's device path), or null for a peer that does not measure it.
+void emit(const char *peer, const char *op, uint64_t size, int inflight, double gbps, double median_us,
+          const CpuTime *cpu = nullptr, long ops = 0) {
+  char extra[160] = "";
+  if (cpu && ops > 0)
+    snprintf(extra, sizeof extra, ", \"ops\": %ld, \"wall_us_per_op\": %.3f, \"user_us_per_op\": %.3f, \"sys_us_per_op\": %.3f",
+             ops, cpu->wall_us / double(ops), cpu->user_us / double(ops), cpu->sys_us / double(ops));
+  printf("{\"peer\": \"%s\", \"op\": \"%s\", \"size\": %llu, \"inflight\": %d, \"gbps\": %.6f, \"median_us\": %.3f%s}\n",
+         peer, op, (unsigned long long)size, inflight, gbps, median_us, extra);
   fflush(stdout);
 }
 
@@ -97,6 +116,10 @@ int reps_for(double one_op_s, double budget_s, int cap) {
 constexpr uint64_t kSlotSpace = 256ull << 20;  // local buffer and remote space used for slots
 
 // ---- libd transports ----
+
+// --count: how many operations each timed series has (0: as many as fit the budget). For profiling
+// a steady state of a known length.
+long g_count = 0;
 
 void bench_transport(const std::string &impl, const std::string &config, const std::vector<uint64_t> &sizes,
                      const std::vector<uint64_t> &inflights, double budget_s, const std::string &ops) {
@@ -134,6 +157,8 @@ void bench_transport(const std::string &impl, const std::string &config, const s
         }
         std::vector<double> lat_us, batch_gbps;
         auto t_start = Clock::now();
+        CpuTime cpu0, cpu1;
+        long timed_ops = 0;
         if (n == 1) {
           // One in flight: each operation timed on its own, and the median taken (perftest's
           // t_typical), so the figure is the usual operation's, not a mean pulled by the tail.
@@ -142,15 +167,18 @@ void bench_transport(const std::string &impl, const std::string &config, const s
             int rc = is_read ? libd_trdma_read(t, size, 0, buf) : libd_trdma_write(t, size, 0, buf);
             if (rc) die("op", rc);
           }
-          int reps = reps_for(seconds_since(t0) / 3, budget_s, 20000);
+          int reps = g_count ? int(g_count) : reps_for(seconds_since(t0) / 3, budget_s, 20000);
           std::vector<uint64_t> took(size_t(reps), 0);
           TickRate rate;
+          cpu0 = CpuTime::now();
           for (int i = 0; i < reps; i++) {
             uint64_t a = ticks();
             int rc = is_read ? libd_trdma_read(t, size, 0, buf) : libd_trdma_write(t, size, 0, buf);
             took[size_t(i)] = ticks() - a;
             if (rc) die("op", rc);
           }
+          cpu1 = CpuTime::now();
+          timed_ops = reps;
           double us = rate.us_per_tick();
           for (uint64_t c : took) {
             lat_us.push_back(double(c) * us);
@@ -182,8 +210,10 @@ void bench_transport(const std::string &impl, const std::string &config, const s
           double one = seconds_since(t_start) / n;
           took.clear();
           TickRate rate;
-          long total = std::max<long>(5L * n, std::min<long>(long(budget_s / std::max(one, 1e-7)), 200000));
+          long total = g_count ? std::max<long>(5L * n, g_count)
+                               : std::max<long>(5L * n, std::min<long>(long(budget_s / std::max(one, 1e-7)), 200000));
           long part = std::max<long>(1, total / 5);
+          cpu0 = CpuTime::now();
           for (int i = 0; i < n; i++) start(i);
           auto part_start = Clock::now();
           for (long k = 0; k < total; k++) {
@@ -195,10 +225,20 @@ void bench_transport(const std::string &impl, const std::string &config, const s
               part_start = Clock::now();
             }
           }
+          cpu1 = CpuTime::now();
+          timed_ops = total;
           double us = rate.us_per_tick();
           for (uint64_t c : took) lat_us.push_back(double(c) * us);
         }
-        emit(peer.c_str(), is_read ? "read" : "write", size, n, median(batch_gbps), median(lat_us));
+        CpuTime used{cpu1.user_us - cpu0.user_us, cpu1.sys_us - cpu0.sys_us, cpu1.wall_us - cpu0.wall_us};
+        if (getenv("LIBD_BENCH_PERCENTILES") && !lat_us.empty()) {  // the shape of the latency distribution
+          std::vector<double> v = lat_us;
+          std::sort(v.begin(), v.end());
+          auto at = [&](double p) { return v[std::min(v.size() - 1, size_t(p * double(v.size())))]; };
+          fprintf(stderr, "latency us: min %.1f p10 %.1f p25 %.1f p50 %.1f p75 %.1f p90 %.1f p99 %.1f\n", v[0], at(0.1),
+                  at(0.25), at(0.5), at(0.75), at(0.9), at(0.99));
+        }
+        emit(peer.c_str(), is_read ? "read" : "write", size, n, median(batch_gbps), median(lat_us), &used, timed_ops);
       }
     }
   }
@@ -305,6 +345,7 @@ int main(int argc, char **argv) {
     else if (a == "--inflight" && i + 1 < argc) inflights = parse_list(argv[++i]);
     else if (a == "--budget-ms" && i + 1 < argc) budget_s = atof(argv[++i]) / 1000;
     else if (a == "--ops" && i + 1 < argc) ops = argv[++i];
+    else if (a == "--count" && i + 1 < argc) g_count = atol(argv[++i]);
     else if (a == "--busy-poll") busy = true;
     else if (a == "--size" && i + 1 < argc) pp_size = size_t(atol(argv[++i]));
     else pos.push_back(a);

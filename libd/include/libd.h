@@ -30,6 +30,11 @@
 extern "C" {
 #endif
 
+/* libd is built with hidden visibility: these declarations are the library's only exports. */
+#if defined(__GNUC__)
+#pragma GCC visibility push(default)
+#endif
+
 #define LIBD_VERSION_MAJOR 1
 #define LIBD_VERSION_MINOR 0
 
@@ -191,6 +196,10 @@ int libd_trdma_server_grant(libd_transport *trans, const char *client, uint64_t 
 int libd_trdma_server_revoke(libd_transport *trans, const char *grant_id);
 /* Scad's call: serve and block until the transport is stopped or terminated. */
 int libd_trdma_server_run(libd_transport *trans);
+
+#if defined(__GNUC__)
+#pragma GCC visibility pop
+#endif
 
 #ifdef __cplusplus
 }

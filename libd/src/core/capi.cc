@@ -45,7 +45,7 @@ int start(libd_transport *t, OpKind kind, Segments segs, libd_op **op) {
   if (!t || !op) return set_error(-EINVAL, "NULL transport or op pointer");
   std::shared_ptr<libd::Op> o;
   if (int rc = T(t)->submit(kind, std::move(segs), &o)) return rc;
-  *op = new libd_op{std::move(o)};
+  *op = libd::Op::to_handle(std::move(o));
   return 0;
 }
 
@@ -224,8 +224,10 @@ int libd_op_cancel(libd_op *op) {
 }
 int libd_op_free(libd_op *op) {
   if (!op) return set_error(-EINVAL, "NULL op");
-  if (!op->op->done()) op->op->cancel();
-  delete op;
+  // The handle's reference, taken out of the handle: the operation (with the handle in it) goes
+  // when this does, unless its engine still holds it.
+  std::shared_ptr<libd::Op> o = std::move(op->op);
+  if (!o->done()) o->cancel();
   return 0;
 }
 

@@ -3,11 +3,9 @@
 #pragma once
 #include <atomic>
 #include <cerrno>
-#include <condition_variable>
 #include <functional>
 #include <initializer_list>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -70,6 +68,16 @@ class Segments {
   size_t n_ = 0;
 };
 
+}  // namespace libd
+
+// The C handle. It lives inside its operation (no allocation of its own) and holds the reference
+// that libd_op_free drops.
+struct libd_op {
+  std::shared_ptr<libd::Op> op;
+};
+
+namespace libd {
+
 class Op {
  public:
   static constexpr unsigned kRoundsPerClockRead = 64;  // caller-driven progress loops
@@ -98,8 +106,9 @@ class Op {
   int wait_until(Clock::time_point until);
 
   // For a transport without a driver object (the test fake): how to detach the operation;
-  // cancel() runs it and returns only when the engine no longer touches the buffers.
-  void set_canceller(std::function<void(Op *)> fn);
+  // cancel() runs it and returns only when the engine no longer touches the buffers. Set before
+  // the operation is handed to anyone else.
+  void set_canceller(std::function<void(Op *)> fn) { canceller_ = std::move(fn); }
   int cancel();
   // The engine's side: cancel() goes to driver->cancel; if `polls`, waiters call
   // driver->progress() in a loop instead of sleeping until someone else completes the operation.
@@ -112,8 +121,12 @@ class Op {
   // without a lookup. Written and read only by the driver, under its own lock.
   void set_driver_state(void *state) { driver_state_ = state; }
   void *driver_state() const { return driver_state_; }
-  // Runs once, right after completion (the transport's in-flight accounting).
-  void set_on_done(std::function<void()> fn) { on_done_ = std::move(fn); }
+  // The C handle for `self` (this operation), which it takes over.
+  static libd_op *to_handle(std::shared_ptr<Op> self) {
+    libd_op *h = &self->handle_;
+    h->op = std::move(self);
+    return h;
+  }
 
  private:
   OpKind kind_;
@@ -125,20 +138,13 @@ class Op {
   int64_t start_ns_;
   std::atomic<int> status_{-EINPROGRESS};
   std::atomic<bool> completing_{false};  // complete() runs once
-  std::atomic<int> sleepers_{0};         // waiters on cv_
-  std::mutex mu_;
-  std::condition_variable cv_;
+  std::atomic<int> sleepers_{0};         // waiters asleep (see parking_lot in op.cc)
   std::function<void(Op *)> canceller_;
-  std::function<void()> on_done_;
   std::weak_ptr<OpDriver> driver_;
   bool driver_polls_ = false;
   void *driver_state_ = nullptr;
   std::string why_;
+  libd_op handle_;
 };
 
 }  // namespace libd
-
-// The C handle.
-struct libd_op {
-  std::shared_ptr<libd::Op> op;
-};

@@ -22,6 +22,13 @@ void Stats::record(OpKind kind, uint64_t bytes, int64_t latency_ns, bool ok) {
   timed_any_.store(true, relaxed);
 }
 
+uint64_t Stats::in_flight() const {
+  // Ended first, then started: a start in between can only make the figure larger.
+  uint64_t ended = read_ops_.load() + write_ops_.load() + errors_.load();
+  uint64_t started = started_.load();
+  return started > ended ? started - ended : 0;
+}
+
 void Stats::snapshot(libd_stats *out) const {
   std::memset(out, 0, sizeof *out);
   out->read_ops = read_ops_.load();

@@ -11,22 +11,25 @@ enum class OpKind { Read, Write };
 
 class Stats {
  public:
-  // latency_ns < 0: not sampled (counted, not timed).
-  void record(OpKind kind, uint64_t bytes, int64_t latency_ns, bool ok);
-  // Whether the next operation is timed: one in kLatencySampleEvery, and every one until one has
-  // been timed successfully. Timing every one costs two clock reads per operation (microseconds
-  // each on an emulated HPET).
+  // An operation starts (counted in flight until it is recorded). Returns whether it is timed:
+  // one in kLatencySampleEvery, and every one until one has been timed successfully. Timing every
+  // one costs two clock reads per operation (microseconds each on an emulated HPET).
   static constexpr uint64_t kLatencySampleEvery = 64;
-  bool sample_latency() {
-    return next_.fetch_add(1, std::memory_order_relaxed) % kLatencySampleEvery == 0 ||
+  bool start_op() {
+    return started_.fetch_add(1, std::memory_order_relaxed) % kLatencySampleEvery == 0 ||
            !timed_any_.load(std::memory_order_relaxed);
   }
+  // An operation ends; latency_ns < 0: not sampled (counted, not timed).
+  void record(OpKind kind, uint64_t bytes, int64_t latency_ns, bool ok);
+  // Started and not yet recorded. Exact when no operation can start meanwhile (the transport's
+  // exclusive I/O lock); otherwise an upper bound.
+  uint64_t in_flight() const;
   void snapshot(libd_stats *out) const;
 
  private:
   std::atomic<uint64_t> read_ops_{0}, write_ops_{0}, read_bytes_{0}, write_bytes_{0}, errors_{0};
   std::atomic<uint64_t> hist_[LIBD_HIST_BUCKETS] = {};
-  std::atomic<uint64_t> next_{0};
+  std::atomic<uint64_t> started_{0};
   std::atomic<bool> timed_any_{false};
 };
 

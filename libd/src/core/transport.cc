@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/op_allocator.h"
 
 namespace libd {
 
@@ -96,7 +97,7 @@ int Transport::configure(const Params &extra) {
     busy_ = true;
     lk.unlock();
     {
-      std::unique_lock<std::shared_mutex> io(io_mu_);
+      std::unique_lock<IoGate> io(io_mu_);
       do_disconnect();
     }
     lk.lock();
@@ -120,7 +121,7 @@ int Transport::connect_locked(std::unique_lock<std::mutex> &lk, Deadline deadlin
   int rc;
   std::string why;
   {
-    std::unique_lock<std::shared_mutex> io(io_mu_);
+    std::unique_lock<IoGate> io(io_mu_);
     if (recovering) do_disconnect();
     rc = do_connect(deadline);
     if (rc) {
@@ -132,7 +133,7 @@ int Transport::connect_locked(std::unique_lock<std::mutex> &lk, Deadline deadlin
   busy_ = false;
   if (state_ == LIBD_STATE_TERMINATED) {  // terminated while we connected
     lk.unlock();
-    { std::unique_lock<std::shared_mutex> io(io_mu_); do_disconnect(); }
+    { std::unique_lock<IoGate> io(io_mu_); do_disconnect(); }
     lk.lock();
     cv_.notify_all();
     return set_error(-ESHUTDOWN, "transport " + quote(name_) + " was terminated while connecting");
@@ -184,7 +185,7 @@ int Transport::terminate() {
   transition_locked(LIBD_STATE_TERMINATED);  // new operations are refused from here on
   lk.unlock();
   {
-    std::unique_lock<std::shared_mutex> io(io_mu_);
+    std::unique_lock<IoGate> io(io_mu_);
     do_disconnect();
     do_terminate();
     free_owned_buffer();
@@ -260,8 +261,8 @@ int Transport::reg(size_t size, void **buf) {
     std::lock_guard<std::mutex> lk(mu_);
     if (state_ == LIBD_STATE_TERMINATED) return set_error(-ESHUTDOWN, "transport " + quote(name_) + " is terminated");
   }
-  std::unique_lock<std::shared_mutex> io(io_mu_);
-  if (inflight_.load() > 0)
+  std::unique_lock<IoGate> io(io_mu_);
+  if (stats_->in_flight() > 0)
     return set_error(-EBUSY, "reg: transport " + quote(name_) + " has operations in flight");
   if (*buf && *buf == lbuf_ && size == lsize_) return 0;  // the same registration again: free
   char *mem = static_cast<char *>(*buf);
@@ -326,6 +327,17 @@ int Transport::ensure_ready(Deadline deadline) {
   }
 }
 
+// check_local and check_remote in one pass, for the operation path: true if both would pass.
+bool Transport::fits(OpKind kind, const Segments &segs) const {
+  if (!lbuf_ || !grant_allows(kind)) return false;
+  uintptr_t lo = uintptr_t(lbuf_), hi = lo + lsize_;
+  for (const auto &s : segs) {
+    uintptr_t p = uintptr_t(s.buf);
+    if (p < lo || p > hi || s.size > hi - p || !within_grant(s)) return false;
+  }
+  return true;
+}
+
 bool Transport::grant_allows(OpKind kind) const {
   return remote_rights_ & (kind == OpKind::Read ? LIBD_RIGHT_READ : LIBD_RIGHT_WRITE);
 }
@@ -348,10 +360,8 @@ int Transport::check_remote(OpKind kind, const Segments &segs) {
 }
 
 std::shared_ptr<Op> Transport::new_op(OpKind kind, Segments segs, Deadline deadline) {
-  auto op = std::make_shared<Op>(kind, std::move(segs), deadline, stats_);
-  inflight_.fetch_add(1, std::memory_order_relaxed);
-  op->set_on_done([this] { inflight_.fetch_sub(1, std::memory_order_relaxed); });
-  return op;
+  // Counted in flight by stats_.
+  return std::allocate_shared<Op>(OpAllocator<Op>(), kind, std::move(segs), deadline, stats_);
 }
 
 // One shared hold of the I/O lock covers the checks and the post: connect, recover, terminate and
@@ -363,32 +373,38 @@ int Transport::start(OpKind kind, Segments segs, bool sync, std::shared_ptr<Op> 
   if (segs.empty()) return set_error(-EINVAL, "no segments");
   Deadline deadline = op_deadline();
   for (;;) {
-    std::shared_lock<std::shared_mutex> io(io_mu_);
-    if (int rc = check_local(segs)) {
-      // terminate drops the buffer: "terminated" says more
-      if (state_now_.load(std::memory_order_acquire) == LIBD_STATE_TERMINATED)
-        return set_error(-ESHUTDOWN, "transport " + quote(name_) + " is terminated");
-      return rc;
+    std::shared_lock<IoGate> io(io_mu_);
+    // The usual case is checked in one pass that builds no message; anything else goes through
+    // the checks that say what is wrong (or through ensure_ready).
+    if (state_now_.load(std::memory_order_acquire) != LIBD_STATE_READY || !fits(kind, segs)) {
+      if (int rc = check_local(segs)) {
+        // terminate drops the buffer: "terminated" says more
+        if (state_now_.load(std::memory_order_acquire) == LIBD_STATE_TERMINATED)
+          return set_error(-ESHUTDOWN, "transport " + quote(name_) + " is terminated");
+        return rc;
+      }
+      if (state_now_.load(std::memory_order_acquire) != LIBD_STATE_READY) {
+        io.unlock();
+        if (int rc = ensure_ready(deadline)) return rc;
+        continue;  // READY now, or a moment ago: check everything again under the lock
+      }
+      // The grant is set by do_connect under the exclusive I/O lock: stable here.
+      if (int rc = check_remote(kind, segs)) return rc;
     }
-    if (state_now_.load(std::memory_order_acquire) != LIBD_STATE_READY) {
-      io.unlock();
-      if (int rc = ensure_ready(deadline)) return rc;
-      continue;  // READY now, or a moment ago: check everything again under the lock
-    }
-    // The grant is set by do_connect under the exclusive I/O lock: stable here.
-    if (int rc = check_remote(kind, segs)) return rc;
     auto op = new_op(kind, std::move(segs), deadline);
-    *out = op;
     if (op->bytes() == 0) {
       op->complete(0);
+      *out = std::move(op);
       return 0;
     }
     int rc = sync ? do_run(op, io) : do_post(op);
     if (rc) {
       std::string why = last_error();
       op->complete(rc);
+      *out = std::move(op);
       return set_error(rc, why);
     }
+    *out = std::move(op);
     return 0;
   }
 }
@@ -422,13 +438,11 @@ int Transport::run(OpKind kind, Segments segs) {
 
 int Transport::run_nowait(OpKind kind, Segment seg) {
   if (!completes_inline() || this->kind() != LIBD_KIND_RDMA) return -EAGAIN;
-  std::shared_lock<std::shared_mutex> io(io_mu_, std::try_to_lock);
+  std::shared_lock<IoGate> io(io_mu_, std::try_to_lock);
   if (!io.owns_lock()) return -EAGAIN;  // a reconnect or a re-registration is under way
   // As start()'s fast path (the grant is stable under the I/O lock); anything to report goes
   // through the blocking form, which says it properly.
-  if (state_now_.load(std::memory_order_acquire) != LIBD_STATE_READY || !grant_allows(kind) || !within_grant(seg))
-    return -EAGAIN;
-  if (check_local({seg})) return -EAGAIN;
+  if (state_now_.load(std::memory_order_acquire) != LIBD_STATE_READY || !fits(kind, Segments(seg))) return -EAGAIN;
   auto op = new_op(kind, seg, op_deadline());
   if (int rc = do_post(op)) {
     op->complete(rc);

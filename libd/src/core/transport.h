@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/clock.h"
+#include "core/io_gate.h"
 #include "core/op.h"
 #include "core/params.h"
 #include "core/stats.h"
@@ -104,7 +105,7 @@ class Transport : public libd_transport {
   virtual int do_post(const std::shared_ptr<Op> &op) { (void)op; return unsupported("read/write"); }
   // A synchronous operation: by default posted like any other. An engine that can drive progress
   // in the calling thread overrides it; it may release `io` once it holds what it needs.
-  virtual int do_run(const std::shared_ptr<Op> &op, std::shared_lock<std::shared_mutex> &io) {
+  virtual int do_run(const std::shared_ptr<Op> &op, std::shared_lock<IoGate> &io) {
     (void)io;
     return do_post(op);
   }
@@ -137,8 +138,9 @@ class Transport : public libd_transport {
   // under the exclusive one).
   int check_remote(OpKind kind, const Segments &segs);
   bool grant_allows(OpKind kind) const;
+  bool fits(OpKind kind, const Segments &segs) const;
   bool within_grant(const Segment &s) const;
-  // A new operation, counted in flight until it completes.
+  // A new operation, counted in flight (stats_) until it completes.
   std::shared_ptr<Op> new_op(OpKind kind, Segments segs, Deadline deadline);
   void free_owned_buffer();
 
@@ -161,11 +163,10 @@ class Transport : public libd_transport {
   unsigned remote_rights_ = 0;
 
   // Local buffer.
-  std::shared_mutex io_mu_;
+  IoGate io_mu_;
   char *lbuf_ = nullptr;
   size_t lsize_ = 0;
   bool lowned_ = false;
-  std::atomic<int> inflight_{0};
 
   std::shared_ptr<Stats> stats_ = std::make_shared<Stats>();
 };

@@ -134,13 +134,13 @@ class FakeTransport : public Transport {
       return 0;
     }
     uint64_t id = ++next_id_;
-    pending_[id] = op;
-    auto due = drop ? op->deadline().at() : Clock::now() + std::chrono::milliseconds(delay_ms_);
-    timers_.emplace(due, Timer{id, drop});
-    op->set_canceller([this, id](Op *) {
+    op->set_canceller([this, id](Op *) {  // before the timer thread can see the operation
       std::lock_guard<std::mutex> l(mu_);  // the timer thread copies under this lock
       pending_.erase(id);
     });
+    pending_[id] = op;
+    auto due = drop ? op->deadline().at() : Clock::now() + std::chrono::milliseconds(delay_ms_);
+    timers_.emplace(due, Timer{id, drop});
     timer_cv_.notify_all();
     return 0;
   }

@@ -55,7 +55,7 @@ class TcpTransport : public Transport {
     return 0;
   }
 
-  int do_run(const std::shared_ptr<Op> &op, std::shared_lock<std::shared_mutex> &io) override {
+  int do_run(const std::shared_ptr<Op> &op, std::shared_lock<IoGate> &io) override {
     op->set_driver(conn_, false);
     auto conn = conn_;
     io.unlock();  // a leader may wait a whole deadline: recover/terminate must not wait for it

@@ -88,7 +88,7 @@ class VerbsTransport : public Transport {
     return 0;
   }
 
-  int do_run(const std::shared_ptr<Op> &op, std::shared_lock<std::shared_mutex> &io) override {
+  int do_run(const std::shared_ptr<Op> &op, std::shared_lock<IoGate> &io) override {
     auto engine = engine_;
     io.unlock();  // a spinning caller must not keep recover/terminate waiting
     engine->run(op);

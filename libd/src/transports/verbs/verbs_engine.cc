@@ -15,6 +15,8 @@
 namespace libd::verbs {
 namespace {
 constexpr uint64_t kDeadlineTickMs = 50;
+// A polling-mode tick skips while a waiter holds the engine, at most this many times in a row.
+constexpr int kMaxBusyTicks = 4;
 constexpr int64_t kFlushWaitMs = 3000;  // how long close() waits for the device to give requests back
 constexpr int kPollBatch = 32;
 constexpr uint64_t kSignalEveryMax = 16;  // perftest signals 1 in 100; a quarter of the depth keeps slots turning
@@ -103,7 +105,7 @@ void Engine::start(int control_fd) {
       }
     });
     uv_timer_start(&w->timer, [](uv_timer_t *t) {
-      if (auto e = static_cast<Watch *>(t->data)->engine.lock()) e->check_deadlines();
+      if (auto e = static_cast<Watch *>(t->data)->engine.lock()) e->on_tick();
     }, kDeadlineTickMs, kDeadlineTickMs);
   });
   if (!cfg_.poll_mode) arm();
@@ -271,37 +273,37 @@ void Engine::breakdown_locked(int err, const std::string &why) {
   if (!closed_ && on_fail_) on_fail_(err, why);
 }
 
-// Queues the operation's requests and posts what the depth allows. false if it completed at
-// once (the queue pair was already broken or closed).
-bool Engine::enqueue(const std::shared_ptr<Op> &op, bool urgent, DoneList *done) {
+// Queues the operation's requests and posts what the depth allows (completing whatever that
+// finished: a refused post). false if it completed at once (the queue pair was already broken or
+// closed).
+bool Engine::enqueue(const std::shared_ptr<Op> &op, bool urgent) {
+  DoneList done;
   std::lock_guard<std::mutex> lk(mu_);
   OpState *st = acquire_locked(op);
   st->urgent = urgent;
   if (broken_ || closed_) {
     st->status = broken_ ? broken_err_ : -ECONNABORTED;
     st->why = broken_ ? broken_why_ : "the transport was closed";
-    retire_locked(st, done);
+    retire_locked(st, &done);
+    finish_locked(done);
     return false;
   }
   backlog_.push_back(st);
-  pump_locked(done);
+  pump_locked(&done);
+  finish_locked(done);
   return true;
 }
 
 void Engine::post(const std::shared_ptr<Op> &op) {
   // Polling mode: whoever waits for it drives progress; the loop still sees the channel as a backstop.
   op->set_driver(weak_from_this(), cfg_.poll_mode);
-  DoneList done;
-  bool queued = enqueue(op, false, &done);
-  finish(done);
+  bool queued = enqueue(op, false);
   // Polling mode asks for no events: an event per completion would wake the loop thread and cost
   // a system call to re-arm, for every operation. Waiters and libd_op_poll drive progress; the
   // deadline tick (kDeadlineTickMs) completes what nobody waits for.
   if (!queued || cfg_.poll_mode || armed_.load(std::memory_order_relaxed)) return;
   arm();
-  // A completion that landed before the arm raised no event: look once.
-  drain(&done);
-  finish(done);
+  progress(nullptr);  // a completion that landed before the arm raised no event: look once
 }
 
 void Engine::run(const std::shared_ptr<Op> &op) {
@@ -310,12 +312,9 @@ void Engine::run(const std::shared_ptr<Op> &op) {
     return;
   }
   op->set_driver(weak_from_this(), true);
-  DoneList done;
-  enqueue(op, true, &done);
-  finish(done);
+  enqueue(op, true);
   for (unsigned round = 1; !op->done(); round++) {
-    drain(&done);
-    finish(done);
+    progress(nullptr);
     if (op->done()) break;
     if (round % Op::kRoundsPerClockRead == 0 && op->deadline().expired()) {
       check_deadlines();
@@ -326,15 +325,20 @@ void Engine::run(const std::shared_ptr<Op> &op) {
 
 void Engine::progress(Op *waiting) {
   DoneList done;
-  drain(&done, waiting);
-  finish(done);
+  std::lock_guard<std::mutex> lk(mu_);
+  drain_locked(&done, waiting);
+  finish_locked(done);
 }
 
 // ---- completions ----------------------------------------------------------------------------
 
 void Engine::drain(DoneList *done, Op *waiting) {
-  ibv_wc wc[kPollBatch];
   std::lock_guard<std::mutex> lk(mu_);
+  drain_locked(done, waiting);
+}
+
+void Engine::drain_locked(DoneList *done, Op *waiting) {
+  ibv_wc wc[kPollBatch];
   bool any = false;
   for (;;) {
     int n = ibv_poll_cq(cq_, kPollBatch, wc);
@@ -382,21 +386,30 @@ void Engine::complete_through_locked(const ibv_wc &wc, DoneList *done) {
 }
 
 // Completes what `done` holds (except `keep`, which its canceller completes) and returns the
-// states to the free list.
-void Engine::finish(DoneList &done, Op *keep) {
-  if (!done.head) return;
-  for (OpState *st = done.head; st; st = st->next)
-    if (st->op.get() != keep) st->op->complete(st->status, std::move(st->why));
-  std::lock_guard<std::mutex> lk(mu_);
+// states to the free list. Completing is lock-free and calls nothing back (Op::complete), so it
+// is done under mu_, in the same hold as the drain that found the completions.
+void Engine::finish_locked(DoneList &done, Op *keep) {
   for (OpState *st = done.head, *next; st; st = next) {
     next = st->next;
-    recycle_locked(st);
+    if (st->op.get() != keep) st->op->complete(st->status, std::move(st->why));
+    recycle_locked(st);  // the operation may go with its state's reference
   }
   done = DoneList();
 }
 
+void Engine::finish(DoneList &done, Op *keep) {
+  if (!done.head) return;
+  std::lock_guard<std::mutex> lk(mu_);
+  finish_locked(done, keep);
+}
+
 void Engine::recycle_locked(OpState *st) {
-  *st = OpState();
+  st->op.reset();
+  st->seg = 0, st->seg_done = 0, st->on_wire = 0, st->last_seq = 0;
+  st->urgent = false;
+  st->status = 0;
+  st->why.clear();
+  st->prev = st->next = nullptr;
   free_states_.push_back(st);
 }
 
@@ -410,21 +423,46 @@ void Engine::on_channel() {
 }
 
 void Engine::check_deadlines() {
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    // Operations nobody waits for (polling mode): whatever ended unsignalled gets a fence, and a
-    // tick for its completion to come before its deadline is judged.
-    uint64_t covered_before = covered_;
-    if (cfg_.poll_mode && !broken_ && tail_ < head_ && covered_ < head_) fence_locked();
-    for (OpState *st = live_; st; st = st->next) {
-      bool just_fenced = st->built() && st->on_wire > 0 && st->last_seq >= covered_before;
-      if (!just_fenced && st->op->deadline().expired()) {
-        breakdown_locked(-ETIMEDOUT, "an operation did not complete within its deadline (the queue pair was reset)");
-        break;
-      }
+  DoneList done;
+  std::lock_guard<std::mutex> lk(mu_);
+  check_deadlines_locked();
+  drain_locked(&done, nullptr);
+  finish_locked(done);
+}
+
+void Engine::check_deadlines_locked() {
+  // Operations nobody waits for (polling mode): whatever ended unsignalled gets a fence, and a
+  // tick for its completion to come before its deadline is judged.
+  uint64_t covered_before = covered_;
+  if (cfg_.poll_mode && !broken_ && tail_ < head_ && covered_ < head_) fence_locked();
+  for (OpState *st = live_; st; st = st->next) {
+    bool just_fenced = st->built() && st->on_wire > 0 && st->last_seq >= covered_before;
+    if (!just_fenced && st->op->deadline().expired()) {
+      breakdown_locked(-ETIMEDOUT, "an operation did not complete within its deadline (the queue pair was reset)");
+      break;
     }
   }
-  progress(nullptr);
+}
+
+// The loop's timer. In polling mode a waiter may hold mu_ most of the time: it spins on the
+// completion queue, and a post holds mu_ across the doorbell (a system call, with Soft-RoCE's
+// whole request path in it). A tick that blocked there would queue the loop thread on mu_, and
+// every unlock of the waiter's would then be a futex wake-up it pays for, a convoy that lasts
+// until the loop thread happens to win. So a busy tick is skipped (the waiter is making progress,
+// and checks its own deadline), though not more than kMaxBusyTicks times in a row: operations
+// nobody waits for still get their fence and their deadline.
+void Engine::on_tick() {
+  std::unique_lock<std::mutex> lk(mu_, std::defer_lock);
+  if (cfg_.poll_mode && !lk.try_lock()) {
+    if (++busy_ticks_ < kMaxBusyTicks) return;
+    lk.lock();
+  }
+  if (!lk.owns_lock()) lk.lock();
+  busy_ticks_ = 0;
+  DoneList done;
+  check_deadlines_locked();
+  drain_locked(&done, nullptr);
+  finish_locked(done);
 }
 
 // Once the queue pair is in ERROR the device hands every posted request back as a flush

@@ -125,7 +125,7 @@ class Engine : public OpDriver, public std::enable_shared_from_this<Engine> {
   void retire_locked(OpState *st, DoneList *done);
   // Cleared and back on the free list. Under mu_.
   void recycle_locked(OpState *st);
-  bool enqueue(const std::shared_ptr<Op> &op, bool urgent, DoneList *done);
+  bool enqueue(const std::shared_ptr<Op> &op, bool urgent);
   // Fills one free slot with the next request of `st`. Under mu_.
   void build_locked(OpState *st, Slot &slot);
   void pump_locked(DoneList *done);
@@ -137,10 +137,14 @@ class Engine : public OpDriver, public std::enable_shared_from_this<Engine> {
   size_t free_slots_locked() const { return slots_.size() - size_t(head_ - tail_); }
   Slot &slot_of(uint64_t seq) { return slots_[size_t(seq % slots_.size())]; }
   void drain(DoneList *done, Op *waiting = nullptr);
+  void drain_locked(DoneList *done, Op *waiting);
   void finish(DoneList &done, Op *keep = nullptr);
+  void finish_locked(DoneList &done, Op *keep = nullptr);
   void await_flush(Deadline deadline, const std::function<bool()> &returned, Op *keep);
   void on_channel();
   void check_deadlines();
+  void check_deadlines_locked();
+  void on_tick();
   void breakdown_locked(int err, const std::string &why);
   void arm();
 
@@ -154,6 +158,7 @@ class Engine : public OpDriver, public std::enable_shared_from_this<Engine> {
   std::unique_ptr<CmLink> cm_;
   Watch *watch_ = nullptr;
   std::atomic<bool> armed_{false};
+  int busy_ticks_ = 0;  // polling-mode ticks in a row that found mu_ taken (the loop thread's)
 
   std::mutex mu_;
   std::shared_ptr<Mr> local_;
