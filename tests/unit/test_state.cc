@@ -207,6 +207,28 @@ TEST(State, AsyncWaitPollAndCancel) {
   EXPECT_EQ(0, libd_op_free(op));
 }
 
+// Re-registering while an operation is in flight is refused (the engine may still use the old
+// buffer); once it has completed, the same call succeeds.
+TEST(State, RegWaitsForOperationsInFlight) {
+  auto a = make_action("s9b");
+  auto *t = add(a.get(), "m;fake;size,4096");
+  void *buf = nullptr;
+  ASSERT_EQ(0, libd_trdma_reg(t, 4096, &buf));
+  ASSERT_EQ(0, libd_transport_set(t, "delay_ms", "300"));
+  ASSERT_EQ(0, libd_transport_set(t, "fault", "delay"));
+  libd_op *op = nullptr;
+  ASSERT_EQ(0, libd_trdma_read_async(t, 16, 0, buf, &op));
+  void *other = nullptr;
+  EXPECT_EQ(-EBUSY, libd_trdma_reg(t, 8192, &other));
+  EXPECT_NE(std::string::npos, std::string(libd_last_error()).find("in flight"));
+  ASSERT_EQ(0, libd_op_wait(op, 5000));
+  libd_op_free(op);
+  EXPECT_EQ(0, libd_trdma_reg(t, 8192, &other));
+  libd_stats st;
+  ASSERT_EQ(0, libd_transport_stats(t, &st));
+  EXPECT_EQ(1u, st.read_ops);
+}
+
 TEST(State, TerminateFailsPendingOperations) {
   auto a = make_action("s10");
   auto *t = add(a.get(), "m;fake;size,4096");
