@@ -27,18 +27,18 @@ class BlockCache {
  public:
   static void *get(size_t size) {
 #if LIBD_BLOCK_CACHE
-    Cache &c = cache();
-    if (c.count > 0 && c.size == size) return c.blocks[--c.count];
+    if (Cache *c = cache(); c && c->count > 0 && c->size == size) return c->blocks[--c->count];
 #endif
     return ::operator new(size);
   }
   static void put(void *p, size_t size) {
 #if LIBD_BLOCK_CACHE
-    Cache &c = cache();
-    if (c.count == 0) c.size = size;
-    if (c.size == size && c.count < kBlocks) {
-      c.blocks[c.count++] = p;
-      return;
+    if (Cache *c = cache()) {
+      if (c->count == 0) c->size = size;
+      if (c->size == size && c->count < kBlocks) {
+        c->blocks[c->count++] = p;
+        return;
+      }
     }
 #endif
     ::operator delete(p);
@@ -52,12 +52,22 @@ class BlockCache {
     int count = 0;
     ~Cache() {
       while (count > 0) ::operator delete(blocks[--count]);
+      current = nullptr;
+      gone = true;  // a block freed later in this thread's exit goes to the heap
     }
   };
-  static Cache &cache() {
-    thread_local Cache c;
-    return c;
+  // The thread's cache, reached through a pointer in initial-exec TLS (a plain load, where the
+  // cache object itself, in a shared library, would take a __tls_get_addr call on every use);
+  // null once the thread's cache is destroyed.
+  static Cache *cache() {
+    if (__builtin_expect(current != nullptr, 1)) return current;
+    if (gone) return nullptr;
+    thread_local Cache owner;  // destroyed at thread exit
+    current = &owner;
+    return current;
   }
+  static inline thread_local Cache *current __attribute__((tls_model("initial-exec"))) = nullptr;
+  static inline thread_local bool gone __attribute__((tls_model("initial-exec"))) = false;
 };
 
 // For std::allocate_shared: every block through BlockCache.
