@@ -18,6 +18,14 @@ libd_transport *add(libd_action *a, const std::string &durl) {
 double ms_since(steady_clock::time_point t0) {
   return duration<double, std::milli>(steady_clock::now() - t0).count();
 }
+// A fake memory element of 4 KiB whose operations take delay_ms, with `reg` bytes registered.
+libd_transport *delayed_fake(libd_action *a, size_t reg, const char *delay_ms, void **buf) {
+  auto *t = add(a, "m;fake;size,4096");
+  EXPECT_EQ(0, libd_trdma_reg(t, reg, buf));
+  EXPECT_EQ(0, libd_transport_set(t, "delay_ms", delay_ms));
+  EXPECT_EQ(0, libd_transport_set(t, "fault", "delay"));
+  return t;
+}
 }  // namespace
 
 TEST(State, InitToInitdToReadyToTerminated) {
@@ -211,11 +219,8 @@ TEST(State, AsyncWaitPollAndCancel) {
 // buffer); once it has completed, the same call succeeds.
 TEST(State, RegWaitsForOperationsInFlight) {
   auto a = make_action("s9b");
-  auto *t = add(a.get(), "m;fake;size,4096");
   void *buf = nullptr;
-  ASSERT_EQ(0, libd_trdma_reg(t, 4096, &buf));
-  ASSERT_EQ(0, libd_transport_set(t, "delay_ms", "300"));
-  ASSERT_EQ(0, libd_transport_set(t, "fault", "delay"));
+  auto *t = delayed_fake(a.get(), 4096, "300", &buf);
   libd_op *op = nullptr;
   ASSERT_EQ(0, libd_trdma_read_async(t, 16, 0, buf, &op));
   void *other = nullptr;
@@ -231,11 +236,8 @@ TEST(State, RegWaitsForOperationsInFlight) {
 
 TEST(State, TerminateFailsPendingOperations) {
   auto a = make_action("s10");
-  auto *t = add(a.get(), "m;fake;size,4096");
   void *buf = nullptr;
-  ASSERT_EQ(0, libd_trdma_reg(t, 64, &buf));
-  ASSERT_EQ(0, libd_transport_set(t, "delay_ms", "60000"));
-  ASSERT_EQ(0, libd_transport_set(t, "fault", "delay"));
+  auto *t = delayed_fake(a.get(), 64, "60000", &buf);
   libd_op *op = nullptr;
   ASSERT_EQ(0, libd_trdma_read_async(t, 8, 0, buf, &op));
   ASSERT_EQ(0, libd_transport_terminate(t));
