@@ -56,9 +56,9 @@ class BlockCache {
       gone = true;  // a block freed later in this thread's exit goes to the heap
     }
   };
-  // The thread's cache, reached through a pointer in initial-exec TLS (a plain load, where the
-  // cache object itself, in a shared library, would take a __tls_get_addr call on every use);
-  // null once the thread's cache is destroyed.
+  // The thread's cache; null once it is destroyed (a block freed later in the thread's exit goes
+  // to the heap). Default TLS model: initial-exec would save a __tls_get_addr call per use, but
+  // the library is also loaded with dlopen (the Python module), where static TLS may be full.
   static Cache *cache() {
     if (__builtin_expect(current != nullptr, 1)) return current;
     if (gone) return nullptr;
@@ -66,8 +66,8 @@ class BlockCache {
     current = &owner;
     return current;
   }
-  static inline thread_local Cache *current __attribute__((tls_model("initial-exec"))) = nullptr;
-  static inline thread_local bool gone __attribute__((tls_model("initial-exec"))) = false;
+  static inline thread_local Cache *current = nullptr;
+  static inline thread_local bool gone = false;
 };
 
 // For std::allocate_shared: every block through BlockCache.
