@@ -57,8 +57,9 @@ class BlockCache {
     }
   };
   // The thread's cache; null once it is destroyed (a block freed later in the thread's exit goes
-  // to the heap). Default TLS model: initial-exec would save a __tls_get_addr call per use, but
-  // the library is also loaded with dlopen (the Python module), where static TLS may be full.
+  // to the heap). Not the initial-exec TLS model, though it would save the __tls_get_addr call:
+  // the library is also loaded with dlopen (the Python module), where static TLS may be full (it
+  // was). TLS descriptors (-mtls-dialect=gnu2) measured no better under emulation.
   static Cache *cache() {
     if (__builtin_expect(current != nullptr, 1)) return current;
     if (gone) return nullptr;

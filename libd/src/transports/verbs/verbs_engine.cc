@@ -290,6 +290,9 @@ bool Engine::enqueue(const std::shared_ptr<Op> &op, bool urgent) {
   }
   backlog_.push_back(st);
   pump_locked(&done);
+  // A synchronous caller in polling mode polls at once, in this hold of the lock: over rxe the
+  // doorbell's system call has usually carried the request to its completion already.
+  if (urgent && cfg_.poll_mode) drain_locked(&done, nullptr);
   finish_locked(done);
   return true;
 }
