@@ -70,7 +70,6 @@ int Op::cancel() {
   if (done()) return status();
   // Detaches from the engine; the engine will not touch our buffers after.
   if (auto d = driver_.lock()) d->cancel(this);
-  else if (canceller_) canceller_(this);
   if (!complete(-ECANCELED)) wait_until(Clock::time_point::max());  // a completion is landing now
   return status();
 }

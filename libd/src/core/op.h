@@ -3,7 +3,6 @@
 #pragma once
 #include <atomic>
 #include <cerrno>
-#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <string>
@@ -105,10 +104,6 @@ class Op {
   // Waits until done or until `until`; returns the status or -ETIMEDOUT for the wait itself.
   int wait_until(Clock::time_point until);
 
-  // For a transport without a driver object (the test fake): how to detach the operation;
-  // cancel() runs it and returns only when the engine no longer touches the buffers. Set before
-  // the operation is handed to anyone else.
-  void set_canceller(std::function<void(Op *)> fn) { canceller_ = std::move(fn); }
   int cancel();
   // The engine's side: cancel() goes to driver->cancel; if `polls`, waiters call
   // driver->progress() in a loop instead of sleeping until someone else completes the operation.
@@ -134,12 +129,11 @@ class Op {
   uint64_t bytes_ = 0;
   Deadline deadline_;
   std::shared_ptr<Stats> stats_;
-  bool sampled_;  // its latency goes into the histogram (Stats::sample_latency)
+  bool sampled_;  // its latency goes into the histogram (Stats::start_op)
   int64_t start_ns_;
   std::atomic<int> status_{-EINPROGRESS};
   std::atomic<bool> completing_{false};  // complete() runs once
-  std::atomic<int> sleepers_{0};         // waiters asleep (see parking_lot in op.cc)
-  std::function<void(Op *)> canceller_;
+  std::atomic<int> sleepers_{0};         // waiters asleep (on a shared lot: lot_of in op.cc)
   std::weak_ptr<OpDriver> driver_;
   bool driver_polls_ = false;
   void *driver_state_ = nullptr;

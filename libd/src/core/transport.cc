@@ -290,10 +290,9 @@ int Transport::check_local(const Segments &segs) {
   if (!lbuf_)
     return set_error(-ENOBUFS, "transport " + quote(name_) + ": no local buffer registered; call reg() first");
   for (const auto &s : segs) {
-    uintptr_t lo = uintptr_t(lbuf_), hi = lo + lsize_, p = uintptr_t(s.buf);
-    if (p < lo || p > hi || s.size > hi - p)
+    if (!within_local(s))
       return set_error(-ERANGE, "transport " + quote(name_) + ": local range of " + std::to_string(s.size) +
-                                    " bytes at buffer offset " + std::to_string(int64_t(p - lo)) +
+                                    " bytes at buffer offset " + std::to_string(int64_t(s.buf - lbuf_)) +
                                     " is outside the registered buffer of " + std::to_string(lsize_) + " bytes");
   }
   return 0;
@@ -330,12 +329,14 @@ int Transport::ensure_ready(Deadline deadline) {
 // check_local and check_remote in one pass, for the operation path: true if both would pass.
 bool Transport::fits(OpKind kind, const Segments &segs) const {
   if (!lbuf_ || !grant_allows(kind)) return false;
-  uintptr_t lo = uintptr_t(lbuf_), hi = lo + lsize_;
-  for (const auto &s : segs) {
-    uintptr_t p = uintptr_t(s.buf);
-    if (p < lo || p > hi || s.size > hi - p || !within_grant(s)) return false;
-  }
+  for (const auto &s : segs)
+    if (!within_local(s) || !within_grant(s)) return false;
   return true;
+}
+
+bool Transport::within_local(const Segment &s) const {
+  uintptr_t lo = uintptr_t(lbuf_), hi = lo + lsize_, p = uintptr_t(s.buf);
+  return p >= lo && p <= hi && s.size <= hi - p;
 }
 
 bool Transport::grant_allows(OpKind kind) const {

@@ -140,6 +140,7 @@ class Transport : public libd_transport {
   bool grant_allows(OpKind kind) const;
   bool fits(OpKind kind, const Segments &segs) const;
   bool within_grant(const Segment &s) const;
+  bool within_local(const Segment &s) const;  // inside the registered buffer
   // A new operation, counted in flight (stats_) until it completes.
   std::shared_ptr<Op> new_op(OpKind kind, Segments segs, Deadline deadline);
   void free_owned_buffer();

@@ -134,10 +134,7 @@ class FakeTransport : public Transport {
       return 0;
     }
     uint64_t id = ++next_id_;
-    op->set_canceller([this, id](Op *) {  // before the timer thread can see the operation
-      std::lock_guard<std::mutex> l(mu_);  // the timer thread copies under this lock
-      pending_.erase(id);
-    });
+    op->set_driver(driver_, false);  // before the timer thread can see the operation
     pending_[id] = op;
     auto due = drop ? op->deadline().at() : Clock::now() + std::chrono::milliseconds(delay_ms_);
     timers_.emplace(due, Timer{id, drop});
@@ -149,6 +146,21 @@ class FakeTransport : public Transport {
   struct Timer {
     uint64_t id;
     bool drop;
+  };
+
+  // The driver of its delayed and dropped operations: cancel takes one out before the timer thread
+  // runs it. Shared, because an operation holds its driver weakly (it may outlive the transport).
+  struct Driver : OpDriver {
+    explicit Driver(FakeTransport *f) : fake(f) {}
+    void cancel(Op *op) override {
+      std::lock_guard<std::mutex> lk(fake->mu_);  // the timer thread copies under this lock
+      for (auto it = fake->pending_.begin(); it != fake->pending_.end(); ++it)
+        if (it->second.get() == op) {
+          fake->pending_.erase(it);
+          return;
+        }
+    }
+    FakeTransport *fake;
   };
 
   // True if the fault is armed (and consumes one use of its count).
@@ -200,6 +212,7 @@ class FakeTransport : public Transport {
   bool stopping_ = false;
   std::multimap<Clock::time_point, Timer> timers_;
   std::map<uint64_t, std::shared_ptr<Op>> pending_;
+  std::shared_ptr<Driver> driver_ = std::make_shared<Driver>(this);
   uint64_t next_id_ = 0;
   Fault fault_ = Fault::None;
   int64_t count_ = -1;

@@ -335,11 +335,6 @@ void Engine::progress(Op *waiting) {
 
 // ---- completions ----------------------------------------------------------------------------
 
-void Engine::drain(DoneList *done, Op *waiting) {
-  std::lock_guard<std::mutex> lk(mu_);
-  drain_locked(done, waiting);
-}
-
 void Engine::drain_locked(DoneList *done, Op *waiting) {
   ibv_wc wc[kPollBatch];
   bool any = false;
@@ -388,7 +383,7 @@ void Engine::complete_through_locked(const ibv_wc &wc, DoneList *done) {
   tail_ = wc.wr_id + 1;
 }
 
-// Completes what `done` holds (except `keep`, which its canceller completes) and returns the
+// Completes what `done` holds (except `keep`, which Op::cancel completes) and returns the
 // states to the free list. Completing is lock-free and calls nothing back (Op::complete), so it
 // is done under mu_, in the same hold as the drain that found the completions.
 void Engine::finish_locked(DoneList &done, Op *keep) {
@@ -398,12 +393,6 @@ void Engine::finish_locked(DoneList &done, Op *keep) {
     recycle_locked(st);  // the operation may go with its state's reference
   }
   done = DoneList();
-}
-
-void Engine::finish(DoneList &done, Op *keep) {
-  if (!done.head) return;
-  std::lock_guard<std::mutex> lk(mu_);
-  finish_locked(done, keep);
 }
 
 void Engine::recycle_locked(OpState *st) {
@@ -426,16 +415,14 @@ void Engine::on_channel() {
 }
 
 void Engine::check_deadlines() {
-  DoneList done;
   std::lock_guard<std::mutex> lk(mu_);
   check_deadlines_locked();
-  drain_locked(&done, nullptr);
-  finish_locked(done);
 }
 
 void Engine::check_deadlines_locked() {
   // Operations nobody waits for (polling mode): whatever ended unsignalled gets a fence, and a
-  // tick for its completion to come before its deadline is judged.
+  // tick for its completion to come before its deadline is judged. Then a round of progress
+  // completes what the fence or a break brought back.
   uint64_t covered_before = covered_;
   if (cfg_.poll_mode && !broken_ && tail_ < head_ && covered_ < head_) fence_locked();
   for (OpState *st = live_; st; st = st->next) {
@@ -445,6 +432,9 @@ void Engine::check_deadlines_locked() {
       break;
     }
   }
+  DoneList done;
+  drain_locked(&done, nullptr);
+  finish_locked(done);
 }
 
 // The loop's timer. In polling mode a waiter may hold mu_ most of the time: it spins on the
@@ -455,17 +445,13 @@ void Engine::check_deadlines_locked() {
 // and checks its own deadline), though not more than kMaxBusyTicks times in a row: operations
 // nobody waits for still get their fence and their deadline.
 void Engine::on_tick() {
-  std::unique_lock<std::mutex> lk(mu_, std::defer_lock);
-  if (cfg_.poll_mode && !lk.try_lock()) {
-    if (++busy_ticks_ < kMaxBusyTicks) return;
+  std::unique_lock<std::mutex> lk(mu_, std::try_to_lock);
+  if (!lk.owns_lock()) {
+    if (cfg_.poll_mode && ++busy_ticks_ < kMaxBusyTicks) return;
     lk.lock();
   }
-  if (!lk.owns_lock()) lk.lock();
   busy_ticks_ = 0;
-  DoneList done;
   check_deadlines_locked();
-  drain_locked(&done, nullptr);
-  finish_locked(done);
 }
 
 // Once the queue pair is in ERROR the device hands every posted request back as a flush
@@ -473,11 +459,11 @@ void Engine::on_tick() {
 // what comes back — except `keep`, which its canceller completes.
 void Engine::await_flush(Deadline deadline, const std::function<bool()> &returned, Op *keep) {
   for (;;) {
-    DoneList done;
-    drain(&done);
-    finish(done, keep);
     {
       std::lock_guard<std::mutex> lk(mu_);
+      DoneList done;
+      drain_locked(&done, nullptr);
+      finish_locked(done, keep);
       if (returned()) return;
     }
     if (deadline.expired()) return;
@@ -537,8 +523,8 @@ void Engine::close(int err, const std::string &why) {
       if (st->status == 0) st->status = err, st->why = why;
       retire_locked(st, &rest);
     }
+    finish_locked(rest);
   }
-  finish(rest);
   if (Watch *w = watch_) {
     watch_ = nullptr;
     IoLoop::shared().run_sync([w] {

@@ -136,9 +136,7 @@ class Engine : public OpDriver, public std::enable_shared_from_this<Engine> {
   bool covered_locked(const OpState *st) const { return st->last_seq < covered_; }
   size_t free_slots_locked() const { return slots_.size() - size_t(head_ - tail_); }
   Slot &slot_of(uint64_t seq) { return slots_[size_t(seq % slots_.size())]; }
-  void drain(DoneList *done, Op *waiting = nullptr);
   void drain_locked(DoneList *done, Op *waiting);
-  void finish(DoneList &done, Op *keep = nullptr);
   void finish_locked(DoneList &done, Op *keep = nullptr);
   void await_flush(Deadline deadline, const std::function<bool()> &returned, Op *keep);
   void on_channel();
