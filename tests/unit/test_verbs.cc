@@ -201,7 +201,7 @@ TEST(Verbs, PollingModeMovesTheSameData) {
 // a read-write grant (the fence is a zero-length write) and a read-only one (a zero-length read).
 TEST(Verbs, UnsignalledRequestsStillCompleteEveryOperation) {
   NEED_VERBS();
-  constexpr int kOps = 48;       // well over a quarter of the depth live: most requests go unsignalled
+  constexpr int kOps = 96;       // well over half the depth live: most requests go unsignalled
   constexpr uint64_t kSize = 100;  // under the inline size: writes travel in the request
   for (const char *mode : {"poll,1", "poll,0"}) {
     SCOPED_TRACE(mode);
