@@ -21,7 +21,7 @@ constexpr int64_t kFlushWaitMs = 3000;  // how long close() waits for the device
 constexpr int kPollBatch = 32;
 // perftest signals 1 request in 100, UCX's rc transports 1 in 64 (tx_cq_moderation). Half the
 // depth keeps slots turning (a completion frees half the ring while the other half is on the
-// wire); a quarter, at most 16, cost 64 B reads at 128 in flight about 7 % (session 8, paired A/B).
+// wire); a quarter, at most 16, cost 64 B reads at 128 in flight about 7 % (docs/benchmarks.md, paired A/B).
 constexpr uint64_t kSignalEveryMax = 64;
 
 std::string post_failure(int rc) { return std::string("posting to the send queue failed: ") + strerror(rc); }
@@ -330,10 +330,14 @@ void Engine::run(const std::shared_ptr<Op> &op) {
 }
 
 void Engine::progress(Op *waiting) {
-  DoneList done;
   std::lock_guard<std::mutex> lk(mu_);
+  progress_locked(waiting);
+}
+
+void Engine::progress_locked(Op *waiting, Op *keep) {
+  DoneList done;
   drain_locked(&done, waiting);
-  finish_locked(done);
+  finish_locked(done, keep);
 }
 
 // ---- completions ----------------------------------------------------------------------------
@@ -435,9 +439,7 @@ void Engine::check_deadlines_locked() {
       break;
     }
   }
-  DoneList done;
-  drain_locked(&done, nullptr);
-  finish_locked(done);
+  progress_locked(nullptr);
 }
 
 // The loop's timer. In polling mode a waiter may hold mu_ most of the time: it spins on the
@@ -459,14 +461,12 @@ void Engine::on_tick() {
 
 // Once the queue pair is in ERROR the device hands every posted request back as a flush
 // completion: drain until `returned` (checked under mu_) holds or the deadline passes, completing
-// what comes back — except `keep`, which its canceller completes.
+// what comes back — except `keep`, which Op::cancel completes.
 void Engine::await_flush(Deadline deadline, const std::function<bool()> &returned, Op *keep) {
   for (;;) {
     {
       std::lock_guard<std::mutex> lk(mu_);
-      DoneList done;
-      drain_locked(&done, nullptr);
-      finish_locked(done, keep);
+      progress_locked(nullptr, keep);
       if (returned()) return;
     }
     if (deadline.expired()) return;

@@ -137,6 +137,8 @@ class Engine : public OpDriver, public std::enable_shared_from_this<Engine> {
   size_t free_slots_locked() const { return slots_.size() - size_t(head_ - tail_); }
   Slot &slot_of(uint64_t seq) { return slots_[size_t(seq % slots_.size())]; }
   void drain_locked(DoneList *done, Op *waiting);
+  // progress() under mu_: drain, then finish what it found (except `keep`).
+  void progress_locked(Op *waiting, Op *keep = nullptr);
   void finish_locked(DoneList &done, Op *keep = nullptr);
   void await_flush(Deadline deadline, const std::function<bool()> &returned, Op *keep);
   void on_channel();
