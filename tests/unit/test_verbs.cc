@@ -145,6 +145,19 @@ TEST(Verbs, WithoutADeviceInitSaysSo) {
   EXPECT_EQ(-ENODEV, server.enable_verbs(libd::Params()));
 }
 
+// Out-of-range settings are refused by name before any device is touched (so on every host).
+TEST(Verbs, BadSettingsAreRefusedByName) {
+  const std::string base = "mem;verbs;host,127.0.0.1;port,9;grant,g;secret,0123456789abcdef0123456789abcdef";
+  for (auto [extra, name] : std::vector<std::pair<std::string, std::string>>{
+           {"depth,0", "depth"}, {"inline,5000", "inline"}, {"poll,2", "poll"}, {"setup,udp", "setup"},
+           {"doorbell_batch,5000", "doorbell_batch"}, {"doorbell_batch,many", "doorbell_batch"}}) {
+    SCOPED_TRACE(extra);
+    auto a = test::make_action("client-1");
+    EXPECT_EQ(-EINVAL, libd_action_add_transport(a.get(), (base + ";" + extra).c_str()));
+    EXPECT_NE(std::string::npos, std::string(libd_last_error()).find(name)) << libd_last_error();
+  }
+}
+
 TEST(Verbs, LargeTransfersAreSplitAndTheBacklogDrains) {
   NEED_VERBS();
   // 4 KiB requests, 4 on the wire: a 1 MiB write is 256 requests queued behind a depth of 4.
@@ -236,6 +249,107 @@ TEST(Verbs, UnsignalledRequestsStillCompleteEveryOperation) {
     ASSERT_EQ(0, libd_trdma_read_async(ro.t, kSize, i * kSize, buf + i * kSize, &ops[size_t(i)])) << libd_last_error();
   ASSERT_NO_FATAL_FAILURE(WaitNewestFirst(ops));
   EXPECT_EQ(LIBD_STATE_READY, libd_transport_state(ro.t)) << "a fence must be an operation the grant allows";
+}
+
+// Doorbell coalescing (polling mode): once doorbell_batch requests are on the wire, a new
+// asynchronous operation waits, and one doorbell rings for doorbell_batch of them — or sooner, at
+// the next progress, at a synchronous call, or at the deadline tick when nobody drives the engine.
+// Every byte still lands.
+TEST(Verbs, PipelinedOperationsShareDoorbellsAndEveryOneLands) {
+  NEED_VERBS();
+  std::shared_ptr<verbs::Device> dev;
+  ASSERT_EQ(0, verbs::Device::open(libd::Params(), &dev)) << libd_last_error();
+  libd::MemoryServer server;
+  ASSERT_EQ(0, server.add_element("e1", 1 << 16));
+  ASSERT_EQ(0, server.enable_verbs(libd::Params())) << libd_last_error();
+  uint16_t port;
+  ASSERT_EQ(0, server.listen_tcp("127.0.0.1", 0, &port));
+  libd::Grant g;
+  g.element = "e1", g.client = "A", g.length = 1 << 16, g.rights = 3;
+  ASSERT_EQ(0, server.grant(&g));
+  constexpr size_t kBatch = 8, kSize = 64, kSpace = 1 << 16;
+  verbs::Engine::Config cfg;
+  cfg.poll_mode = true;
+  cfg.depth = 64;
+  cfg.doorbell_batch = int(kBatch);
+  cfg.tick_ms = 3600 * 1000;  // the counts below are the test's alone: no tick rings or fences meanwhile
+  verbs::Connected c, ticking;
+  auto connect = [&](verbs::Connected *out) {
+    return verbs::connect_engine(dev, cfg, "127.0.0.1", std::to_string(port), {g.id, g.secret, g.client},
+                                 verbs::Setup::kOob, Deadline::after_ms(5000), nullptr, out);
+  };
+  ASSERT_EQ(0, connect(&c)) << libd_last_error();
+  cfg.tick_ms = 50;
+  ASSERT_EQ(0, connect(&ticking)) << libd_last_error();
+  verbs::Engine *e = c.engine.get();
+  char *mem = static_cast<char *>(mmap(nullptr, 2 * kSpace, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  char *back = mem + kSpace;
+  std::shared_ptr<verbs::Mr> mr;
+  ASSERT_EQ(0, dev->mrs().acquire(mem, 2 * kSpace, IBV_ACCESS_LOCAL_WRITE, &mr));
+  c.engine->set_local(mr);
+  ticking.engine->set_local(mr);
+  auto stats = std::make_shared<libd::Stats>();
+  std::vector<std::shared_ptr<Op>> ops;
+  size_t next = 0;  // writes go to consecutive slots of the remote range
+  auto start = [&](bool sync = false) {
+    auto op = std::make_shared<Op>(OpKind::Write, std::vector<Segment>{{kSize, next * kSize, mem + next * kSize}},
+                                   Deadline::after_ms(5000), stats);
+    next++;
+    if (sync) e->run(op);
+    else e->post(op);
+    ops.push_back(op);
+    return op;
+  };
+  fill_random(mem, kSpace, 21);
+
+  uint64_t d0 = e->doorbells();
+  for (size_t i = 0; i < kBatch; i++) start();  // fewer than kBatch on the wire: each rings at once
+  EXPECT_EQ(d0 + kBatch, e->doorbells());
+  for (size_t i = 0; i + 1 < kBatch; i++) start();  // then they wait for each other...
+  EXPECT_EQ(d0 + kBatch, e->doorbells());
+  start();  // ...and the kBatch-th rings once for all of them
+  EXPECT_EQ(d0 + kBatch + 1, e->doorbells());
+  start();  // one waiting alone goes out at the next progress
+  EXPECT_EQ(d0 + kBatch + 1, e->doorbells());
+  e->progress(nullptr);
+  EXPECT_EQ(d0 + kBatch + 2, e->doorbells());
+
+  // A synchronous call rings at once, for what waits before it too; their completions stand for
+  // everything before them, so the waiting one is done when the call returns.
+  auto deferred_until_ringing = [&] {  // starts operations until one waits for its doorbell
+    for (size_t i = 0; i <= 2 * kBatch; i++) {
+      uint64_t before = e->doorbells();
+      auto op = start();
+      if (e->doorbells() == before) return op;
+    }
+    return std::shared_ptr<Op>();
+  };
+  auto waiting = deferred_until_ringing();
+  ASSERT_TRUE(waiting) << "with kBatch on the wire an operation must wait for its doorbell";
+  auto sync = start(true);
+  EXPECT_EQ(0, sync->status()) << sync->message();
+  EXPECT_TRUE(waiting->done()) << "a synchronous call rings the doorbell for what waits before it";
+
+  // Nobody drives the engine: the deadline tick rings and fences, and the operation completes.
+  e = ticking.engine.get();
+  waiting = deferred_until_ringing();
+  ASSERT_TRUE(waiting);
+  Deadline until = Deadline::after_ms(3000);
+  while (!waiting->done() && !until.expired()) std::this_thread::yield();
+  EXPECT_EQ(0, waiting->status()) << "an operation nobody waits for still goes out and completes";
+
+  for (auto &op : ops) {
+    EXPECT_EQ(0, op->wait_until(Clock::now() + std::chrono::seconds(5))) << op->message();
+  }
+  // Everything written reads back the same.
+  auto read = std::make_shared<Op>(OpKind::Read, std::vector<Segment>{{next * kSize, 0, back}}, Deadline::after_ms(5000), stats);
+  e->run(read);
+  ASSERT_EQ(0, read->status()) << read->message();
+  EXPECT_EQ(0, memcmp(mem, back, next * kSize));
+  c.engine->close(-ECONNABORTED, "test over");
+  ticking.engine->close(-ECONNABORTED, "test over");
+  mr.reset();
+  munmap(mem, 2 * kSpace);
 }
 
 // Cancelling one operation among many unsignalled ones resets the queue pair. Requests still on

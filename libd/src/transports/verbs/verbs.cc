@@ -34,7 +34,7 @@ class VerbsTransport : public Transport {
 
   int do_init() override {
     if (!configured()) return set_error(-EINVAL, "needs host, port, grant and secret");
-    uint64_t port, depth, max_msg, max_inline;
+    uint64_t port, depth, max_msg, max_inline, doorbell_batch;
     if (int rc = params_.get_u64("port", 0, &port)) return rc;
     if (port == 0 || port > 65535) return set_error(-EINVAL, "parameter 'port' must be 1..65535");
     if (params_.get_or("secret", "").size() < 32) return set_error(-EINVAL, "parameter 'secret' is too short");
@@ -43,6 +43,8 @@ class VerbsTransport : public Transport {
     if (int rc = params_.get_size("max_msg", 0, &max_msg)) return rc;
     if (int rc = params_.get_size("inline", 128, &max_inline)) return rc;
     if (max_inline > 4096) return set_error(-EINVAL, "parameter 'inline' must be 0..4096");
+    if (int rc = params_.get_u64("doorbell_batch", 16, &doorbell_batch)) return rc;
+    if (doorbell_batch > 4096) return set_error(-EINVAL, "parameter 'doorbell_batch' must be 0..4096");
     std::string poll = params_.get_or("poll", "0");
     if (poll != "0" && poll != "1") return set_error(-EINVAL, "parameter 'poll' must be 0 or 1");
     if (!verbs::parse_setup(params_.get_or("setup", "auto"), &setup_))
@@ -54,6 +56,7 @@ class VerbsTransport : public Transport {
     cfg_.max_sge = std::min(dev_->max_sge(), 16);
     cfg_.poll_mode = poll == "1";
     cfg_.max_inline = int(max_inline);
+    cfg_.doorbell_batch = int(doorbell_batch);
     return 0;
   }
 

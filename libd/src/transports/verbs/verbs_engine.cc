@@ -14,7 +14,6 @@
 
 namespace libd::verbs {
 namespace {
-constexpr uint64_t kDeadlineTickMs = 50;
 // A polling-mode tick skips while a waiter holds the engine, at most this many times in a row.
 constexpr int kMaxBusyTicks = 4;
 constexpr int64_t kFlushWaitMs = 3000;  // how long close() waits for the device to give requests back
@@ -68,6 +67,11 @@ Engine::~Engine() {
   if (control_fd_ >= 0) ::close(control_fd_);
 }
 
+uint64_t Engine::doorbells() {
+  std::lock_guard<std::mutex> lk(mu_);
+  return doorbells_;
+}
+
 void Engine::set_remote(uint64_t first, uint64_t va, uint32_t rkey, bool writable) {
   std::lock_guard<std::mutex> lk(mu_);
   remote_first_ = first, remote_va_ = va, rkey_ = rkey, writable_ = writable;
@@ -109,7 +113,7 @@ void Engine::start(int control_fd) {
     });
     uv_timer_start(&w->timer, [](uv_timer_t *t) {
       if (auto e = static_cast<Watch *>(t->data)->engine.lock()) e->on_tick();
-    }, kDeadlineTickMs, kDeadlineTickMs);
+    }, cfg_.tick_ms, cfg_.tick_ms);
   });
   if (!cfg_.poll_mode) arm();
 }
@@ -205,6 +209,7 @@ void Engine::pump_locked(DoneList *done) {
       covered_ = head_;
     }
     ibv_send_wr *bad = nullptr;
+    doorbells_++;
     if (int rc = ibv_post_send(qp_, burst_.front(), &bad)) {
       // From `bad` on nothing reached the send queue: give those slots back (the newest ones).
       uint64_t unposted_from = bad ? bad->wr_id : first;
@@ -253,6 +258,7 @@ void Engine::fence_locked() {
   wr.wr.rdma.rkey = rkey_;
   ibv_send_wr *bad = nullptr;
   head_++;
+  doorbells_++;
   if (int rc = ibv_post_send(qp_, &wr, &bad)) {
     head_--;
     breakdown_locked(-EIO, post_failure(rc));
@@ -276,6 +282,11 @@ void Engine::breakdown_locked(int err, const std::string &why) {
   if (!closed_ && on_fail_) on_fail_(err, why);
 }
 
+bool Engine::coalesce_locked() const {
+  uint64_t batch = uint64_t(std::max(cfg_.doorbell_batch, 0));
+  return cfg_.poll_mode && batch > 1 && head_ - tail_ >= batch && backlog_.size() < batch;
+}
+
 // Queues the operation's requests and posts what the depth allows (completing whatever that
 // finished: a refused post). false if it completed at once (the queue pair was already broken or
 // closed).
@@ -292,6 +303,7 @@ bool Engine::enqueue(const std::shared_ptr<Op> &op, bool urgent) {
     return false;
   }
   backlog_.push_back(st);
+  if (!urgent && coalesce_locked()) return true;  // the doorbell rings with later ones
   pump_locked(&done);
   // A synchronous caller in polling mode polls at once, in this hold of the lock: over rxe the
   // doorbell's system call has usually carried the request to its completion already.
@@ -306,7 +318,7 @@ void Engine::post(const std::shared_ptr<Op> &op) {
   bool queued = enqueue(op, false);
   // Polling mode asks for no events: an event per completion would wake the loop thread and cost
   // a system call to re-arm, for every operation. Waiters and libd_op_poll drive progress; the
-  // deadline tick (kDeadlineTickMs) completes what nobody waits for.
+  // deadline tick (Config::tick_ms) completes what nobody waits for.
   if (!queued || cfg_.poll_mode || armed_.load(std::memory_order_relaxed)) return;
   arm();
   progress(nullptr);  // a completion that landed before the arm raised no event: look once
@@ -427,9 +439,11 @@ void Engine::check_deadlines() {
 }
 
 void Engine::check_deadlines_locked() {
-  // Operations nobody waits for (polling mode): whatever ended unsignalled gets a fence, and a
-  // tick for its completion to come before its deadline is judged. Then a round of progress
-  // completes what the fence or a break brought back.
+  // Operations nobody waits for (polling mode): coalesced doorbells ring, whatever ended
+  // unsignalled gets a fence, and a tick for its completion to come before its deadline is
+  // judged. Then a round of progress completes what the fence or a break brought back.
+  DoneList done;
+  pump_locked(&done);
   uint64_t covered_before = covered_;
   if (cfg_.poll_mode && !broken_ && tail_ < head_ && covered_ < head_) fence_locked();
   for (OpState *st = live_; st; st = st->next) {
@@ -439,7 +453,8 @@ void Engine::check_deadlines_locked() {
       break;
     }
   }
-  progress_locked(nullptr);
+  drain_locked(&done, nullptr);
+  finish_locked(done);
 }
 
 // The loop's timer. In polling mode a waiter may hold mu_ most of the time: it spins on the

@@ -23,6 +23,16 @@
 // from a free list, and the live and finished sets are lists through those states. At 64 bytes
 // the device's own path is a few microseconds, so every allocation and map lookup shows.
 //
+// Doorbell coalescing (polling mode): over rxe a doorbell is a system call, and each one that
+// carries a READ also wakes ksoftirqd for nothing (the request's softirq has already run inline
+// by the time the call returns): two context switches per doorbell. So when the caller is
+// clearly pipelining (at least `doorbell_batch` requests on the wire), a new asynchronous
+// operation waits in the backlog and the doorbell rings for `doorbell_batch` of them at once, or
+// sooner at the next progress (any waiter, libd_op_poll, a synchronous call) or the deadline tick.
+// A request queued behind that many others would mostly wait on the wire anyway; libfabric's
+// FI_MORE and perftest's --post_list batch the same way. Synchronous calls and event mode ring
+// at once.
+//
 // Completions are event-driven: the completion channel's descriptor sits in the shared libuv
 // loop, which re-arms the queue and polls it. In polling mode a synchronous caller spins on the
 // completion queue itself instead — no thread hand-off, lowest latency, one core busy.
@@ -57,6 +67,11 @@ class Engine : public OpDriver, public std::enable_shared_from_this<Engine> {
     int max_sge = 16;
     int max_inline = 128;  // asked of the device; it may grant less (see inline_size())
     bool poll_mode = false;
+    // Polling mode: with at least this many requests on the wire, a new operation's doorbell
+    // waits until this many operations are waiting or someone drives progress. 0 or 1: off.
+    int doorbell_batch = 16;
+    // How often the loop checks deadlines, fences what nobody waits for and rings waiting doorbells.
+    uint64_t tick_ms = 50;
   };
   using FailFn = std::function<void(int err, const std::string &why)>;
 
@@ -65,6 +80,8 @@ class Engine : public OpDriver, public std::enable_shared_from_this<Engine> {
   ~Engine() override;
 
   ibv_qp *qp() const { return qp_; }
+  // ibv_post_send calls so far (each a doorbell; on rxe, a system call), fences included.
+  uint64_t doorbells();
   // Where the remote range is: element offset `first` is virtual address `va` under `rkey`;
   // `writable`: the grant allows writes (a fence is then a zero-length write, else a read).
   void set_remote(uint64_t first, uint64_t va, uint32_t rkey, bool writable);
@@ -126,6 +143,8 @@ class Engine : public OpDriver, public std::enable_shared_from_this<Engine> {
   // Cleared and back on the free list. Under mu_.
   void recycle_locked(OpState *st);
   bool enqueue(const std::shared_ptr<Op> &op, bool urgent);
+  // Whether a new asynchronous operation's doorbell waits (see doorbell coalescing). Under mu_.
+  bool coalesce_locked() const;
   // Fills one free slot with the next request of `st`. Under mu_.
   void build_locked(OpState *st, Slot &slot);
   void pump_locked(DoneList *done);
@@ -171,6 +190,7 @@ class Engine : public OpDriver, public std::enable_shared_from_this<Engine> {
   uint64_t head_ = 0;                    // sequence number of the next request
   uint64_t tail_ = 0;                    //   and of the oldest one not given back
   uint64_t covered_ = 0;                 // requests before this one have a signalled one after them
+  uint64_t doorbells_ = 0;
   std::vector<ibv_send_wr *> burst_;     // the requests of one post, in order; reused
   std::deque<OpState *> backlog_;        // not fully built yet, in order
   std::vector<std::unique_ptr<OpState>> states_;  // every state ever made
