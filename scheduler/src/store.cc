@@ -192,7 +192,8 @@ std::vector<json> Store::list_activations(const std::string &ns, const std::stri
   int i = 1;
   q.bind(i++, ns);
   if (!name.empty()) q.bind(i++, name);
-  q.bind(i++, int64_t(limit)).bind(i++, int64_t(skip));
+  q.bind(i++, int64_t(limit));
+  q.bind(i++, int64_t(skip));
   std::vector<json> out;
   while (q.step()) out.push_back(json::parse(q.text(0)));
   return out;
