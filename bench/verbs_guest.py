@@ -5,8 +5,8 @@ Ours: libd-bench against libd-memd --verbs. Bandwidth: a window of asynchronous 
 flight (default event-driven completions, the mode users get). Latency: one operation at a time,
 median, in polling mode (poll,1) — perftest's latency tests poll too. perftest: server and
 client on rxe0, GID index as discovered by libd (RoCE v2, IPv4). Targets: >= 0.9x perftest
-bandwidth, <= 1.2x its latency. Each ratio pairs runs made seconds apart; the figure is the
-median over the rounds (BENCH_ROUNDS, default 3; sizes below 64 KiB, which are quick and drift
+bandwidth, <= 1.2x its latency. Each ratio pairs runs made seconds apart (latency: each side's
+better of BENCH_LAT_TRIES runs, default 2, alternating); the figure is the median over the rounds (BENCH_ROUNDS, default 3; sizes below 64 KiB, which are quick and drift
 most, 2 * BENCH_ROUNDS + 1 or BENCH_SMALL_ROUNDS)."""
 import json
 import os
@@ -35,6 +35,8 @@ ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
 # 64-byte ratio moved from 0.5 to 1.1 between rounds of one run): they get more rounds.
 SMALL = 64 << 10
 SMALL_ROUNDS = int(os.environ.get("BENCH_SMALL_ROUNDS") or str(2 * ROUNDS + 1))
+# Latency runs per side per round; the better one counts (see the latency loop).
+LAT_TRIES = int(os.environ.get("BENCH_LAT_TRIES", "2"))
 
 
 def rounds_for(size):
@@ -151,21 +153,32 @@ def main():
                         for r in ev:
                             if r["op"] == op:
                                 events.setdefault((op, size), []).append(r["gbps"] / ref)
-                # Latency: ours, then ib_read_lat, size by size, so that each pair is seconds apart.
+                # Latency: ours, ib_read_lat, ours, ib_read_lat, size by size, and each side's better
+                # run of its two. A guest run now and then lands in a slow state that lasts seconds
+                # and takes either tool 1.6-2.2x longer per operation (docs/benchmarks.md, sessions
+                # 8 and 9); one side's slow run against the other's fast one measures the guest.
                 for size in LAT_SIZES:
                     if rnd >= rounds_for(size):
                         continue
                     print(f"round {rnd + 1}/{rounds_for(size)}: latency {human(size)} ...", flush=True)
-                    lat = libd_bench("transport", "verbs", config + ";poll,1", "--sizes", size, "--inflight", "1",
-                                     "--budget-ms", "500")
-                    port += 1
-                    ref = perftest_figure("ib_read_lat", size, port, gid, 4, iters=5000)  # t_typical
-                    mine = next(r["median_us"] for r in lat if r["op"] == "read")
-                    wr = next(r["median_us"] for r in lat if r["op"] == "write")
-                    if ref is None:
-                        print(f"  read  ours {mine:9.2f} us    ib_read_lat reported 0 twice: round left out", flush=True)
+                    mines, refs, wr = [], [], None
+                    for attempt in range(LAT_TRIES):
+                        lat = libd_bench("transport", "verbs", config + ";poll,1", "--sizes", size, "--inflight", "1",
+                                         "--budget-ms", "500")
+                        mines.append(next(r["median_us"] for r in lat if r["op"] == "read"))
+                        w = next(r["median_us"] for r in lat if r["op"] == "write")
+                        wr = w if wr is None else min(wr, w)
+                        port += 1
+                        ref = perftest_figure("ib_read_lat", size, port, gid, 4, iters=5000)  # t_typical
+                        if ref is not None:
+                            refs.append(ref)
+                    mine = min(mines)
+                    runs = f"(runs {' '.join(f'{m:.1f}' for m in mines)} / {' '.join(f'{r:.1f}' for r in refs)})"
+                    if not refs:
+                        print(f"  read  ours {mine:9.2f} us    ib_read_lat reported 0 every time: round left out", flush=True)
                         continue
-                    print(f"  read  ours {mine:9.2f} us    ib_read_lat {ref:9.2f} us  (our write {wr:.2f} us)", flush=True)
+                    ref = min(refs)
+                    print(f"  read  ours {mine:9.2f} us    ib_read_lat {ref:9.2f} us  (our write {wr:.2f} us) {runs}", flush=True)
                     ratios.setdefault(("read", size, "lat"), []).append(mine / ref)
                     ratios.setdefault(("write-vs-read", size, "lat"), []).append(wr / ref)
         finally:
@@ -190,7 +203,7 @@ def main():
             print(f"{human(size):>8} {op:5} | {med(events.get((op, size), [])):6.2f} | {x:6.2f} {' '.join(f'{v:.2f}' for v in xs):>36}"
                   f"  {'ok' if x >= 0.9 else 'MISS'}")
     print()
-    print(f"Latency, one at a time, poll,1, vs ib_read_lat t_typical")
+    print(f"Latency, one at a time, poll,1, vs ib_read_lat t_typical (each side's better of {LAT_TRIES} runs a round)")
     print(f"{'size':>8} {'op':5} | {'x':>6} {'rounds':>36}  target <= 1.2")
     for size in LAT_SIZES:
         xs = ratios.get(("read", size, "lat"), [])
