@@ -330,6 +330,18 @@ TEST(Verbs, PipelinedOperationsShareDoorbellsAndEveryOneLands) {
   EXPECT_EQ(0, sync->status()) << sync->message();
   EXPECT_TRUE(waiting->done()) << "a synchronous call rings the doorbell for what waits before it";
 
+  // Cancelling one that waits for its doorbell drops it: nothing rings, nothing is reset, and
+  // the queue pair goes on (the operations after it land).
+  auto dropped = deferred_until_ringing();
+  ASSERT_TRUE(dropped);
+  uint64_t rung = e->doorbells();
+  EXPECT_EQ(-ECANCELED, dropped->cancel());
+  EXPECT_EQ(rung, e->doorbells()) << "a cancelled operation that never went out rings nothing";
+  ops.pop_back();  // it wrote nothing: its slot is the next one's
+  next--;
+  auto after = start(true);
+  EXPECT_EQ(0, after->status()) << after->message();
+
   // Nobody drives the engine: the deadline tick rings and fences, and the operation completes.
   e = ticking.engine.get();
   waiting = deferred_until_ringing();

@@ -442,9 +442,10 @@ void Engine::check_deadlines_locked() {
   // Operations nobody waits for (polling mode): coalesced doorbells ring, whatever ended
   // unsignalled gets a fence, and a tick for its completion to come before its deadline is
   // judged. Then a round of progress completes what the fence or a break brought back.
+  // Read before the pump: what the pump sends now counts as just sent, like what the fence covers.
+  uint64_t covered_before = covered_;
   DoneList done;
   pump_locked(&done);
-  uint64_t covered_before = covered_;
   if (cfg_.poll_mode && !broken_ && tail_ < head_ && covered_ < head_) fence_locked();
   for (OpState *st = live_; st; st = st->next) {
     bool just_fenced = st->built() && st->on_wire > 0 && st->last_seq >= covered_before;
@@ -491,6 +492,24 @@ void Engine::await_flush(Deadline deadline, const std::function<bool()> &returne
 
 void Engine::cancel(Op *op) {
   Deadline deadline = Deadline::after_ms(kFlushWaitMs);
+  {
+    // One that still waits for its doorbell (coalesced, or behind a full ring) has nothing on
+    // the wire: it is dropped before the progress below would post it, only to reset the queue
+    // pair under everything else.
+    std::lock_guard<std::mutex> lk(mu_);
+    auto *st = static_cast<OpState *>(op->driver_state());
+    if (st && st->op.get() == op && st->on_wire == 0 && st->seg == 0 && st->seg_done == 0) {
+      for (auto b = backlog_.begin(); b != backlog_.end(); ++b) {
+        if (*b == st) {
+          backlog_.erase(b);
+          DoneList dropped;  // Op::cancel completes the operation: the state just goes back
+          retire_locked(st, &dropped);
+          recycle_locked(st);
+          return;
+        }
+      }
+    }
+  }
   progress(op);  // it may have finished on the wire already: then nothing needs resetting
   {
     std::lock_guard<std::mutex> lk(mu_);
