@@ -6,8 +6,9 @@ flight (default event-driven completions, the mode users get). Latency: one oper
 median, in polling mode (poll,1) — perftest's latency tests poll too. perftest: server and
 client on rxe0, GID index as discovered by libd (RoCE v2, IPv4). Targets: >= 0.9x perftest
 bandwidth, <= 1.2x its latency. Each ratio pairs runs made seconds apart (latency: each side's
-better of BENCH_LAT_TRIES runs, default 2, alternating); the figure is the median over the rounds (BENCH_ROUNDS, default 3; sizes below 64 KiB, which are quick and drift
-most, 2 * BENCH_ROUNDS + 1 or BENCH_SMALL_ROUNDS)."""
+better of BENCH_LAT_TRIES runs, default 2, alternating); the figure is the median over the rounds
+(BENCH_ROUNDS, default 3; sizes below 64 KiB, which are quick and drift most, 2 * BENCH_ROUNDS + 1
+or BENCH_SMALL_ROUNDS)."""
 import json
 import os
 import pathlib

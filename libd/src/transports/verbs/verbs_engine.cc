@@ -490,46 +490,42 @@ void Engine::await_flush(Deadline deadline, const std::function<bool()> &returne
   }
 }
 
+Engine::OpState *Engine::state_of_locked(Op *op) const {
+  auto *st = static_cast<OpState *>(op->driver_state());
+  return st && st->op.get() == op ? st : nullptr;
+}
+
+// Requests not yet built are simply dropped; with none on the wire either, so is the operation.
+bool Engine::withdraw_locked(OpState *st) {
+  for (auto b = backlog_.begin(); b != backlog_.end(); ++b) {
+    if (*b == st) {
+      backlog_.erase(b);
+      break;
+    }
+  }
+  st->seg = st->op->segments().size();
+  if (st->on_wire > 0) return false;
+  DoneList dropped;
+  retire_locked(st, &dropped);
+  recycle_locked(st);
+  return true;
+}
+
 void Engine::cancel(Op *op) {
   Deadline deadline = Deadline::after_ms(kFlushWaitMs);
   {
     // One that still waits for its doorbell (coalesced, or behind a full ring) has nothing on
-    // the wire: it is dropped before the progress below would post it, only to reset the queue
-    // pair under everything else.
+    // the wire: withdrawn before the progress below would post it, only to reset the queue pair
+    // under everything else.
     std::lock_guard<std::mutex> lk(mu_);
-    auto *st = static_cast<OpState *>(op->driver_state());
-    if (st && st->op.get() == op && st->on_wire == 0 && st->seg == 0 && st->seg_done == 0) {
-      for (auto b = backlog_.begin(); b != backlog_.end(); ++b) {
-        if (*b == st) {
-          backlog_.erase(b);
-          DoneList dropped;  // Op::cancel completes the operation: the state just goes back
-          retire_locked(st, &dropped);
-          recycle_locked(st);
-          return;
-        }
-      }
-    }
+    OpState *st = state_of_locked(op);
+    if (!st || (st->on_wire == 0 && withdraw_locked(st))) return;
   }
   progress(op);  // it may have finished on the wire already: then nothing needs resetting
   {
     std::lock_guard<std::mutex> lk(mu_);
-    OpState *st = live_;
-    while (st && st->op.get() != op) st = st->next;
-    if (!st) return;
-    // Requests not yet built are simply dropped.
-    for (auto b = backlog_.begin(); b != backlog_.end(); ++b) {
-      if (*b == st) {
-        backlog_.erase(b);
-        break;
-      }
-    }
-    st->seg = st->op->segments().size();
-    if (st->on_wire == 0) {
-      DoneList dropped;  // Op::cancel completes the operation: the state just goes back
-      retire_locked(st, &dropped);
-      recycle_locked(st);
-      return;
-    }
+    OpState *st = state_of_locked(op);
+    if (!st || withdraw_locked(st)) return;
     breakdown_locked(-ECANCELED, "an operation was cancelled while on the wire (RDMA cannot withdraw a posted request; the queue pair was reset)");
   }
   // Wait until the device has given back every request of this operation.

@@ -142,6 +142,11 @@ class Engine : public OpDriver, public std::enable_shared_from_this<Engine> {
   void retire_locked(OpState *st, DoneList *done);
   // Cleared and back on the free list. Under mu_.
   void recycle_locked(OpState *st);
+  // Its state, if `op` is live on this engine. Under mu_.
+  OpState *state_of_locked(Op *op) const;
+  // Drops what of `st` is not yet built; true if nothing of it was on the wire either and the
+  // state went back (the caller completes the operation). Under mu_.
+  bool withdraw_locked(OpState *st);
   bool enqueue(const std::shared_ptr<Op> &op, bool urgent);
   // Whether a new asynchronous operation's doorbell waits (see doorbell coalescing). Under mu_.
   bool coalesce_locked() const;
