@@ -6,13 +6,16 @@
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 
+#include <atomic>
 #include <cstring>
+#include <mutex>
 #include <thread>
 
 #include "core/params.h"
 #include "harness.h"
 #include "transports/verbs/verbs_connect.h"
 #include "verbs/cm.h"
+#include "verbs/qp.h"
 #include "verbs/record.h"
 
 using test::fill_random;
@@ -205,6 +208,66 @@ TEST(Verbs, PollingModeMovesTheSameData) {
     ASSERT_EQ(0, libd_trdma_read(rig.t, n, 100, buf + (1 << 19))) << libd_last_error();
     ASSERT_EQ(0, memcmp(buf, buf + (1 << 19), n)) << n;
   }
+  // These ran on the direct path (no Op object): counted all the same.
+  libd_stats st{};
+  ASSERT_EQ(0, libd_transport_stats(rig.t, &st));
+  EXPECT_EQ(4u, st.read_ops);
+  EXPECT_EQ(4u, st.write_ops);
+  EXPECT_EQ(1u + 64 + 4096 + 300000, st.read_bytes);
+  EXPECT_EQ(0u, st.errors);
+}
+
+// Blocking calls from several threads, some direct and some (while another direct one runs, or
+// behind waiting asynchronous ones) on the general path, mixed with pipelined asynchronous ones:
+// every byte lands where it was sent.
+TEST(Verbs, ConcurrentBlockingAndAsyncCallsInPollingModeAllLand) {
+  NEED_VERBS();
+  constexpr uint64_t kRegion = 1 << 14, kSize = 64;
+  constexpr int kRounds = 150;
+  auto rig = make_rig("verbs", 4 * kRegion, 3, "poll,1;depth,32;doorbell_batch,4");
+  char *buf = nullptr;
+  ASSERT_EQ(0, libd_trdma_reg(rig.t, 8 * kRegion, reinterpret_cast<void **>(&buf)));
+  std::atomic<int> failures{0};
+  std::string first_failure;
+  std::mutex failure_mu;
+  auto fail = [&](const std::string &what) {
+    std::lock_guard<std::mutex> lk(failure_mu);
+    if (failures++ == 0) first_failure = what + ": " + libd_last_error();
+  };
+  auto blocking = [&](int region) {
+    char *out = buf + 2 * region * kRegion, *in = out + kRegion;
+    for (int i = 0; i < kRounds; i++) {
+      uint64_t at = uint64_t(region) * kRegion + uint64_t(i % 64) * kSize;
+      fill_random(out, kSize, uint64_t(region * 1000 + i));
+      if (libd_trdma_write(rig.t, kSize, at, out)) return fail("blocking write");
+      if (libd_trdma_read(rig.t, kSize, at, in)) return fail("blocking read");
+      if (memcmp(out, in, kSize)) return fail("blocking read-back " + std::to_string(i));
+    }
+  };
+  auto pipelined = [&](int region) {
+    char *out = buf + 2 * region * kRegion, *in = out + kRegion;
+    for (int round = 0; round < kRounds / 16; round++) {
+      fill_random(out, 16 * kSize, uint64_t(round + 77));
+      std::vector<libd_op *> ops(16);
+      for (int i = 0; i < 16; i++)
+        if (libd_trdma_write_async(rig.t, kSize, region * kRegion + uint64_t(i) * kSize, out + i * kSize, &ops[size_t(i)]))
+          return fail("async write");
+      for (auto *op : ops) {
+        if (libd_op_wait(op, 5000)) fail("async write wait");
+        libd_op_free(op);
+      }
+      if (libd_trdma_read(rig.t, 16 * kSize, region * kRegion, in)) return fail("read-back");
+      if (memcmp(out, in, 16 * kSize)) return fail("async read-back " + std::to_string(round));
+    }
+  };
+  std::thread a(blocking, 0), b(blocking, 1), c(blocking, 2), d(pipelined, 3);
+  a.join(), b.join(), c.join(), d.join();
+  EXPECT_EQ(0, failures.load()) << first_failure;
+  EXPECT_EQ(LIBD_STATE_READY, libd_transport_state(rig.t));
+  libd_stats st{};
+  ASSERT_EQ(0, libd_transport_stats(rig.t, &st));
+  EXPECT_EQ(uint64_t(3 * kRounds + kRounds / 16 * 16), st.write_ops);
+  EXPECT_EQ(uint64_t(3 * kRounds + kRounds / 16), st.read_ops);
 }
 
 // Selective signalling: with many operations live, only some requests ask for a completion and
@@ -360,6 +423,160 @@ TEST(Verbs, PipelinedOperationsShareDoorbellsAndEveryOneLands) {
   EXPECT_EQ(0, memcmp(mem, back, next * kSize));
   c.engine->close(-ECONNABORTED, "test over");
   ticking.engine->close(-ECONNABORTED, "test over");
+  mr.reset();
+  munmap(mem, 2 * kSpace);
+}
+
+// The direct path: a blocking one-segment call in polling mode runs without an Op, with one
+// doorbell, and lands its bytes. Where it cannot run so it declines and the general path runs the
+// call: in event mode, behind asynchronous operations waiting for their doorbell, past the
+// largest request. A device error on it breaks the queue pair with the reason.
+TEST(Verbs, BlockingCallsRunDirectlyWhereTheyCan) {
+  NEED_VERBS();
+  std::shared_ptr<verbs::Device> dev;
+  ASSERT_EQ(0, verbs::Device::open(libd::Params(), &dev)) << libd_last_error();
+  libd::MemoryServer server;
+  ASSERT_EQ(0, server.add_element("e1", 1 << 16));
+  ASSERT_EQ(0, server.enable_verbs(libd::Params())) << libd_last_error();
+  uint16_t port;
+  ASSERT_EQ(0, server.listen_tcp("127.0.0.1", 0, &port));
+  libd::Grant g;
+  g.element = "e1", g.client = "A", g.offset = 4096, g.length = 8192, g.rights = 3;
+  ASSERT_EQ(0, server.grant(&g));
+  verbs::Engine::Config cfg;
+  cfg.poll_mode = true;
+  cfg.depth = 64;
+  cfg.doorbell_batch = 4;
+  cfg.max_msg = 4096;
+  cfg.tick_ms = 3600 * 1000;  // nothing rings but the test's own calls
+  auto connect = [&](verbs::Connected *out) {
+    return verbs::connect_engine(dev, cfg, "127.0.0.1", std::to_string(port), {g.id, g.secret, g.client},
+                                 verbs::Setup::kOob, Deadline::after_ms(5000), nullptr, out);
+  };
+  verbs::Connected c, events;
+  ASSERT_EQ(0, connect(&c)) << libd_last_error();
+  cfg.poll_mode = false;
+  ASSERT_EQ(0, connect(&events)) << libd_last_error();
+  constexpr size_t kSpace = 1 << 16;
+  char *mem = static_cast<char *>(mmap(nullptr, kSpace, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  std::shared_ptr<verbs::Mr> mr;
+  ASSERT_EQ(0, dev->mrs().acquire(mem, kSpace, IBV_ACCESS_LOCAL_WRITE, &mr));
+  verbs::Engine *e = c.engine.get();
+  e->set_local(mr);
+  events.engine->set_local(mr);
+  // Runs one blocking call directly; false if the engine declined it.
+  auto direct = [&](verbs::Engine *eng, OpKind kind, uint64_t size, uint64_t raddr, char *local, int *rc, std::string *why) {
+    uint64_t seq;
+    bool pending;
+    if (!eng->start_direct(kind, {size, raddr, local}, &seq, &pending, rc, why)) return false;
+    if (pending) *rc = eng->finish_direct(seq, Deadline::after_ms(5000), why);
+    return true;
+  };
+  int rc = 0;
+  std::string why;
+  for (uint64_t size : {uint64_t(1), uint64_t(64), uint64_t(4096)}) {
+    SCOPED_TRACE(size);
+    fill_random(mem, size, size);
+    uint64_t d0 = e->doorbells();
+    ASSERT_TRUE(direct(e, OpKind::Write, size, 4096 + 100, mem, &rc, &why));
+    ASSERT_EQ(0, rc) << why;
+    ASSERT_TRUE(direct(e, OpKind::Read, size, 4096 + 100, mem + 8192, &rc, &why));
+    ASSERT_EQ(0, rc) << why;
+    EXPECT_EQ(d0 + 2, e->doorbells()) << "one doorbell each, no fence";
+    EXPECT_EQ(0, memcmp(mem, mem + 8192, size));
+  }
+  EXPECT_FALSE(direct(e, OpKind::Read, 4097, 4096, mem, &rc, &why)) << "more than one request: the general path";
+  EXPECT_FALSE(direct(events.engine.get(), OpKind::Read, 64, 4096, mem, &rc, &why)) << "event mode: the general path";
+
+  // Asynchronous writes until one waits for its doorbell: a blocking call must not overtake it.
+  auto stats = std::make_shared<libd::Stats>();
+  fill_random(mem, 16 * 64, 5);
+  std::vector<std::shared_ptr<Op>> ops;
+  std::shared_ptr<Op> waiting;
+  for (uint64_t i = 0; i < 16 && !waiting; i++) {
+    auto op = std::make_shared<Op>(OpKind::Write, std::vector<Segment>{{64, 4096 + i * 64, mem + i * 64}},
+                                   Deadline::after_ms(5000), stats);
+    uint64_t before = e->doorbells();
+    e->post(op);
+    ops.push_back(op);
+    if (e->doorbells() == before) waiting = op;
+  }
+  ASSERT_TRUE(waiting) << "with doorbell_batch on the wire an operation must wait for its doorbell";
+  EXPECT_FALSE(direct(e, OpKind::Read, 64, 4096, mem + 8192, &rc, &why)) << "it would overtake the waiting write";
+  auto read = std::make_shared<Op>(OpKind::Read, std::vector<Segment>{{ops.size() * 64, 4096, mem + 8192}},
+                                   Deadline::after_ms(5000), stats);
+  e->run(read);
+  ASSERT_EQ(0, read->status()) << read->message();
+  EXPECT_TRUE(waiting->done()) << "the general path rings for what waits before it";
+  EXPECT_EQ(0, memcmp(mem, mem + 8192, ops.size() * 64)) << "the read saw every write before it";
+  for (auto &op : ops) EXPECT_EQ(0, op->wait_until(Clock::now() + std::chrono::seconds(5))) << op->message();
+
+  // Past the key's range (the library's own check bypassed): the device refuses, the queue pair
+  // breaks with the reason, and later calls decline (the general path reports the break).
+  e->set_remote(4096, c.peer.addr + 8192, c.peer.rkey, true);
+  ASSERT_TRUE(direct(e, OpKind::Read, 64, 4096, mem, &rc, &why));
+  EXPECT_EQ(-EACCES, rc);
+  EXPECT_NE(std::string::npos, why.find("does not allow this range")) << why;
+  EXPECT_FALSE(direct(e, OpKind::Read, 64, 4096, mem, &rc, &why)) << "a broken engine declines";
+  for (auto *conn : {&c, &events}) conn->engine->close(-ECONNABORTED, "test over");
+  mr.reset();
+  munmap(mem, kSpace);
+}
+
+// A direct call whose peer stops answering (its queue pair in ERROR drops every packet) ends at
+// its deadline, long before the device's own retries would give up (about 0.5 s), with the
+// queue pair reset and the request given back.
+TEST(Verbs, ADirectCallToASilentPeerEndsAtItsDeadline) {
+  NEED_VERBS();
+  std::shared_ptr<verbs::Device> dev;
+  ASSERT_EQ(0, verbs::Device::open(libd::Params(), &dev)) << libd_last_error();
+  verbs::Engine::Config cfg;
+  cfg.poll_mode = true;
+  std::shared_ptr<verbs::Engine> e;
+  ASSERT_EQ(0, verbs::Engine::create(dev, cfg, nullptr, &e)) << libd_last_error();
+  // The peer: a bare queue pair of our own, wired to the engine's.
+  ibv_cq *peer_cq = ibv_create_cq(dev->ctx(), 8, nullptr, nullptr, 0);
+  ASSERT_TRUE(peer_cq);
+  ibv_qp *peer = nullptr;
+  ASSERT_EQ(0, verbs::create_rc_qp(*dev, peer_cq, verbs::QpShape(), &peer)) << libd_last_error();
+  uint32_t psn_e = verbs::random_psn(), psn_p = verbs::random_psn();
+  verbs::Record rec_e = verbs::local_record(*dev, e->qp(), psn_e), rec_p = verbs::local_record(*dev, peer, psn_p);
+  ASSERT_EQ(0, verbs::connect_rc_qp(*dev, e->qp(), 0, psn_e, rec_p)) << libd_last_error();
+  ASSERT_EQ(0, verbs::connect_rc_qp(*dev, peer, IBV_ACCESS_REMOTE_READ, psn_p, rec_e)) << libd_last_error();
+  constexpr size_t kSpace = 8192;
+  char *mem = static_cast<char *>(mmap(nullptr, 2 * kSpace, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  char *remote = mem + kSpace;
+  ibv_mr *remote_mr = ibv_reg_mr(dev->pd(), remote, kSpace, IBV_ACCESS_REMOTE_READ | IBV_ACCESS_LOCAL_WRITE);
+  ASSERT_TRUE(remote_mr);
+  std::shared_ptr<verbs::Mr> mr;
+  ASSERT_EQ(0, dev->mrs().acquire(mem, kSpace, IBV_ACCESS_LOCAL_WRITE, &mr));
+  e->set_local(mr);
+  e->set_remote(0, uint64_t(uintptr_t(remote)), remote_mr->rkey, false);
+  fill_random(remote, 64, 9);
+  uint64_t seq;
+  bool pending;
+  int rc;
+  std::string why;
+  ASSERT_TRUE(e->start_direct(OpKind::Read, {64, 0, mem}, &seq, &pending, &rc, &why));
+  if (pending) rc = e->finish_direct(seq, Deadline::after_ms(5000), &why);
+  ASSERT_EQ(0, rc) << why;
+  EXPECT_EQ(0, memcmp(mem, remote, 64)) << "the pair works before the peer goes silent";
+
+  verbs::break_qp(peer);
+  auto t0 = Clock::now();
+  ASSERT_TRUE(e->start_direct(OpKind::Read, {64, 0, mem}, &seq, &pending, &rc, &why));
+  ASSERT_TRUE(pending) << "a silent peer cannot have answered: " << rc << " " << why;
+  rc = e->finish_direct(seq, Deadline::after_ms(100), &why);
+  double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  EXPECT_EQ(-ETIMEDOUT, rc) << why;
+  EXPECT_NE(std::string::npos, why.find("deadline")) << why;
+  EXPECT_LT(ms, 400.0) << "the deadline, not the device's retries, must end it";
+  EXPECT_FALSE(e->start_direct(OpKind::Read, {64, 0, mem}, &seq, &pending, &rc, &why)) << "the engine is broken";
+  e->close(-ECONNABORTED, "test over");
+  e.reset();
+  ibv_destroy_qp(peer);
+  ibv_destroy_cq(peer_cq);
+  ibv_dereg_mr(remote_mr);
   mr.reset();
   munmap(mem, 2 * kSpace);
 }

@@ -19,6 +19,8 @@ class Stats {
     return started_.fetch_add(1, std::memory_order_relaxed) % kLatencySampleEvery == 0 ||
            !timed_any_.load(std::memory_order_relaxed);
   }
+  // Takes back a start_op() whose operation never ran (the direct path declined it).
+  void unstart_op() { started_.fetch_sub(1, std::memory_order_relaxed); }
   // An operation ends; latency_ns < 0: not sampled (counted, not timed).
   void record(OpKind kind, uint64_t bytes, int64_t latency_ns, bool ok);
   // Started and not yet recorded. Exact when no operation can start meanwhile (the transport's

@@ -109,6 +109,17 @@ class Transport : public libd_transport {
     (void)io;
     return do_post(op);
   }
+  // The direct path: a synchronous one-segment operation run without an Op object (no
+  // allocation, no completion object), by an engine that completes it in the calling thread.
+  // Asked only if runs_direct(). kNotDirect: not taken, nothing done, `io` still held (start()
+  // takes the general path); otherwise 0 or -errno with *why. It may release `io` after posting.
+  static constexpr int kNotDirect = 1;
+  virtual bool runs_direct() const { return false; }
+  virtual int do_run_direct(OpKind kind, const Segment &seg, std::shared_lock<IoGate> &io, Deadline deadline,
+                            std::string *why) {
+    (void)kind, (void)seg, (void)io, (void)deadline, (void)why;
+    return kNotDirect;
+  }
   virtual int do_register(char *buf, size_t size) { (void)buf, (void)size; return 0; }
   // True if do_post completes every operation before returning, without waiting (a copy).
   virtual bool completes_inline() const { return false; }
@@ -128,6 +139,8 @@ class Transport : public libd_transport {
  private:
   void transition_locked(int to);
   int ensure_ready(Deadline deadline);
+  // do_run_direct with the operation counted and (when sampled) timed as an Op would be.
+  int run_direct(OpKind kind, const Segment &seg, std::shared_lock<IoGate> &io, Deadline deadline);
   int connect_locked(std::unique_lock<std::mutex> &lk, Deadline deadline, bool recovering);
   int error_locked();
   // Checks, creates and posts an operation (sync: through do_run). On success *out is set; it

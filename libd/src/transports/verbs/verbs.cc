@@ -98,6 +98,20 @@ class VerbsTransport : public Transport {
     return 0;
   }
 
+  bool runs_direct() const override { return cfg_.poll_mode; }
+
+  int do_run_direct(OpKind kind, const Segment &seg, std::shared_lock<IoGate> &io, Deadline deadline,
+                    std::string *why) override {
+    uint64_t seq;
+    bool pending;
+    int rc;
+    if (!engine_->start_direct(kind, seg, &seq, &pending, &rc, why)) return kNotDirect;
+    if (!pending) return rc;  // the usual case over rxe: the doorbell's system call completed it
+    auto engine = engine_;
+    io.unlock();  // as in do_run: a spinning caller must not keep recover/terminate waiting
+    return engine->finish_direct(seq, deadline, why);
+  }
+
   void do_terminate() override {
     engine_.reset();
     local_.reset();

@@ -341,6 +341,84 @@ void Engine::run(const std::shared_ptr<Op> &op) {
   }
 }
 
+bool Engine::start_direct(OpKind kind, const Segment &seg, uint64_t *seq, bool *pending, int *rc, std::string *why) {
+  std::lock_guard<std::mutex> lk(mu_);
+  // Behind waiting operations it would overtake them (the general path rings for them first).
+  if (!cfg_.poll_mode || direct_busy_ || broken_ || closed_ || !backlog_.empty() || free_slots_locked() == 0 ||
+      seg.size > cfg_.max_msg || !local_)
+    return false;
+  Slot &slot = slot_of(head_);
+  ibv_send_wr &wr = slot.wr;
+  wr = {};
+  wr.wr_id = head_;
+  wr.opcode = kind == OpKind::Read ? IBV_WR_RDMA_READ : IBV_WR_RDMA_WRITE;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  if (kind == OpKind::Write && seg.size <= uint64_t(max_inline_)) wr.send_flags |= IBV_SEND_INLINE;
+  wr.sg_list = slot.sge;
+  wr.num_sge = 1;
+  slot.sge[0] = {uint64_t(uintptr_t(seg.buf)), uint32_t(seg.size), local_->lkey()};
+  wr.wr.rdma.remote_addr = remote_va_ + (seg.raddr - remote_first_);
+  wr.wr.rdma.rkey = rkey_;
+  slot.st = &direct_;
+  direct_busy_ = true;
+  direct_.on_wire = 1;
+  direct_.status = 0;
+  direct_.why.clear();
+  uint64_t covered_before = covered_;
+  *seq = head_++;
+  covered_ = head_;
+  doorbells_++;
+  ibv_send_wr *bad = nullptr;
+  if (int err = ibv_post_send(qp_, &wr, &bad)) {
+    head_--;
+    covered_ = covered_before;
+    slot.st = nullptr;
+    direct_.on_wire = 0;
+    direct_busy_ = false;
+    *why = post_failure(err);
+    *rc = -EIO;
+    *pending = false;
+    breakdown_locked(-EIO, *why);
+    return true;
+  }
+  // Over rxe the doorbell's system call has usually carried the request to its completion already.
+  DoneList done;
+  drain_locked(&done, nullptr);
+  finish_locked(done);
+  *pending = tail_ <= *seq;
+  *rc = *pending ? 0 : direct_outcome_locked(why);
+  return true;
+}
+
+int Engine::direct_outcome_locked(std::string *why) {
+  int rc = direct_.status;
+  if (rc) *why = std::move(direct_.why);
+  direct_busy_ = false;
+  return rc;
+}
+
+int Engine::finish_direct(uint64_t seq, Deadline deadline, std::string *why) {
+  bool reset = false;
+  Deadline flush_deadline = deadline;
+  for (unsigned round = 1;; round++) {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (tail_ <= seq) progress_locked(nullptr);
+    // Given back: completed, flushed, or forgotten by close() (which set the status).
+    if (tail_ > seq) return direct_outcome_locked(why);
+    if (round % Op::kRoundsPerClockRead != 0) continue;
+    if (!reset && deadline.expired()) {
+      breakdown_locked(-ETIMEDOUT, "an operation did not complete within its deadline (the queue pair was reset)");
+      reset = true;
+      flush_deadline = Deadline::after_ms(kFlushWaitMs);
+    } else if (reset && flush_deadline.expired()) {
+      // The device never gave the request back: the direct state stays taken (later calls take
+      // the general path) and the engine is broken; recover builds a new one.
+      *why = "an operation did not complete within its deadline, and the device did not give it back after the reset";
+      return -ETIMEDOUT;
+    }
+  }
+}
+
 void Engine::progress(Op *waiting) {
   std::lock_guard<std::mutex> lk(mu_);
   progress_locked(waiting);
@@ -397,6 +475,10 @@ void Engine::complete_through_locked(const ibv_wc &wc, DoneList *done) {
       if (st) st->status = err, st->why = std::move(why);
     }
     if (!st) continue;  // a fence
+    if (st == &direct_) {  // its caller sees it given back (tail_ passes it)
+      st->on_wire--;
+      continue;
+    }
     if (--st->on_wire == 0 && st->built()) retire_locked(st, done);
   }
   tail_ = wc.wr_id + 1;
@@ -552,6 +634,10 @@ void Engine::close(int err, const std::string &why) {
     backlog_.clear();
     for (Slot &s : slots_) s.st = nullptr;
     tail_ = covered_ = head_;  // a late completion of theirs is ignored (wr_id < tail_)
+    if (direct_.on_wire > 0) {
+      direct_.on_wire = 0;
+      if (direct_.status == 0) direct_.status = err, direct_.why = why;
+    }
     while (OpState *st = live_) {
       if (st->status == 0) st->status = err, st->why = why;
       retire_locked(st, &rest);

@@ -33,6 +33,12 @@
 // FI_MORE and perftest's --post_list batch the same way. Synchronous calls and event mode ring
 // at once.
 //
+// The direct path: a blocking one-segment call in polling mode builds its request straight into
+// a slot, marked as the engine's one direct operation, and spins for it: no Op, no shared
+// pointers, no live list. Over rxe the time between the doorbell's system call returning and the
+// next one is spent mostly on the code and data pages the path touches (each a translation and
+// TLB refill under TCG), so fewer structures is lower latency (docs/benchmarks.md, session 10).
+//
 // Completions are event-driven: the completion channel's descriptor sits in the shared libuv
 // loop, which re-arms the queue and polls it. In polling mode a synchronous caller spins on the
 // completion queue itself instead — no thread hand-off, lowest latency, one core busy.
@@ -97,6 +103,15 @@ class Engine : public OpDriver, public std::enable_shared_from_this<Engine> {
   void post(const std::shared_ptr<Op> &op);
   // Synchronous: polling mode spins here until done or the deadline; event mode = post().
   void run(const std::shared_ptr<Op> &op);
+  // The direct path (polling mode): a synchronous one-segment operation that fits one request
+  // runs without an Op object, its state in the engine (one at a time). start_direct posts it
+  // signalled and polls once; false if it is not taken (another direct one runs, operations wait
+  // in the backlog, the ring is full, the engine is broken, or it needs splitting): the general
+  // path runs it. If that one poll found it given back, *pending is false and *rc its outcome
+  // (0 or -errno with *why); otherwise finish_direct spins until the request is
+  // given back, or resets the queue pair at `deadline` and waits (bounded) for the flush.
+  bool start_direct(OpKind kind, const Segment &seg, uint64_t *seq, bool *pending, int *rc, std::string *why);
+  int finish_direct(uint64_t seq, Deadline deadline, std::string *why);
   void cancel(Op *op) override;
   // One round of caller-driven progress (polling mode): completions in, waiting requests out,
   // and a fence if `waiting` ended in an unsignalled request nothing signalled follows.
@@ -147,6 +162,8 @@ class Engine : public OpDriver, public std::enable_shared_from_this<Engine> {
   // Drops what of `st` is not yet built; true if nothing of it was on the wire either and the
   // state went back (the caller completes the operation). Under mu_.
   bool withdraw_locked(OpState *st);
+  // The direct operation's outcome, once tail_ has passed it; frees the direct state. Under mu_.
+  int direct_outcome_locked(std::string *why);
   bool enqueue(const std::shared_ptr<Op> &op, bool urgent);
   // Whether a new asynchronous operation's doorbell waits (see doorbell coalescing). Under mu_.
   bool coalesce_locked() const;
@@ -200,6 +217,8 @@ class Engine : public OpDriver, public std::enable_shared_from_this<Engine> {
   std::deque<OpState *> backlog_;        // not fully built yet, in order
   std::vector<std::unique_ptr<OpState>> states_;  // every state ever made
   std::vector<OpState *> free_states_;
+  OpState direct_;                       // the direct operation's (op stays null)
+  bool direct_busy_ = false;             //   taken, until its caller has its outcome
   OpState *live_ = nullptr;              // not yet complete
   size_t live_count_ = 0;
   bool broken_ = false;
