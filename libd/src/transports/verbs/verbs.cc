@@ -98,7 +98,9 @@ class VerbsTransport : public Transport {
     return 0;
   }
 
-  bool runs_direct() const override { return cfg_.poll_mode; }
+  // The engine's own copy of the settings: cfg_ may be rewritten by configure() meanwhile, and
+  // engine_ is stable under the shared I/O gate this is asked under.
+  bool runs_direct() const override { return engine_ && engine_->poll_mode(); }
 
   int do_run_direct(OpKind kind, const Segment &seg, std::shared_lock<IoGate> &io, Deadline deadline,
                     std::string *why) override {

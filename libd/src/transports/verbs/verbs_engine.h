@@ -86,6 +86,7 @@ class Engine : public OpDriver, public std::enable_shared_from_this<Engine> {
   ~Engine() override;
 
   ibv_qp *qp() const { return qp_; }
+  bool poll_mode() const { return cfg_.poll_mode; }
   // ibv_post_send calls so far (each a doorbell; on rxe, a system call), fences included.
   uint64_t doorbells();
   // Where the remote range is: element offset `first` is virtual address `va` under `rkey`;
