@@ -83,7 +83,7 @@ class Agent {
             const std::string &impl, TransportGrant *out, std::string *why);
   // Whether the pool serves RDMA verbs, and on which device ("" when it does not).
   bool rdma() const { return server_.verbs_enabled(); }
-  std::string rdma_device() const { return server_.verbs_description(); }
+  std::string rdma_device() { return server_.verbs_description(); }
   // Whether compute processes run under cgroup v2 limits, and if not why ("" when they do).
   bool limits() const { return cgroups_ != nullptr; }
   const std::string &limits_off_reason() const { return cgroup_why_; }

@@ -649,9 +649,11 @@ uint16_t MemoryServer::cm_port() {
   return port;
 }
 
-std::string MemoryServer::verbs_description() const {
+std::string MemoryServer::verbs_description() {
   if (!verbs_) return "";
-  return verbs_->describe() + (cm_ ? ", rdma_cm port " + std::to_string(cm_->port()) : ", no rdma_cm (" + cm_status_ + ")");
+  std::string cm;  // cm_ and cm_status_ belong to the loop thread (set when listening, reset at stop)
+  loop_.run_sync([&] { cm = cm_ ? ", rdma_cm port " + std::to_string(cm_->port()) : ", no rdma_cm (" + cm_status_ + ")"; });
+  return verbs_->describe() + cm;
 }
 
 std::string MemoryServer::client_config(const Grant &g) const {

@@ -65,7 +65,7 @@ class MemoryServer {
   // host where it cannot listen keeps the record exchange only (verbs_description says why).
   int enable_verbs(const Params &params);
   bool verbs_enabled() const { return verbs_ != nullptr; }
-  std::string verbs_description() const;
+  std::string verbs_description();
   uint16_t cm_port();  // the rdma_cm listener's port, 0 if there is none
   std::string tcp_host() const { return tcp_host_; }
   uint16_t tcp_port() const { return tcp_port_; }
