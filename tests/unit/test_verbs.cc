@@ -8,11 +8,13 @@
 
 #include <atomic>
 #include <cstring>
+#include <future>
 #include <mutex>
 #include <thread>
 
 #include "core/params.h"
 #include "harness.h"
+#include "io/ioloop.h"
 #include "transports/verbs/verbs_connect.h"
 #include "verbs/cm.h"
 #include "verbs/qp.h"
@@ -280,6 +282,42 @@ TEST(Verbs, ConcurrentBlockingAndAsyncCallsInPollingModeAllLand) {
       << "nothing may be left counted in flight: " << libd_last_error();
 }
 
+// The set-up of the tests that drive engines directly: the device, a memory server with one
+// element of `element` bytes and one grant, and `local` bytes of client memory registered.
+struct EngineRig {
+  std::shared_ptr<verbs::Device> dev;
+  libd::MemoryServer server;
+  uint16_t port = 0;
+  libd::Grant grant;
+  char *mem = nullptr;
+  size_t mem_size = 0;
+  std::shared_ptr<verbs::Mr> mr;
+  ~EngineRig() {
+    mr.reset();
+    if (mem) munmap(mem, mem_size);
+  }
+  // A started engine with `cfg`, connected through the record exchange, our memory its local side.
+  int connect(const verbs::Engine::Config &cfg, verbs::Connected *out) {
+    int rc = verbs::connect_engine(dev, cfg, "127.0.0.1", std::to_string(port), {grant.id, grant.secret, grant.client},
+                                   verbs::Setup::kOob, Deadline::after_ms(5000), nullptr, out);
+    if (rc == 0) out->engine->set_local(mr);
+    return rc;
+  }
+};
+
+static void OpenEngineRig(EngineRig *r, uint64_t element, uint64_t offset, uint64_t length, size_t local) {
+  ASSERT_EQ(0, verbs::Device::open(libd::Params(), &r->dev)) << libd_last_error();
+  ASSERT_EQ(0, r->server.add_element("e1", element));
+  ASSERT_EQ(0, r->server.enable_verbs(libd::Params())) << libd_last_error();
+  ASSERT_EQ(0, r->server.listen_tcp("127.0.0.1", 0, &r->port));
+  r->grant.element = "e1", r->grant.client = "A", r->grant.offset = offset, r->grant.length = length, r->grant.rights = 3;
+  ASSERT_EQ(0, r->server.grant(&r->grant));
+  r->mem = static_cast<char *>(mmap(nullptr, local, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(MAP_FAILED, static_cast<void *>(r->mem));
+  r->mem_size = local;
+  ASSERT_EQ(0, r->dev->mrs().acquire(r->mem, local, IBV_ACCESS_LOCAL_WRITE, &r->mr));
+}
+
 // Selective signalling: with many operations live, only some requests ask for a completion and
 // one completion stands for everything posted before it. Every operation must still complete with
 // its data however the caller waits: newest first (its request may have no signalled one after
@@ -330,37 +368,20 @@ TEST(Verbs, UnsignalledRequestsStillCompleteEveryOperation) {
 // Every byte still lands.
 TEST(Verbs, PipelinedOperationsShareDoorbellsAndEveryOneLands) {
   NEED_VERBS();
-  std::shared_ptr<verbs::Device> dev;
-  ASSERT_EQ(0, verbs::Device::open(libd::Params(), &dev)) << libd_last_error();
-  libd::MemoryServer server;
-  ASSERT_EQ(0, server.add_element("e1", 1 << 16));
-  ASSERT_EQ(0, server.enable_verbs(libd::Params())) << libd_last_error();
-  uint16_t port;
-  ASSERT_EQ(0, server.listen_tcp("127.0.0.1", 0, &port));
-  libd::Grant g;
-  g.element = "e1", g.client = "A", g.length = 1 << 16, g.rights = 3;
-  ASSERT_EQ(0, server.grant(&g));
   constexpr size_t kBatch = 8, kSize = 64, kSpace = 1 << 16;
+  EngineRig rig;
+  ASSERT_NO_FATAL_FAILURE(OpenEngineRig(&rig, kSpace, 0, kSpace, 2 * kSpace));
   verbs::Engine::Config cfg;
   cfg.poll_mode = true;
   cfg.depth = 64;
   cfg.doorbell_batch = int(kBatch);
   cfg.tick_ms = 3600 * 1000;  // the counts below are the test's alone: no tick rings or fences meanwhile
   verbs::Connected c, ticking;
-  auto connect = [&](verbs::Connected *out) {
-    return verbs::connect_engine(dev, cfg, "127.0.0.1", std::to_string(port), {g.id, g.secret, g.client},
-                                 verbs::Setup::kOob, Deadline::after_ms(5000), nullptr, out);
-  };
-  ASSERT_EQ(0, connect(&c)) << libd_last_error();
+  ASSERT_EQ(0, rig.connect(cfg, &c)) << libd_last_error();
   cfg.tick_ms = 50;
-  ASSERT_EQ(0, connect(&ticking)) << libd_last_error();
+  ASSERT_EQ(0, rig.connect(cfg, &ticking)) << libd_last_error();
   verbs::Engine *e = c.engine.get();
-  char *mem = static_cast<char *>(mmap(nullptr, 2 * kSpace, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
-  char *back = mem + kSpace;
-  std::shared_ptr<verbs::Mr> mr;
-  ASSERT_EQ(0, dev->mrs().acquire(mem, 2 * kSpace, IBV_ACCESS_LOCAL_WRITE, &mr));
-  c.engine->set_local(mr);
-  ticking.engine->set_local(mr);
+  char *mem = rig.mem, *back = mem + kSpace;
   auto stats = std::make_shared<libd::Stats>();
   std::vector<std::shared_ptr<Op>> ops;
   size_t next = 0;  // writes go to consecutive slots of the remote range
@@ -433,8 +454,89 @@ TEST(Verbs, PipelinedOperationsShareDoorbellsAndEveryOneLands) {
   EXPECT_EQ(0, memcmp(mem, back, next * kSize));
   c.engine->close(-ECONNABORTED, "test over");
   ticking.engine->close(-ECONNABORTED, "test over");
-  mr.reset();
-  munmap(mem, 2 * kSpace);
+}
+
+// Event mode coalesces doorbells too, and nothing waits for the tick: while the loop thread is
+// held (so that no completion is taken meanwhile), operations past doorbell_batch on the wire wait
+// for their doorbell; a caller's own progress (libd_op_poll, a waiter's look before it sleeps)
+// and a synchronous call ring for them, and so does the loop's next completion event once the
+// loop runs again. Every byte lands.
+TEST(Verbs, InEventModeTheCompletionEventRingsWaitingDoorbells) {
+  NEED_VERBS();
+  constexpr size_t kBatch = 4, kSize = 64, kSpace = 1 << 16;
+  EngineRig rig;
+  ASSERT_NO_FATAL_FAILURE(OpenEngineRig(&rig, kSpace, 0, kSpace, 2 * kSpace));
+  verbs::Engine::Config cfg;
+  cfg.depth = 64;
+  cfg.doorbell_batch = int(kBatch);
+  cfg.tick_ms = 3600 * 1000;  // no tick: only callers and completion events ring
+  verbs::Connected c;
+  ASSERT_EQ(0, rig.connect(cfg, &c)) << libd_last_error();
+  verbs::Engine *e = c.engine.get();
+  char *mem = rig.mem, *back = mem + kSpace;
+  fill_random(mem, kSpace, 31);
+  auto stats = std::make_shared<libd::Stats>();
+  std::vector<std::shared_ptr<Op>> ops;
+  auto start = [&](bool sync = false) {
+    size_t i = ops.size();  // writes go to consecutive slots of the remote range
+    auto op = std::make_shared<Op>(OpKind::Write, std::vector<Segment>{{kSize, i * kSize, mem + i * kSize}},
+                                   Deadline::after_ms(5000), stats);
+    if (sync) e->run(op);
+    else e->post(op);
+    ops.push_back(op);
+    return op;
+  };
+  auto poll_until_done = [](const std::shared_ptr<Op> &op) {
+    Deadline until = Deadline::after_ms(3000);
+    while (op->poll() == -EINPROGRESS && !until.expired()) std::this_thread::yield();
+    return op->status();
+  };
+  // Hold the loop thread: completion events wait, so nothing drains unless a caller does.
+  std::promise<void> stalled, release;
+  std::shared_future<void> released = release.get_future().share();
+  IoLoop::shared().post([&stalled, released] {
+    stalled.set_value();
+    released.wait();
+  });
+  stalled.get_future().wait();
+  bool loop_held = true;
+  auto release_loop = [&] {
+    if (loop_held) release.set_value();
+    loop_held = false;
+  };
+
+  uint64_t d0 = e->doorbells();
+  for (size_t i = 0; i < kBatch; i++) start();  // fewer than kBatch on the wire: each rings
+  EXPECT_EQ(d0 + kBatch, e->doorbells());
+  auto waiting = start();  // kBatch undrained on the wire: it waits for its doorbell
+  EXPECT_EQ(d0 + kBatch, e->doorbells());
+  EXPECT_EQ(0, poll_until_done(waiting)) << "a caller's progress rings for it: " << waiting->message();
+  EXPECT_EQ(d0 + kBatch + 1, e->doorbells());
+
+  for (size_t i = 0; i < kBatch; i++) start();
+  waiting = start();
+  uint64_t rung = e->doorbells();
+  auto sync = start(true);
+  EXPECT_EQ(rung + 1, e->doorbells()) << "a synchronous call rings at once, for what waits before it too";
+  EXPECT_EQ(0, poll_until_done(sync)) << sync->message();
+  EXPECT_TRUE(waiting->done()) << "its request went out in the synchronous call's burst, before it";
+
+  for (size_t i = 0; i < kBatch; i++) start();
+  waiting = start();
+  EXPECT_FALSE(waiting->done());
+  release_loop();  // the loop takes the pending completion event: its progress rings the doorbell
+  Deadline until = Deadline::after_ms(3000);
+  while (!waiting->done() && !until.expired()) std::this_thread::yield();
+  EXPECT_EQ(0, waiting->status()) << "nobody waits and no tick runs: the completion event must ring for it";
+
+  for (auto &op : ops) EXPECT_EQ(0, op->wait_until(Clock::now() + std::chrono::seconds(5))) << op->message();
+  auto read = std::make_shared<Op>(OpKind::Read, std::vector<Segment>{{ops.size() * kSize, 0, back}},
+                                   Deadline::after_ms(5000), stats);
+  e->run(read);
+  EXPECT_EQ(0, read->wait_until(Clock::now() + std::chrono::seconds(5))) << read->message();
+  EXPECT_EQ(0, memcmp(mem, back, ops.size() * kSize));
+  release_loop();
+  c.engine->close(-ECONNABORTED, "test over");
 }
 
 // The direct path: a blocking one-segment call in polling mode runs without an Op, with one
@@ -443,37 +545,21 @@ TEST(Verbs, PipelinedOperationsShareDoorbellsAndEveryOneLands) {
 // largest request. A device error on it breaks the queue pair with the reason.
 TEST(Verbs, BlockingCallsRunDirectlyWhereTheyCan) {
   NEED_VERBS();
-  std::shared_ptr<verbs::Device> dev;
-  ASSERT_EQ(0, verbs::Device::open(libd::Params(), &dev)) << libd_last_error();
-  libd::MemoryServer server;
-  ASSERT_EQ(0, server.add_element("e1", 1 << 16));
-  ASSERT_EQ(0, server.enable_verbs(libd::Params())) << libd_last_error();
-  uint16_t port;
-  ASSERT_EQ(0, server.listen_tcp("127.0.0.1", 0, &port));
-  libd::Grant g;
-  g.element = "e1", g.client = "A", g.offset = 4096, g.length = 8192, g.rights = 3;
-  ASSERT_EQ(0, server.grant(&g));
+  constexpr size_t kSpace = 1 << 16;
+  EngineRig rig;
+  ASSERT_NO_FATAL_FAILURE(OpenEngineRig(&rig, kSpace, 4096, 8192, kSpace));
   verbs::Engine::Config cfg;
   cfg.poll_mode = true;
   cfg.depth = 64;
   cfg.doorbell_batch = 4;
   cfg.max_msg = 4096;
   cfg.tick_ms = 3600 * 1000;  // nothing rings but the test's own calls
-  auto connect = [&](verbs::Connected *out) {
-    return verbs::connect_engine(dev, cfg, "127.0.0.1", std::to_string(port), {g.id, g.secret, g.client},
-                                 verbs::Setup::kOob, Deadline::after_ms(5000), nullptr, out);
-  };
   verbs::Connected c, events;
-  ASSERT_EQ(0, connect(&c)) << libd_last_error();
+  ASSERT_EQ(0, rig.connect(cfg, &c)) << libd_last_error();
   cfg.poll_mode = false;
-  ASSERT_EQ(0, connect(&events)) << libd_last_error();
-  constexpr size_t kSpace = 1 << 16;
-  char *mem = static_cast<char *>(mmap(nullptr, kSpace, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
-  std::shared_ptr<verbs::Mr> mr;
-  ASSERT_EQ(0, dev->mrs().acquire(mem, kSpace, IBV_ACCESS_LOCAL_WRITE, &mr));
+  ASSERT_EQ(0, rig.connect(cfg, &events)) << libd_last_error();
+  char *mem = rig.mem;
   verbs::Engine *e = c.engine.get();
-  e->set_local(mr);
-  events.engine->set_local(mr);
   // Runs one blocking call directly; false if the engine declined it.
   auto direct = [&](verbs::Engine *eng, OpKind kind, uint64_t size, uint64_t raddr, char *local, int *rc, std::string *why) {
     uint64_t seq;
@@ -529,8 +615,6 @@ TEST(Verbs, BlockingCallsRunDirectlyWhereTheyCan) {
   EXPECT_NE(std::string::npos, why.find("does not allow this range")) << why;
   EXPECT_FALSE(direct(e, OpKind::Read, 64, 4096, mem, &rc, &why)) << "a broken engine declines";
   for (auto *conn : {&c, &events}) conn->engine->close(-ECONNABORTED, "test over");
-  mr.reset();
-  munmap(mem, kSpace);
 }
 
 // A direct call whose peer stops answering (its queue pair in ERROR drops every packet) ends at

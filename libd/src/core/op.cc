@@ -58,6 +58,10 @@ int Op::wait_until(Clock::time_point until) {
     }
     return s;
   }
+  if (driver_looks_first_) {
+    if (std::shared_ptr<OpDriver> d = driver_.lock()) d->progress(this);
+    if ((s = status()) != -EINPROGRESS) return s;
+  }
   Lot &lot = lot_of(this);
   std::unique_lock<std::mutex> lk(lot.mu);
   sleepers_.fetch_add(1, std::memory_order_seq_cst);

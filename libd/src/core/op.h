@@ -25,7 +25,7 @@ class OpDriver {
   // Detaches `op`; returns only when the engine no longer touches its buffers.
   virtual void cancel(Op *op) = 0;
   // One round of caller-driven progress for `waiting` (a waiter's operation; may be null); must
-  // not block. Only called if the driver said it polls.
+  // not block. Only called if the driver said it polls, or that waiters look first.
   virtual void progress(Op *waiting) { (void)waiting; }
 };
 
@@ -97,7 +97,7 @@ class Op {
   bool done() const { return status() != -EINPROGRESS; }
   // status(), after one round of caller-driven progress if the engine polls (libd_op_poll).
   int poll() {
-    if (driver_polls_ && !done())
+    if ((driver_polls_ || driver_looks_first_) && !done())
       if (auto d = driver_.lock()) d->progress(this);
     return status();
   }
@@ -108,9 +108,12 @@ class Op {
   // The engine's side: cancel() goes to driver->cancel; if `polls`, waiters call
   // driver->progress() in a loop instead of sleeping until someone else completes the operation.
   // Set before the operation is handed to anyone else.
-  void set_driver(std::weak_ptr<OpDriver> driver, bool polls) {
+  // `look_first`: a waiter that does not poll runs one round of progress before it sleeps (the
+  // completion may be waiting in a queue that only an event would otherwise make anyone read).
+  void set_driver(std::weak_ptr<OpDriver> driver, bool polls, bool look_first = false) {
     driver_ = std::move(driver);
     driver_polls_ = polls;
+    driver_looks_first_ = look_first;
   }
   // The driver's own record of this operation, kept here so that progress(this) finds it
   // without a lookup. Written and read only by the driver, under its own lock.
@@ -136,6 +139,7 @@ class Op {
   std::atomic<int> sleepers_{0};         // waiters asleep (on a shared lot: lot_of in op.cc)
   std::weak_ptr<OpDriver> driver_;
   bool driver_polls_ = false;
+  bool driver_looks_first_ = false;
   void *driver_state_ = nullptr;
   std::string why_;
   libd_op handle_;

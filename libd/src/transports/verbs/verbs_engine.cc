@@ -284,7 +284,7 @@ void Engine::breakdown_locked(int err, const std::string &why) {
 
 bool Engine::coalesce_locked() const {
   uint64_t batch = uint64_t(std::max(cfg_.doorbell_batch, 0));
-  return cfg_.poll_mode && batch > 1 && head_ - tail_ >= batch && backlog_.size() < batch;
+  return batch > 1 && head_ - tail_ >= batch && backlog_.size() < batch;
 }
 
 // Queues the operation's requests and posts what the depth allows (completing whatever that
@@ -312,10 +312,15 @@ bool Engine::enqueue(const std::shared_ptr<Op> &op, bool urgent) {
   return true;
 }
 
-void Engine::post(const std::shared_ptr<Op> &op) {
-  // Polling mode: whoever waits for it drives progress; the loop still sees the channel as a backstop.
-  op->set_driver(weak_from_this(), cfg_.poll_mode);
-  bool queued = enqueue(op, false);
+void Engine::post(const std::shared_ptr<Op> &op) { submit(op, false); }
+
+void Engine::submit(const std::shared_ptr<Op> &op, bool urgent) {
+  // Polling mode: whoever waits for it drives progress; the loop still sees the channel as a
+  // backstop. Event mode: a waiter looks once before it sleeps (over rxe the completion is often
+  // in the queue already, and the loop thread's event would cost two wake-ups), and that look
+  // rings for operations waiting for their doorbell too.
+  op->set_driver(weak_from_this(), cfg_.poll_mode, true);
+  bool queued = enqueue(op, urgent);
   // Polling mode asks for no events: an event per completion would wake the loop thread and cost
   // a system call to re-arm, for every operation. Waiters and libd_op_poll drive progress; the
   // deadline tick (Config::tick_ms) completes what nobody waits for.
@@ -326,7 +331,7 @@ void Engine::post(const std::shared_ptr<Op> &op) {
 
 void Engine::run(const std::shared_ptr<Op> &op) {
   if (!cfg_.poll_mode) {
-    post(op);
+    submit(op, true);
     return;
   }
   op->set_driver(weak_from_this(), true);

@@ -23,15 +23,16 @@
 // from a free list, and the live and finished sets are lists through those states. At 64 bytes
 // the device's own path is a few microseconds, so every allocation and map lookup shows.
 //
-// Doorbell coalescing (polling mode): over rxe a doorbell is a system call, and each one that
-// carries a READ also wakes ksoftirqd for nothing (the request's softirq has already run inline
-// by the time the call returns): two context switches per doorbell. So when the caller is
-// clearly pipelining (at least `doorbell_batch` requests on the wire), a new asynchronous
-// operation waits in the backlog and the doorbell rings for `doorbell_batch` of them at once, or
-// sooner at the next progress (any waiter, libd_op_poll, a synchronous call) or the deadline tick.
-// A request queued behind that many others would mostly wait on the wire anyway; libfabric's
-// FI_MORE and perftest's --post_list batch the same way. Synchronous calls and event mode ring
-// at once.
+// Doorbell coalescing: over rxe a doorbell is a system call, and each one that carries a READ
+// also wakes ksoftirqd for nothing (the request's softirq has already run inline by the time the
+// call returns): two context switches per doorbell. So when the caller is clearly pipelining (at
+// least `doorbell_batch` requests on the wire), a new asynchronous operation waits in the backlog
+// and the doorbell rings for `doorbell_batch` of them at once, or sooner at the next progress: a
+// waiter (in event mode it looks once before it sleeps), libd_op_poll, a synchronous call, the
+// loop's next completion event (event mode: requests on the wire always end signalled, so one is
+// coming) or the deadline tick (polling mode, where nothing else may come). A request queued
+// behind that many others would mostly wait on the wire anyway; libfabric's FI_MORE and
+// perftest's --post_list batch the same way. Synchronous calls ring at once.
 //
 // The direct path: a blocking one-segment call in polling mode builds its request straight into
 // a slot, marked as the engine's one direct operation, and spins for it: no Op, no shared
@@ -73,8 +74,8 @@ class Engine : public OpDriver, public std::enable_shared_from_this<Engine> {
     int max_sge = 16;
     int max_inline = 128;  // asked of the device; it may grant less (see inline_size())
     bool poll_mode = false;
-    // Polling mode: with at least this many requests on the wire, a new operation's doorbell
-    // waits until this many operations are waiting or someone drives progress. 0 or 1: off.
+    // With at least this many requests on the wire, a new asynchronous operation's doorbell waits
+    // until this many operations are waiting or something drives progress. 0 or 1: off.
     int doorbell_batch = 16;
     // How often the loop checks deadlines, fences what nobody waits for and rings waiting doorbells.
     uint64_t tick_ms = 50;
@@ -166,6 +167,7 @@ class Engine : public OpDriver, public std::enable_shared_from_this<Engine> {
   // The direct operation's outcome, once tail_ has passed it; frees the direct state. Under mu_.
   int direct_outcome_locked(std::string *why);
   bool enqueue(const std::shared_ptr<Op> &op, bool urgent);
+  void submit(const std::shared_ptr<Op> &op, bool urgent);
   // Whether a new asynchronous operation's doorbell waits (see doorbell coalescing). Under mu_.
   bool coalesce_locked() const;
   // Fills one free slot with the next request of `st`. Under mu_.
