@@ -312,8 +312,9 @@ static void OpenEngineRig(EngineRig *r, uint64_t element, uint64_t offset, uint6
   ASSERT_EQ(0, r->server.listen_tcp("127.0.0.1", 0, &r->port));
   r->grant.element = "e1", r->grant.client = "A", r->grant.offset = offset, r->grant.length = length, r->grant.rights = 3;
   ASSERT_EQ(0, r->server.grant(&r->grant));
-  r->mem = static_cast<char *>(mmap(nullptr, local, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
-  ASSERT_NE(MAP_FAILED, static_cast<void *>(r->mem));
+  void *mem = mmap(nullptr, local, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(MAP_FAILED, mem);
+  r->mem = static_cast<char *>(mem);
   r->mem_size = local;
   ASSERT_EQ(0, r->dev->mrs().acquire(r->mem, local, IBV_ACCESS_LOCAL_WRITE, &r->mr));
 }
@@ -491,19 +492,24 @@ TEST(Verbs, InEventModeTheCompletionEventRingsWaitingDoorbells) {
     while (op->poll() == -EINPROGRESS && !until.expired()) std::this_thread::yield();
     return op->status();
   };
-  // Hold the loop thread: completion events wait, so nothing drains unless a caller does.
-  std::promise<void> stalled, release;
-  std::shared_future<void> released = release.get_future().share();
-  IoLoop::shared().post([&stalled, released] {
-    stalled.set_value();
-    released.wait();
-  });
-  stalled.get_future().wait();
-  bool loop_held = true;
-  auto release_loop = [&] {
-    if (loop_held) release.set_value();
-    loop_held = false;
+  // Holds the loop thread: completion events wait, so nothing drains unless a caller does.
+  // (Should the test end early, the broken promise lets the loop go.)
+  std::unique_ptr<std::promise<void>> release;
+  auto hold_loop = [&] {
+    release = std::make_unique<std::promise<void>>();
+    auto stalled = std::make_shared<std::promise<void>>();  // the loop's task owns it until it ends
+    std::future<void> is_stalled = stalled->get_future();
+    IoLoop::shared().post([stalled, released = release->get_future().share()] {
+      stalled->set_value();
+      released.wait();
+    });
+    is_stalled.wait();
   };
+  auto release_loop = [&] {
+    if (release) release->set_value();
+    release.reset();
+  };
+  hold_loop();
 
   uint64_t d0 = e->doorbells();
   for (size_t i = 0; i < kBatch; i++) start();  // fewer than kBatch on the wire: each rings
@@ -521,13 +527,21 @@ TEST(Verbs, InEventModeTheCompletionEventRingsWaitingDoorbells) {
   EXPECT_EQ(0, poll_until_done(sync)) << sync->message();
   EXPECT_TRUE(waiting->done()) << "its request went out in the synchronous call's burst, before it";
 
+  // Let the loop take the event the first completion raised (and re-arm), then hold it again: the
+  // event that rings for the next waiting operation must come from a completion after that.
+  release_loop();
+  Deadline taken = Deadline::after_ms(3000);
+  while (e->events() == 0 && !taken.expired()) std::this_thread::yield();
+  ASSERT_EQ(1u, e->events()) << "the completions so far raised one event (the queue was armed once)";
+  hold_loop();
   for (size_t i = 0; i < kBatch; i++) start();
   waiting = start();
   EXPECT_FALSE(waiting->done());
-  release_loop();  // the loop takes the pending completion event: its progress rings the doorbell
+  release_loop();  // the loop takes the new completion event: its progress rings the doorbell
   Deadline until = Deadline::after_ms(3000);
   while (!waiting->done() && !until.expired()) std::this_thread::yield();
   EXPECT_EQ(0, waiting->status()) << "nobody waits and no tick runs: the completion event must ring for it";
+  EXPECT_LE(2u, e->events());
 
   for (auto &op : ops) EXPECT_EQ(0, op->wait_until(Clock::now() + std::chrono::seconds(5))) << op->message();
   auto read = std::make_shared<Op>(OpKind::Read, std::vector<Segment>{{ops.size() * kSize, 0, back}},

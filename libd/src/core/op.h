@@ -95,7 +95,8 @@ class Op {
   std::string message();
   int status() const { return status_.load(std::memory_order_acquire); }
   bool done() const { return status() != -EINPROGRESS; }
-  // status(), after one round of caller-driven progress if the engine polls (libd_op_poll).
+  // status(), after one round of caller-driven progress if the engine polls or has waiters look
+  // first (libd_op_poll).
   int poll() {
     if ((driver_polls_ || driver_looks_first_) && !done())
       if (auto d = driver_.lock()) d->progress(this);

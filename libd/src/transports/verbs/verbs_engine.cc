@@ -514,7 +514,10 @@ void Engine::recycle_locked(OpState *st) {
 void Engine::on_channel() {
   ibv_cq *cq;
   void *ctx;
-  while (ibv_get_cq_event(channel_, &cq, &ctx) == 0) ibv_ack_cq_events(cq, 1);
+  while (ibv_get_cq_event(channel_, &cq, &ctx) == 0) {
+    ibv_ack_cq_events(cq, 1);
+    events_.fetch_add(1, std::memory_order_relaxed);
+  }
   armed_.store(false);
   if (!cfg_.poll_mode) arm();  // polling mode: see post()
   progress(nullptr);

@@ -30,7 +30,7 @@
 // and the doorbell rings for `doorbell_batch` of them at once, or sooner at the next progress: a
 // waiter (in event mode it looks once before it sleeps), libd_op_poll, a synchronous call, the
 // loop's next completion event (event mode: requests on the wire always end signalled, so one is
-// coming) or the deadline tick (polling mode, where nothing else may come). A request queued
+// coming) or the deadline tick (the backstop, and in polling mode the only one). A request queued
 // behind that many others would mostly wait on the wire anyway; libfabric's FI_MORE and
 // perftest's --post_list batch the same way. Synchronous calls ring at once.
 //
@@ -90,6 +90,8 @@ class Engine : public OpDriver, public std::enable_shared_from_this<Engine> {
   bool poll_mode() const { return cfg_.poll_mode; }
   // ibv_post_send calls so far (each a doorbell; on rxe, a system call), fences included.
   uint64_t doorbells();
+  // Completion events the loop has taken from the channel so far (event mode).
+  uint64_t events() const { return events_.load(std::memory_order_relaxed); }
   // Where the remote range is: element offset `first` is virtual address `va` under `rkey`;
   // `writable`: the grant allows writes (a fence is then a zero-length write, else a read).
   void set_remote(uint64_t first, uint64_t va, uint32_t rkey, bool writable);
@@ -202,6 +204,7 @@ class Engine : public OpDriver, public std::enable_shared_from_this<Engine> {
   std::unique_ptr<CmLink> cm_;
   Watch *watch_ = nullptr;
   std::atomic<bool> armed_{false};
+  std::atomic<uint64_t> events_{0};
   int busy_ticks_ = 0;  // polling-mode ticks in a row that found mu_ taken (the loop thread's)
 
   std::mutex mu_;
