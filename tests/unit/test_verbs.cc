@@ -305,6 +305,17 @@ struct EngineRig {
   }
 };
 
+// An engine configuration for tests that count doorbells: depth 64, `batch` for coalescing, and
+// no deadline tick (it would ring and fence on its own), so nothing rings but the test's calls.
+static verbs::Engine::Config CountingConfig(bool poll_mode, size_t batch) {
+  verbs::Engine::Config cfg;
+  cfg.poll_mode = poll_mode;
+  cfg.depth = 64;
+  cfg.doorbell_batch = int(batch);
+  cfg.tick_ms = 3600 * 1000;
+  return cfg;
+}
+
 static void OpenEngineRig(EngineRig *r, uint64_t element, uint64_t offset, uint64_t length, size_t local) {
   ASSERT_EQ(0, verbs::Device::open(libd::Params(), &r->dev)) << libd_last_error();
   ASSERT_EQ(0, r->server.add_element("e1", element));
@@ -372,11 +383,7 @@ TEST(Verbs, PipelinedOperationsShareDoorbellsAndEveryOneLands) {
   constexpr size_t kBatch = 8, kSize = 64, kSpace = 1 << 16;
   EngineRig rig;
   ASSERT_NO_FATAL_FAILURE(OpenEngineRig(&rig, kSpace, 0, kSpace, 2 * kSpace));
-  verbs::Engine::Config cfg;
-  cfg.poll_mode = true;
-  cfg.depth = 64;
-  cfg.doorbell_batch = int(kBatch);
-  cfg.tick_ms = 3600 * 1000;  // the counts below are the test's alone: no tick rings or fences meanwhile
+  verbs::Engine::Config cfg = CountingConfig(true, kBatch);
   verbs::Connected c, ticking;
   ASSERT_EQ(0, rig.connect(cfg, &c)) << libd_last_error();
   cfg.tick_ms = 50;
@@ -467,10 +474,7 @@ TEST(Verbs, InEventModeTheCompletionEventRingsWaitingDoorbells) {
   constexpr size_t kBatch = 4, kSize = 64, kSpace = 1 << 16;
   EngineRig rig;
   ASSERT_NO_FATAL_FAILURE(OpenEngineRig(&rig, kSpace, 0, kSpace, 2 * kSpace));
-  verbs::Engine::Config cfg;
-  cfg.depth = 64;
-  cfg.doorbell_batch = int(kBatch);
-  cfg.tick_ms = 3600 * 1000;  // no tick: only callers and completion events ring
+  verbs::Engine::Config cfg = CountingConfig(false, kBatch);  // no tick: only callers and completion events ring
   verbs::Connected c;
   ASSERT_EQ(0, rig.connect(cfg, &c)) << libd_last_error();
   verbs::Engine *e = c.engine.get();
@@ -562,12 +566,8 @@ TEST(Verbs, BlockingCallsRunDirectlyWhereTheyCan) {
   constexpr size_t kSpace = 1 << 16;
   EngineRig rig;
   ASSERT_NO_FATAL_FAILURE(OpenEngineRig(&rig, kSpace, 4096, 8192, kSpace));
-  verbs::Engine::Config cfg;
-  cfg.poll_mode = true;
-  cfg.depth = 64;
-  cfg.doorbell_batch = 4;
+  verbs::Engine::Config cfg = CountingConfig(true, 4);
   cfg.max_msg = 4096;
-  cfg.tick_ms = 3600 * 1000;  // nothing rings but the test's own calls
   verbs::Connected c, events;
   ASSERT_EQ(0, rig.connect(cfg, &c)) << libd_last_error();
   cfg.poll_mode = false;
