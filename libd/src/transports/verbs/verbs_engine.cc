@@ -153,14 +153,19 @@ void Engine::retire_locked(OpState *st, DoneList *done) {
   done->push(st);
 }
 
-void Engine::build_locked(OpState *st, Slot &slot) {
-  const auto &segs = st->op->segments();
+ibv_send_wr &Engine::new_request_locked(Slot &slot, ibv_wr_opcode opcode) {
   ibv_send_wr &wr = slot.wr;
   wr = {};
   wr.wr_id = head_;
-  wr.opcode = st->op->kind() == OpKind::Read ? IBV_WR_RDMA_READ : IBV_WR_RDMA_WRITE;
+  wr.opcode = opcode;
   wr.sg_list = slot.sge;
   wr.wr.rdma.rkey = rkey_;
+  return wr;
+}
+
+void Engine::build_locked(OpState *st, Slot &slot) {
+  const auto &segs = st->op->segments();
+  ibv_send_wr &wr = new_request_locked(slot, st->op->kind() == OpKind::Read ? IBV_WR_RDMA_READ : IBV_WR_RDMA_WRITE);
   uint32_t len = 0;
   while (st->seg < segs.size()) {
     const Segment &s = segs[st->seg];
@@ -248,14 +253,11 @@ void Engine::fence_locked() {
   if (free_slots_locked() == 0) return;  // a full ring ends in a signalled request
   Slot &slot = slot_of(head_);
   slot.st = nullptr;
-  ibv_send_wr &wr = slot.wr;
-  wr = {};
-  wr.wr_id = head_;
-  wr.opcode = writable_ ? IBV_WR_RDMA_WRITE : IBV_WR_RDMA_READ;  // what the memory element's queue pair allows
+  // The operation the memory element's queue pair allows.
+  ibv_send_wr &wr = new_request_locked(slot, writable_ ? IBV_WR_RDMA_WRITE : IBV_WR_RDMA_READ);
   wr.send_flags = IBV_SEND_SIGNALED;
   wr.num_sge = 0;  // zero length: no key or address is checked (IBA C9-88)
   wr.wr.rdma.remote_addr = remote_va_;
-  wr.wr.rdma.rkey = rkey_;
   ibv_send_wr *bad = nullptr;
   head_++;
   doorbells_++;
@@ -353,17 +355,12 @@ bool Engine::start_direct(OpKind kind, const Segment &seg, uint64_t *seq, bool *
       seg.size > cfg_.max_msg || !local_)
     return false;
   Slot &slot = slot_of(head_);
-  ibv_send_wr &wr = slot.wr;
-  wr = {};
-  wr.wr_id = head_;
-  wr.opcode = kind == OpKind::Read ? IBV_WR_RDMA_READ : IBV_WR_RDMA_WRITE;
+  ibv_send_wr &wr = new_request_locked(slot, kind == OpKind::Read ? IBV_WR_RDMA_READ : IBV_WR_RDMA_WRITE);
   wr.send_flags = IBV_SEND_SIGNALED;
   if (kind == OpKind::Write && seg.size <= uint64_t(max_inline_)) wr.send_flags |= IBV_SEND_INLINE;
-  wr.sg_list = slot.sge;
   wr.num_sge = 1;
   slot.sge[0] = {uint64_t(uintptr_t(seg.buf)), uint32_t(seg.size), local_->lkey()};
   wr.wr.rdma.remote_addr = remote_va_ + (seg.raddr - remote_first_);
-  wr.wr.rdma.rkey = rkey_;
   slot.st = &direct_;
   direct_busy_ = true;
   direct_.on_wire = 1;
@@ -529,9 +526,10 @@ void Engine::check_deadlines() {
 }
 
 void Engine::check_deadlines_locked() {
-  // Operations nobody waits for (polling mode): coalesced doorbells ring, whatever ended
-  // unsignalled gets a fence, and a tick for its completion to come before its deadline is
-  // judged. Then a round of progress completes what the fence or a break brought back.
+  // Operations nobody waits for: coalesced doorbells ring (in event mode the backstop, in polling
+  // mode the only ringer), whatever ended unsignalled gets a fence (polling mode), and a tick for
+  // its completion to come before its deadline is judged. Then a round of progress completes what
+  // the fence or a break brought back.
   // Read before the pump: what the pump sends now counts as just sent, like what the fence covers.
   uint64_t covered_before = covered_;
   DoneList done;

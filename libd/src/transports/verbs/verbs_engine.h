@@ -172,6 +172,9 @@ class Engine : public OpDriver, public std::enable_shared_from_this<Engine> {
   void submit(const std::shared_ptr<Op> &op, bool urgent);
   // Whether a new asynchronous operation's doorbell waits (see doorbell coalescing). Under mu_.
   bool coalesce_locked() const;
+  // The slot's request, cleared and numbered head_, with `opcode`, the slot's SGE list and the
+  // remote key; the caller fills in the rest. Under mu_.
+  ibv_send_wr &new_request_locked(Slot &slot, ibv_wr_opcode opcode);
   // Fills one free slot with the next request of `st`. Under mu_.
   void build_locked(OpState *st, Slot &slot);
   void pump_locked(DoneList *done);
