@@ -13,7 +13,9 @@
 
 #include "core/error.h"
 #include "core/params.h"
+#include "launcher_reply.h"
 #include "pool.h"
+#include "safe_json.h"
 #include "verbs/device.h"
 
 namespace scad {
@@ -112,7 +114,7 @@ int Agent::notify(const std::string &aid, const json &notice) {
   std::lock_guard<std::mutex> lk(run_mu_);  // the worker stays while it is in running_
   auto it = running_.find(aid);
   if (it != running_.end())
-    return WorkerPool::send(*it->second, json{{"notice", notice}, {"aid", aid}}.dump()) ? 0 : -EPIPE;
+    return WorkerPool::send(*it->second, dump_json(json{{"notice", notice}, {"aid", aid}})) ? 0 : -EPIPE;
   // Not started yet (the scheduler hands instances over before their process is ready): keep it
   // for the spec. One for an instance that already ended would stay, so old ones are dropped.
   auto now = std::chrono::steady_clock::now();
@@ -214,18 +216,25 @@ ComputeOutcome Agent::run_compute(const ComputeSpec &spec) {
       pending_notices_.erase(p);
     }
   }
-  WorkerRun r = WorkerPool::run(*w, launcher.dump(), spec.timeout_ms);
+  WorkerRun r = WorkerPool::run(*w, dump_json(launcher), spec.timeout_ms, spec.log_bytes);
   {
     std::lock_guard<std::mutex> lk(run_mu_);
     running_.erase(spec.aid);
   }
   o.duration_ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+  // User code may print any bytes: log lines are kept as valid UTF-8 (bad bytes become U+FFFD),
+  // so every later dump of the record works.
   auto add_logs = [&](const std::string &text) {
     std::istringstream in(text);
-    for (std::string line; std::getline(in, line);) o.logs.push_back(stamp + " stderr: " + line);
+    for (std::string line; std::getline(in, line);) o.logs.push_back(stamp + " stderr: " + valid_utf8(line));
   };
-  json reply = json::parse(r.reply, nullptr, false);
+  LauncherReply reply;
+  std::string bad_reply;
+  bool replied = !r.died && !r.timed_out && parse_launcher_reply(r.reply, &reply, &bad_reply);
   add_logs(r.stderr_text);
+  if (r.output_dropped)
+    o.logs.push_back(stamp + " stderr: scad agent: the output limit of " + std::to_string(spec.log_bytes) +
+                     " bytes was reached; " + std::to_string(r.output_dropped) + " more bytes were dropped");
   if (r.timed_out) {
     workers_->release(std::move(w), false);
     o.status = "action developer error";
@@ -233,13 +242,16 @@ ComputeOutcome Agent::run_compute(const ComputeSpec &spec) {
                {"message", "the compute element ran longer than its limit of " + std::to_string(spec.timeout_ms) + " ms"}};
     return o;
   }
-  // The launcher answers one JSON line per run; anything else means the process died under it.
-  if (r.died || reply.is_discarded() || !reply.is_object() || !reply.contains("ok")) {
+  // The launcher answers one JSON line per run; anything else means the process died under it
+  // (or user code wrote to the result pipe: the process is not reused either way).
+  if (!replied) {
     int64_t ooms = cgroups_ ? cgroups_->last_oom_kills(pid) : 0;
     workers_->release(std::move(w), false);
     o.status = "action developer error";
-    std::string how = r.signal ? "was killed by signal " + std::to_string(r.signal)
-                               : "exited with status " + std::to_string(r.exit_code) + " without a result";
+    std::string how = r.reply_too_long ? "wrote a result line longer than " + std::to_string(kMaxReplyBytes >> 20) + " MiB"
+                      : !r.died        ? "answered a malformed result line (" + bad_reply + ")"
+                      : r.signal       ? "was killed by signal " + std::to_string(r.signal)
+                                       : "exited with status " + std::to_string(r.exit_code) + " without a result";
     if (ooms > 0)
       how += ": the kernel's OOM killer ended it for going over its memory limit of " +
              std::to_string(spec.memory >> 20) + " MiB (cgroup memory.max)";
@@ -247,18 +259,15 @@ ComputeOutcome Agent::run_compute(const ComputeSpec &spec) {
     return o;
   }
   workers_->release(std::move(w), true);
-  o.ok = reply["ok"].get<bool>();
-  o.init_ms = reply.value("init_ms", int64_t(0));
+  o.ok = reply.ok;
+  o.init_ms = reply.init_ms;
   if (o.ok) {
     o.status = "success";
-    o.result = reply["result"];
+    o.result = std::move(reply.result);
   } else {
     o.status = "application error";
-    o.error = reply["error"];
-    if (o.error.contains("traceback")) {
-      add_logs(o.error["traceback"].get<std::string>());
-      o.error.erase("traceback");
-    }
+    o.error = std::move(reply.error);
+    add_logs(reply.traceback);
   }
   return o;
 }

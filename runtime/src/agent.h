@@ -54,6 +54,7 @@ struct ComputeSpec {
   int64_t timeout_ms = 60000;
   double cpu = 1;                  // cores (cgroup cpu.max)
   uint64_t memory = 256ull << 20;  // bytes (cgroup memory.max)
+  uint64_t log_bytes = 10ull << 20;  // output kept in the activation's logs; the rest is dropped
 };
 
 struct ComputeOutcome {

@@ -140,27 +140,53 @@ bool WorkerPool::send(Worker &w, const std::string &line) {
   return true;
 }
 
-WorkerRun WorkerPool::run(Worker &w, const std::string &line, int64_t timeout_ms) {
+WorkerRun WorkerPool::run(Worker &w, const std::string &line, int64_t timeout_ms, uint64_t max_output) {
   WorkerRun r;
   r.died = !send(w, line);
   auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
   char buf[65536];
   // The launcher's END_OF_RUN and its newline.
   static const std::string kEnd = std::string(1, '\0') + "scad:end-of-run" + std::string(1, '\0') + "\n";
-  bool have_reply = false;
+  bool have_reply = false, have_end = false;
+  // Output is scanned for the marker once, as it arrives. Past max_output only a tail long enough
+  // to hold a marker split across reads is kept.
+  std::string tail;
+  auto take_output = [&](const char *data, size_t n) {
+    if (!have_end) {
+      tail.append(data, n);
+      auto at = tail.find(kEnd);
+      if (at != std::string::npos) {
+        have_end = true;
+        size_t marker = tail.size() - at;  // the marker (and anything after it) is not output
+        if (marker > n) {  // it began in an earlier read: take back what was kept of it
+          size_t back = marker - n;
+          size_t from_dropped = std::min<uint64_t>(back, r.output_dropped);
+          r.output_dropped -= from_dropped;
+          r.stderr_text.resize(r.stderr_text.size() - std::min(r.stderr_text.size(), back - from_dropped));
+        }
+        n -= std::min(n, marker);
+      }
+      if (tail.size() > kEnd.size()) tail.erase(0, tail.size() - kEnd.size());
+    }
+    size_t room = r.stderr_text.size() < max_output ? size_t(max_output - r.stderr_text.size()) : 0;
+    r.stderr_text.append(data, std::min(n, room));
+    r.output_dropped += n - std::min(n, room);
+  };
+  size_t scanned = 0;  // bytes of w.pending known to hold no newline
   while (!r.died) {
-    auto nl = have_reply ? std::string::npos : w.pending.find('\n');
+    auto nl = have_reply ? std::string::npos : w.pending.find('\n', scanned);
+    if (!have_reply) scanned = nl == std::string::npos ? w.pending.size() : 0;
     if (nl != std::string::npos) {
       r.reply = w.pending.substr(0, nl);
       w.pending.erase(0, nl + 1);
       have_reply = true;
-    }
-    // The run's output ends with the marker on stderr: the result alone is not the end of it.
-    auto end = r.stderr_text.find(kEnd);
-    if (have_reply && end != std::string::npos) {
-      r.stderr_text.erase(end);
+    } else if (!have_reply && w.pending.size() > kMaxReplyBytes) {
+      r.reply_too_long = r.died = true;
+      kill(w.pid, SIGKILL);
       break;
     }
+    // The run's output ends with the marker on stderr: the result alone is not the end of it.
+    if (have_reply && have_end) break;
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
     if (left <= 0) {
       r.timed_out = true;
@@ -170,7 +196,7 @@ WorkerRun WorkerPool::run(Worker &w, const std::string &line, int64_t timeout_ms
     if (poll(p, 2, int(std::min<int64_t>(left, 1000))) < 0 && errno != EINTR) break;
     if (p[1].revents) {
       ssize_t n = read(w.err, buf, sizeof buf);
-      if (n > 0) r.stderr_text.append(buf, size_t(n));
+      if (n > 0) take_output(buf, size_t(n));
       else if (n == 0) r.died = true;
     }
     if (p[0].revents && !have_reply) {
@@ -182,7 +208,7 @@ WorkerRun WorkerPool::run(Worker &w, const std::string &line, int64_t timeout_ms
   if (r.died || r.timed_out) {
     if (r.timed_out) kill(w.pid, SIGKILL);
     ssize_t n;
-    while ((n = read(w.err, buf, sizeof buf)) > 0) r.stderr_text.append(buf, size_t(n));
+    while ((n = read(w.err, buf, sizeof buf)) > 0) take_output(buf, size_t(n));
     int status = 0;
     if (waitpid(w.pid, &status, 0) == w.pid) {
       if (WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);

@@ -38,10 +38,16 @@ struct Worker {
 
 struct WorkerRun {
   bool died = false, timed_out = false;
+  bool reply_too_long = false;  // the result line passed kMaxReplyBytes: the process was ended
   int exit_code = -1, signal = 0;
   std::string reply;   // the result line
-  std::string stderr_text;
+  std::string stderr_text;      // the run's output, at most the run's output limit
+  uint64_t output_dropped = 0;  // bytes of output past that limit, read and thrown away
 };
+
+// A result line longer than this ends the run (the launcher's results are far smaller; a line
+// this long is user code writing to the result pipe).
+constexpr size_t kMaxReplyBytes = 64u << 20;
 
 class WorkerPool {
  public:
@@ -51,8 +57,9 @@ class WorkerPool {
   std::unique_ptr<Worker> acquire(const std::string &key, std::string *how);
   // Gives it back after a run; unhealthy ones are ended.
   void release(std::unique_ptr<Worker> w, bool healthy);
-  // Sends one spec line and waits for the result line.
-  static WorkerRun run(Worker &w, const std::string &line, int64_t timeout_ms);
+  // Sends one spec line and waits for the result line. The run's output past max_output bytes is
+  // read (so the process never blocks on a full pipe) and dropped.
+  static WorkerRun run(Worker &w, const std::string &line, int64_t timeout_ms, uint64_t max_output);
   // Sends one line to a running worker (a peer notice); false if it is gone.
   static bool send(Worker &w, const std::string &line);
   const WorkerOptions &options() const { return o_; }

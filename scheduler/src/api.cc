@@ -2,23 +2,32 @@
 
 #include <openssl/evp.h>
 
-#include <regex>
 #include <set>
 
+#include "action_limits.h"
 #include "proto/auth.h"
 #include "remote_host.h"
+#include "safe_json.h"
 
 namespace scad {
 
 namespace {
 
-const std::regex kName("[A-Za-z0-9_][A-Za-z0-9_.@-]{0,255}");
+// OpenWhisk's entity names: a letter, digit or '_' first, then also '.', '@', '-'; at most 256.
+// Checked by hand: std::regex recurses per character and a long name would overflow the stack.
+bool valid_name(const std::string &name) {
+  auto plain = [](char c) { return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_'; };
+  if (name.empty() || name.size() > 256 || !plain(name[0])) return false;
+  for (char c : name)
+    if (!plain(c) && c != '.' && c != '@' && c != '-') return false;
+  return true;
+}
 
 std::string txid() { return random_hex(16); }
 
 void reply(httplib::Response &res, int status, const json &body) {
   res.status = status;
-  if (!body.is_null()) res.set_content(body.dump(), "application/json");
+  if (!body.is_null()) res.set_content(dump_json(body), "application/json");
 }
 
 void error(httplib::Response &res, int status, const std::string &msg, json extra = json::object()) {
@@ -73,17 +82,18 @@ bool parse_body(const httplib::Request &req, httplib::Response &res, json *out, 
     *out = json::object();
     return true;
   }
-  *out = json::parse(req.body, nullptr, false);
-  if (out->is_discarded()) {
-    error(res, 400, "The request content was malformed: the body is not JSON");
+  std::string why;
+  if (!parse_json(req.body, out, &why)) {
+    error(res, 400, "The request content was malformed: the body is not accepted: " + why);
     return false;
   }
   return true;
 }
 
 bool check_name(httplib::Response &res, const std::string &what, const std::string &name) {
-  if (std::regex_match(name, kName)) return true;
-  error(res, 400, "The " + what + " name '" + name + "' is not valid: use letters, digits, '_', '.', '@', '-'");
+  if (valid_name(name)) return true;
+  error(res, 400, "The " + what + " name '" + valid_utf8(name.substr(0, 300)) +
+                      "' is not valid: up to 256 letters, digits, '_', '.', '@', '-'");
   return false;
 }
 
@@ -171,21 +181,43 @@ void install_routes(httplib::Server &srv, Store &store, Engine &engine, ApiOptio
       error(res, 409, "resource already exists: use ?overwrite=true to replace action '" + name + "'");
       return;
     }
-    const json &exec = body.value("exec", json::object());
-    std::string kind = exec.value("kind", "");
-    if (kind.rfind("python", 0) != 0 || !exec.contains("code") || !exec["code"].is_string()) {
-      error(res, 400, "exec must be {\"kind\": \"python:3\", \"code\": \"...\"} (kind '" + kind + "' is not supported)");
+    if (!body.is_object()) {
+      error(res, 400, "the body must be an action: {\"exec\": {\"kind\": \"python:3\", \"code\": \"...\"}, ...}");
+      return;
+    }
+    const json exec = body.value("exec", json::object());
+    std::string kind = get_string(exec, "kind").value_or("");
+    if (kind.rfind("python", 0) != 0 || !get_string(exec, "code")) {
+      error(res, 400, "exec must be {\"kind\": \"python:3\", \"code\": \"...\"} (kind '" + kind.substr(0, 64) +
+                          "' is not supported)");
       return;
     }
     json params = body.value("parameters", json::array());
+    for (auto &p : params.is_array() ? params : json::array())
+      if (!get_string(p, "key") || !p.contains("value")) params = nullptr;
     if (!params.is_array()) {
-      error(res, 400, "parameters must be a list of {key, value}");
+      error(res, 400, "parameters must be a list of {\"key\": NAME, \"value\": VALUE}");
+      return;
+    }
+    json limits;
+    std::string why;
+    if (!validate_limits(body.value("limits", json::object()), opts.limits, &limits, &why)) {
+      error(res, 400, why);
+      return;
+    }
+    if (exec.contains("main") && !exec["main"].is_string()) {
+      error(res, 400, "exec.main must be the name of the function to call");
+      return;
+    }
+    json annotations = body.value("annotations", json::array());
+    if (!annotations.is_array()) {
+      error(res, 400, "annotations must be a list of {\"key\": NAME, \"value\": VALUE}");
       return;
     }
     json doc = {{"namespace", ns}, {"name", name},
                 {"exec", {{"kind", kind}, {"code", exec["code"]}, {"main", exec.value("main", "main")}}},
-                {"parameters", params}, {"limits", body.value("limits", json{{"timeout", 60000}})},
-                {"annotations", body.value("annotations", json::array())}, {"publish", false},
+                {"parameters", params}, {"limits", limits},
+                {"annotations", annotations}, {"publish", false},
                 {"version", old ? old->value("version", int64_t(0)) + 1 : int64_t(1)}};
     store.put_doc("actions", ns, name, doc);
     reply(res, 200, action_view(doc));
@@ -262,9 +294,11 @@ void install_routes(httplib::Server &srv, Store &store, Engine &engine, ApiOptio
         return error(res, 400, "file '" + f + "': names must be relative paths inside the application, content text");
       files.insert(f);
     }
-    auto problems = validate_manifest(manifest, files, engine.capacity(), nullptr);
-    if (manifest.is_object() && manifest.value("name", name) != name)
-      problems.push_back("the manifest's name '" + manifest.value("name", std::string()) + "' differs from '" + name + "'");
+    Capacity cap = engine.capacity();
+    cap.max_timeout_ms = opts.limits.timeout_ms.max;
+    auto problems = validate_manifest(manifest, files, cap, nullptr);
+    if (auto mname = get_string(manifest, "name"); mname && *mname != name)
+      problems.push_back("the manifest's name '" + *mname + "' differs from '" + name + "'");
     if (!problems.empty())
       return error(res, 400, "invalid manifest: " + std::to_string(problems.size()) + " problem(s); nothing was deployed",
                    {{"problems", problems}});
@@ -322,7 +356,7 @@ void install_routes(httplib::Server &srv, Store &store, Engine &engine, ApiOptio
                                            opts.cluster_token);
       engine.add_host(known);
       store.put_host({{"id", b["id"]}, {"url", b["url"]}, {"cpus", b["cpus"]}, {"memory_pool", b["pool"]},
-                      {"rdma", rdma}, {"rdma_device", b.value("rdma_device", "")}});
+                      {"rdma", rdma}, {"rdma_device", get_string(b, "rdma_device").value_or("")}});
     }
     reply(res, 200, {{"registered", b["id"]}});
   });

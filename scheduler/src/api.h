@@ -5,6 +5,7 @@
 #include <httplib.h>
 
 #include "engine.h"
+#include "action_limits.h"
 #include "store.h"
 
 namespace scad {
@@ -13,6 +14,7 @@ struct ApiOptions {
   int64_t blocking_wait_ms = 60000;  // OpenWhisk's: a blocking invoke answers 202 after this
   size_t max_body = 64ull << 20;     // an application's files, inline
   std::string cluster_token;         // what agents of other hosts present; "" = none may register
+  LimitRanges limits;                // what an action's limits may be (scad-server --action-limits)
 };
 
 void install_routes(httplib::Server &srv, Store &store, Engine &engine, ApiOptions opts);

@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "core/params.h"
+#include "safe_json.h"
 
 namespace scad {
 
@@ -56,7 +57,8 @@ struct Activation {
   std::condition_variable cv;
 };
 
-Engine::Engine(Store &store, std::string runtime_url) : store_(store), runtime_url_(std::move(runtime_url)) {
+Engine::Engine(Store &store, std::string runtime_url, LimitRanges limits)
+    : store_(store), runtime_url_(std::move(runtime_url)), limits_(limits) {
   watcher_ = std::thread([this] { watch_hosts(); });
 }
 
@@ -82,7 +84,13 @@ void Engine::watch_hosts() {
     }
     if (lost.empty()) continue;
     lk.unlock();
-    for (int h : lost) host_lost(h);
+    for (int h : lost) {
+      try {
+        host_lost(h);
+      } catch (const std::exception &e) {  // a notice that could not be built or sent: the next host
+        fprintf(stderr, "scad-server: telling instances about lost host %d failed: %s\n", h, e.what());
+      }
+    }
     lk.lock();
   }
 }
@@ -231,8 +239,7 @@ std::string Engine::start(std::shared_ptr<Activation> act, int64_t wait_ms, json
     running_[act->id] = act;
   }
   std::thread([this, act] {
-    if (act->kind == "app") run_app(act);
-    else run_action(act);
+    run(act);
     std::lock_guard<std::mutex> lk(mu_);
     running_.erase(act->id);
     cpu_cv_.notify_all();
@@ -267,7 +274,8 @@ std::string Engine::invoke_action(const std::string &ns, const json &action, con
   act->kind = "action";
   act->doc = action;
   act->params = json::object();
-  for (auto &p : action.value("parameters", json::array())) act->params[p["key"].get<std::string>()] = p["value"];
+  for (auto &p : action.value("parameters", json::array()))
+    if (auto key = get_string(p, "key")) act->params[*key] = p["value"];
   if (params.is_object()) act->params.update(params);
   return start(act, wait_ms, record, finished);
 }
@@ -285,9 +293,39 @@ void Engine::finish(const std::shared_ptr<Activation> &act, const std::string &s
   act->record["annotations"].push_back({{"key", "initTime"}, {"value", act->init_ms}});
   act->record["annotations"].push_back({{"key", "starts"}, {"value", act->starts}});
   if (!act->wiring.empty()) act->record["annotations"].push_back({{"key", "wiring"}, {"value", act->wiring}});
-  store_.put_activation(act->record);
+  try {
+    store_.put_activation(act->record);
+  } catch (const std::exception &e) {  // the waiting caller still gets the record
+    fprintf(stderr, "scad-server: cannot store activation %s: %s\n", act->id.c_str(), e.what());
+  }
   act->done = true;
   act->cv.notify_all();
+}
+
+void Engine::run(const std::shared_ptr<Activation> &act) {
+  std::string what;
+  try {
+    if (act->kind == "app") run_app(act);
+    else run_action(act);
+    return;
+  } catch (const std::exception &e) {
+    what = e.what();
+  } catch (...) {
+    what = "unknown exception";
+  }
+  fprintf(stderr, "scad-server: activation %s failed inside the scheduler: %s\n", act->id.c_str(), what.c_str());
+  bool done;
+  {
+    std::lock_guard<std::mutex> lk(act->mu);
+    done = act->done;
+  }
+  if (!done) {
+    try {
+      finish(act, "whisk internal error",
+             {{"error", "the scheduler failed while running this activation: " + valid_utf8(what)}});
+    } catch (...) {  // finish stores nothing it cannot dump; still, never out of the thread
+    }
+  }
 }
 
 void Engine::run_action(const std::shared_ptr<Activation> &act) {
@@ -298,8 +336,10 @@ void Engine::run_action(const std::shared_ptr<Activation> &act) {
   spec.code_files = {{"action.py", act->doc["exec"]["code"]}};
   spec.main = act->doc["exec"].value("main", "main");
   spec.args = act->params;
-  spec.timeout_ms = act->doc.value("limits", json::object()).value("timeout", int64_t(60000));
-  spec.memory = uint64_t(act->doc.value("limits", json::object()).value("memory", int64_t(256))) << 20;  // MB, as OpenWhisk
+  ActionLimits limits = effective_limits(act->doc, limits_);
+  spec.timeout_ms = limits.timeout_ms;
+  spec.memory = limits.memory_bytes;
+  spec.log_bytes = limits.log_bytes;
   int h = place_compute(1, -1);
   if (h < 0) {
     finish(act, "whisk internal error", {{"error", "no host with cpus is available to run the action"}});
@@ -385,85 +425,17 @@ void Engine::run_app(const std::shared_ptr<Activation> &act) {
         for (int i = 0; i < m.elements.at(n).parallelism; i++) runs.push_back({n, i, {}});
     std::vector<std::thread> threads;
     for (auto &r : runs) {
-      threads.emplace_back([&, rp = &r] {
-        const ElementDecl &d = m.elements.at(rp->element);
-        ComputeSpec spec;
-        spec.aid = act->id + "-" + rp->element + "-" + std::to_string(rp->instance);
-        spec.code = d.code;
-        spec.code_key = act->code_key;
-        spec.code_files = act->code_files;
-        spec.main = d.main;
-        spec.timeout_ms = d.timeout_ms;
-        spec.cpu = d.cpu;
-        spec.memory = d.memory;
-        spec.args = act->params;
-        spec.args["_instance"] = rp->instance;
-        spec.args["_parallelism"] = d.parallelism;
-        for (auto &p : m.parents.count(rp->element) ? m.parents.at(rp->element) : std::vector<std::string>{})
-          spec.args[p] = results.at(p);
-        // Next to the memory it reaches, when that host has cpus (then the transport is shm).
-        int near = -1;
-        if (!d.transports.empty()) {
-          std::lock_guard<std::mutex> lk(act->mu);
-          near = act->memory.at(d.transports.begin()->second.element).host;
-        }
-        int h = place_compute(d.cpu, near);
-        if (h < 0) {
+      json parents = json::object();
+      for (auto &p : m.parents.count(r.element) ? m.parents.at(r.element) : std::vector<std::string>{})
+        parents[p] = results.at(p);
+      threads.emplace_back([this, &act, rp = &r, parents = std::move(parents)] {
+        try {
+          rp->outcome = run_instance(act, rp->element, rp->instance, parents);
+        } catch (const std::exception &e) {
+          rp->outcome = ComputeOutcome{};
           rp->outcome.status = "whisk internal error";
-          rp->outcome.error = {{"type", "PlacementError"}, {"message", "no host with cpus is available"}};
-          return;
+          rp->outcome.error = {{"type", "InternalError"}, {"message", "the scheduler failed: " + valid_utf8(e.what())}};
         }
-        Activation::Instance me{rp->element, rp->instance, h, "", {}, {}};
-        for (auto &[tname, t] : d.transports) {
-          TransportGrant g;
-          std::string why;
-          Activation::Placed mem;
-          {
-            std::lock_guard<std::mutex> lk(act->mu);
-            mem = act->memory.at(t.element);
-          }
-          if (host(mem.host)->grant(mem.id, spec.aid, t.rights, tname, transport_between(mem.host, h), &g, &why)) {
-            rp->outcome.status = "whisk internal error";
-            rp->outcome.error = {{"type", "GrantError"}, {"message", why}};
-            return;
-          }
-          spec.transports.push_back(g);
-          me.memory.push_back(t.element);
-          me.grants.emplace_back(mem.host, g.grant_id);
-        }
-        spec.runtime_url = runtime_url_;
-        spec.runtime_token = me.token = random_hex(24);
-        {
-          std::lock_guard<std::mutex> lk(mu_);
-          tokens_[spec.runtime_token] = {act, spec.aid, h};
-        }
-        {
-          std::lock_guard<std::mutex> lk(act->mu);
-          act->tokens.push_back(spec.runtime_token);
-        }
-        acquire_cpu(h, d.cpu);
-        std::string host_id = host(h)->id();  // engine lock before, never inside, the activation's lock
-        bool skip;
-        {
-          std::lock_guard<std::mutex> lk(act->mu);
-          skip = act->failed;  // a peer failed while this one waited: the activation fails anyway
-          if (!skip) {
-            act->instances[spec.aid] = std::move(me);
-            if (!act->first_start_ms) act->first_start_ms = now_ms();
-            for (auto &tg : spec.transports) act->wiring[spec.aid + ":" + tg.durl] = host_id;
-          }
-        }
-        if (skip) {
-          release_cpu(h, d.cpu);
-          rp->outcome.status = "skipped";
-          rp->outcome.error = {{"type", "Skipped"}, {"message", "not started: a peer instance failed first"}};
-          return;
-        }
-        rp->outcome = host(h)->run_compute(spec);
-        release_cpu(h, d.cpu);
-        if (!rp->outcome.ok) instance_failed(act, spec.aid, rp->outcome);
-        std::lock_guard<std::mutex> lk(act->mu);
-        act->instances.erase(spec.aid);
       });
     }
     for (auto &t : threads) t.join();
@@ -472,7 +444,11 @@ void Engine::run_app(const std::shared_ptr<Activation> &act) {
       {
         std::lock_guard<std::mutex> lk(act->mu);
         if (!r.outcome.start.empty()) act->starts[r.outcome.start]++;
-        for (auto &line : r.outcome.logs) act->logs.push_back(line.substr(0, 25) + tag + " " + line.substr(25));
+        // "2024-01-01T00:00:00.000Z stderr: ..." gets the instance after its time stamp; a line
+        // from an agent that does not start with one gets it in front.
+        for (auto &line : r.outcome.logs)
+          act->logs.push_back(line.size() >= 25 && line[24] == ' ' ? line.substr(0, 25) + tag + " " + line.substr(25)
+                                                                  : tag + " " + line);
         act->init_ms = std::max(act->init_ms, r.outcome.init_ms);
       }
       if (!r.outcome.ok && r.outcome.status != "skipped" && failure.is_null()) {
@@ -503,6 +479,87 @@ void Engine::run_app(const std::shared_ptr<Activation> &act) {
   }
   if (!result.is_object()) result = json{{"result", result}};  // OpenWhisk results are objects
   finish(act, "success", result);
+}
+
+ComputeOutcome Engine::run_instance(const std::shared_ptr<Activation> &act, const std::string &element, int instance,
+                                    const json &parents) {
+  const Manifest &m = act->manifest;
+  const ElementDecl &d = m.elements.at(element);
+  ComputeOutcome outcome;
+  auto fail = [&](const char *status, const char *type, const std::string &message) {
+    outcome.status = status;
+    outcome.error = {{"type", type}, {"message", message}};
+    return outcome;
+  };
+  ComputeSpec spec;
+  spec.aid = act->id + "-" + element + "-" + std::to_string(instance);
+  spec.code = d.code;
+  spec.code_key = act->code_key;
+  spec.code_files = act->code_files;
+  spec.main = d.main;
+  spec.timeout_ms = d.timeout_ms;
+  spec.cpu = d.cpu;
+  spec.memory = d.memory;
+  spec.log_bytes = uint64_t(limits_.logs_mb.dflt) << 20;
+  spec.args = act->params;
+  spec.args["_instance"] = instance;
+  spec.args["_parallelism"] = d.parallelism;
+  for (auto &[p, r] : parents.items()) spec.args[p] = r;
+  // Next to the memory it reaches, when that host has cpus (then the transport is shm).
+  int near = -1;
+  if (!d.transports.empty()) {
+    std::lock_guard<std::mutex> lk(act->mu);
+    near = act->memory.at(d.transports.begin()->second.element).host;
+  }
+  int h = place_compute(d.cpu, near);
+  if (h < 0) return fail("whisk internal error", "PlacementError", "no host with cpus is available");
+  Activation::Instance me{element, instance, h, "", {}, {}};
+  for (auto &[tname, t] : d.transports) {
+    TransportGrant g;
+    std::string why;
+    Activation::Placed mem;
+    {
+      std::lock_guard<std::mutex> lk(act->mu);
+      mem = act->memory.at(t.element);
+    }
+    if (host(mem.host)->grant(mem.id, spec.aid, t.rights, tname, transport_between(mem.host, h), &g, &why))
+      return fail("whisk internal error", "GrantError", why);
+    spec.transports.push_back(g);
+    me.memory.push_back(t.element);
+    me.grants.emplace_back(mem.host, g.grant_id);
+  }
+  spec.runtime_url = runtime_url_;
+  spec.runtime_token = me.token = random_hex(24);
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    tokens_[spec.runtime_token] = {act, spec.aid, h};
+  }
+  {
+    std::lock_guard<std::mutex> lk(act->mu);
+    act->tokens.push_back(spec.runtime_token);
+  }
+  acquire_cpu(h, d.cpu);
+  // Given back however this function ends.
+  struct CpuHold {
+    Engine *e;
+    int host;
+    double cpu;
+    ~CpuHold() { e->release_cpu(host, cpu); }
+  } hold{this, h, d.cpu};
+  std::string host_id = host(h)->id();  // engine lock before, never inside, the activation's lock
+  {
+    std::lock_guard<std::mutex> lk(act->mu);
+    if (act->failed)  // a peer failed while this one waited: the activation fails anyway
+      return fail("skipped", "Skipped", "not started: a peer instance failed first");
+    act->instances[spec.aid] = std::move(me);
+    if (!act->first_start_ms) act->first_start_ms = now_ms();
+    for (auto &tg : spec.transports) act->wiring[spec.aid + ":" + tg.durl] = host_id;
+  }
+  outcome = host(h)->run_compute(spec);
+  if (!outcome.ok) instance_failed(act, spec.aid, outcome);
+  std::lock_guard<std::mutex> lk(act->mu);
+  act->instances.erase(spec.aid);
+  return outcome;
 }
 
 void Engine::instance_failed(const std::shared_ptr<Activation> &act, const std::string &aid, const ComputeOutcome &o) {

@@ -14,6 +14,7 @@
 
 #include "agent.h"
 #include "hosts.h"
+#include "action_limits.h"
 #include "manifest.h"
 #include "store.h"
 
@@ -23,7 +24,7 @@ struct Activation;
 
 class Engine {
  public:
-  Engine(Store &store, std::string runtime_url);
+  Engine(Store &store, std::string runtime_url, LimitRanges limits = {});
   ~Engine();
 
   // Hosts elements are placed on: the embedded agent and remote agents as they register.
@@ -47,7 +48,13 @@ class Engine {
 
  private:
   std::string start(std::shared_ptr<Activation> act, int64_t wait_ms, json *record, bool *finished);
+  // The body of an activation's thread: runs it, and whatever goes wrong inside becomes a
+  // "whisk internal error" record (never an exception leaving the thread).
+  void run(const std::shared_ptr<Activation> &act);
   void run_app(const std::shared_ptr<Activation> &act);
+  // One compute instance of an application, on a thread of its own.
+  ComputeOutcome run_instance(const std::shared_ptr<Activation> &act, const std::string &element, int instance,
+                              const json &parents);
   void run_action(const std::shared_ptr<Activation> &act);
   void finish(const std::shared_ptr<Activation> &act, const std::string &status, const json &result);
   // A compute instance ended without a result (crash, timeout, exception): frees its grants, the
@@ -84,6 +91,7 @@ class Engine {
 
   Store &store_;
   std::string runtime_url_;
+  LimitRanges limits_;
   std::mutex mu_;
   std::condition_variable cpu_cv_;
   std::vector<HostState> hosts_;

@@ -3,6 +3,7 @@
 //   scad-server [--home DIR] [--host 127.0.0.1] [--port 3233] [--python PATH] [--pythonpath P]
 //               [--pool 4GiB] [--cpus N] [--prewarm 2] [--max-warm 16] [--keep-alive 60000]
 //               [--cluster-token-file FILE] [--no-local-agent] [--verbs auto|off|KEY=VALUE,...]
+//               [--action-limits timeout=MIN:MAX[:DEFAULT],memory=...,logs=...]
 // With a cluster token, scad-agent processes on other hosts register and take elements too; with
 // --no-local-agent this process only schedules.
 //
@@ -24,6 +25,7 @@
 #include "core/params.h"
 #include "engine.h"
 #include "hosts.h"
+#include "action_limits.h"
 #include "store.h"
 
 namespace {
@@ -32,7 +34,8 @@ namespace {
   std::cerr << "scad-server: " << why << "\n"
             << "usage: scad-server [--home DIR] [--host ADDR] [--port N] [--python PATH] [--pythonpath P]\n"
             << "                   [--pool SIZE] [--cpus N] [--prewarm N] [--max-warm N] [--keep-alive MS]\n"
-            << "                   [--cluster-token-file FILE] [--no-local-agent] [--verbs auto|off|KEY=VALUE,...] [--cgroup auto|off]\n";
+            << "                   [--cluster-token-file FILE] [--no-local-agent] [--verbs auto|off|KEY=VALUE,...] [--cgroup auto|off]\n"
+            << "                   [--action-limits timeout=MIN:MAX[:DEFAULT],memory=...,logs=... (ms, MB, MB)]\n";
   exit(2);
 }
 
@@ -73,6 +76,7 @@ int main(int argc, char **argv) {
   scad::AgentOptions ao;
   std::string cluster_token_file;
   bool local_agent = true;
+  scad::LimitRanges limits;
   ao.python = "/usr/bin/python3";
   ao.cpus = double(std::max(1u, std::thread::hardware_concurrency()));
   for (int i = 1; i < argc; i++) {
@@ -94,6 +98,10 @@ int main(int argc, char **argv) {
     else if (a == "--cgroup") ao.cgroup = value();
     else if (a == "--max-warm") ao.max_warm = std::stoi(value());
     else if (a == "--keep-alive") ao.keep_alive_ms = std::stoll(value());
+    else if (a == "--action-limits") {
+      std::string why;
+      if (!scad::parse_limit_ranges(value(), &limits, &why)) usage(why);
+    }
     else if (a == "--pool") {
       if (!libd::parse_size(value(), &ao.pool_bytes)) usage("--pool takes a size such as 4GiB");
     } else usage("unknown argument '" + a + "'");
@@ -134,9 +142,10 @@ int main(int argc, char **argv) {
     return 1;
   }
   std::string url = "http://" + host + ":" + std::to_string(bound);
-  scad::Engine engine(store, url);
+  scad::Engine engine(store, url, limits);
   if (local_agent) engine.add_host(std::make_shared<scad::LocalHost>(agent));
   scad::ApiOptions api;
+  api.limits = limits;
   if (!cluster_token_file.empty()) {
     std::getline(std::ifstream(cluster_token_file), api.cluster_token);
     if (api.cluster_token.size() < 16) {

@@ -44,6 +44,7 @@ struct Capacity {
   uint64_t memory_pool = 0;
   uint64_t compute_memory = 0;
   double cpus = 0;
+  int64_t max_timeout_ms = 0;  // the operator's longest timeout (0: only the hard bound of a day)
 };
 
 // Parses YAML or JSON text into its JSON form (plain YAML scalars become numbers/bools where they

@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "proto/auth.h"
+#include "safe_json.h"
 
 namespace scad {
 
@@ -134,7 +135,7 @@ void Store::put_doc(const std::string &table, const std::string &ns, const std::
   std::lock_guard<std::mutex> lk(mu_);
   Stmt q(db_, "INSERT INTO " + table + " (namespace, name, doc, updated) VALUES (?, ?, ?, ?) "
               "ON CONFLICT (namespace, name) DO UPDATE SET doc = excluded.doc, updated = excluded.updated");
-  q.bind(1, ns).bind(2, name).bind(3, doc.dump()).bind(4, now_ms()).step();
+  q.bind(1, ns).bind(2, name).bind(3, dump_json(doc)).bind(4, now_ms()).step();
 }
 
 std::optional<json> Store::get_doc(const std::string &table, const std::string &ns, const std::string &name) {
@@ -173,7 +174,7 @@ void Store::put_activation(const json &r) {
       .bind(3, r["name"].get<std::string>())
       .bind(4, r["start"].get<int64_t>())
       .bind(5, int64_t(r.value("end", int64_t(0)) != 0))
-      .bind(6, r.dump())
+      .bind(6, dump_json(r))
       .step();
 }
 
@@ -220,7 +221,7 @@ void Store::put_host(const json &host) {
   std::lock_guard<std::mutex> lk(mu_);
   Stmt q(db_, "INSERT INTO hosts (id, doc, last_seen) VALUES (?, ?, ?) "
               "ON CONFLICT (id) DO UPDATE SET doc = excluded.doc, last_seen = excluded.last_seen");
-  q.bind(1, host["id"].get<std::string>()).bind(2, host.dump()).bind(3, now_ms()).step();
+  q.bind(1, host["id"].get<std::string>()).bind(2, dump_json(host)).bind(3, now_ms()).step();
 }
 
 std::vector<json> Store::list_hosts() {

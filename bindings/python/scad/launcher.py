@@ -19,6 +19,7 @@ OpenWhisk container does; the agent reuses a process only for the same action.
 import contextlib
 import importlib.util
 import json
+import os
 import queue
 import sys
 import threading
@@ -55,6 +56,12 @@ def _load_module(code):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _text(s):
+    """s as valid UTF-8 text: an exception's message may hold lone surrogates (bytes decoded with
+    surrogateescape), which no JSON reader on the other side accepts."""
+    return s.encode("utf-8", "replace").decode("utf-8")
 
 
 def call_main(fn, args, action):
@@ -102,11 +109,12 @@ def run_action(spec, keep_module=False):
         timing["init_ms"] = int((t1 - t0) * 1000)
         result = call_main(fn, spec.get("args", {}), action)
         timing["run_ms"] = int((time.monotonic() - t1) * 1000)
-        json.dumps(result)  # the result must be JSON: say so here, not in the host
+        # The result must be JSON (no NaN, no lone surrogates): say so here, not in the host.
+        json.dumps(result, allow_nan=False, ensure_ascii=False).encode("utf-8")
         return {"ok": True, "result": result, **timing}
     except BaseException as e:  # noqa: BLE001 - a user's SystemExit or KeyboardInterrupt is an error result too
-        return {"ok": False, "error": {"type": type(e).__name__, "message": str(e),
-                                       "traceback": traceback.format_exc()}, **timing}
+        return {"ok": False, "error": {"type": _text(type(e).__name__), "message": _text(str(e)),
+                                       "traceback": _text(traceback.format_exc())}, **timing}
     finally:
         with _current_lock:
             _current.update(aid=None, action=None)
@@ -144,10 +152,21 @@ def _read_stdin(specs):
     specs.put(None)
 
 
+def _private_result_channel():
+    """The agent reads results on fd 1, and user code can write there too (os.write(1, ...), a
+    child process that inherits stdout). The launcher keeps a private duplicate for its results
+    and points fd 1 at stderr, so whatever user code writes to fd 1 ends up in its logs and can
+    never be taken for a result line. (os.dup's copy is not inherited by children.)"""
+    sys.stdout.flush()
+    fd = os.dup(1)
+    os.dup2(2, 1)
+    return os.fdopen(fd, "w", encoding="utf-8")
+
+
 def serve():
     """One spec per line in, one result per line out, until stdin closes. The run's output goes
     to stderr as it is written (so a crash loses none of it), followed by END_OF_RUN."""
-    out = sys.stdout
+    out = _private_result_channel()
     specs = queue.Queue()
     threading.Thread(target=_read_stdin, args=(specs,), daemon=True, name="scad-notices").start()
     for line in iter(specs.get, None):
@@ -174,9 +193,11 @@ def main():
     except ValueError as e:
         print(json.dumps({"ok": False, "error": {"type": "ValueError", "message": f"bad spec: {e}"}}))
         return 2
+    channel = _private_result_channel()
     with contextlib.redirect_stdout(sys.stderr):
         out = run_action(spec)
-    print(json.dumps(out), flush=True)
+    channel.write(json.dumps(out) + "\n")
+    channel.flush()
     return 0 if out["ok"] else 1
 
 
