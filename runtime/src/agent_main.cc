@@ -21,6 +21,7 @@
 #include "agent.h"
 #include "agent_api.h"
 #include "core/params.h"
+#include "safe_json.h"
 
 namespace {
 
@@ -102,7 +103,7 @@ int main(int argc, char **argv) {
       httplib::Client c(scheduler);
       c.set_connection_timeout(2);
       c.set_bearer_token_auth(token.c_str());
-      auto res = c.Post("/api/v1/hosts/register", me.dump(), "application/json");
+      auto res = c.Post("/api/v1/hosts/register", scad::dump_json(me), "application/json");
       if (res && res->status == 200 && !registered.exchange(true))
         std::cout << "scad-agent: " << ao.host_id << " serving at " << url << ", registered with " << scheduler
                   << (agent.rdma() ? ", RDMA on " + agent.rdma_device() : ", no RDMA")

@@ -172,7 +172,7 @@ std::vector<std::string> validate_manifest(const json &doc, const std::set<std::
     if (!e.is_object()) { p.push_back(where + ": must be a mapping with a 'kind'"); continue; }
     ElementDecl d;
     d.name = name;
-    d.kind = e.value("kind", "");
+    d.kind = get_string(e, "kind").value_or("");
     if (d.kind != "memory" && d.kind != "compute") {
       p.push_back(where + ": 'kind' must be 'memory' or 'compute'");
       continue;
@@ -232,7 +232,7 @@ std::vector<std::string> validate_manifest(const json &doc, const std::set<std::
               continue;
             }
             td.element = t["element"];
-            std::string rights = t.value("rights", std::string("rw"));
+            std::string rights = t.contains("rights") ? get_string(t, "rights").value_or("?") : "rw";
             td.rights = rights == "r" ? 1 : rights == "w" ? 2 : rights == "rw" ? 3 : 0;
             if (!td.rights) p.push_back(tw + ": rights must be r, w or rw");
             for (auto &[k, v] : t.items())
