@@ -43,8 +43,17 @@ int Agent::start(std::string *why) {
     return -EINVAL;
   }
   cgroups_ = Cgroups::open(opts_.cgroup, &cgroup_why_);
-  workers_ = std::make_unique<WorkerPool>(
-      WorkerOptions{opts_.python, opts_.pythonpath, opts_.home, opts_.prewarm, opts_.max_warm, opts_.keep_alive_ms});
+  // Compute processes reach the pool through this socket from inside their sandboxes, as another
+  // uid: the socket is open to connect (its folder stays 0700; a grant's secret opens an element).
+  chmod((run + "/memory.sock").c_str(), 0666);
+  bool required = false;
+  sandbox_ = Sandbox::open(opts_.sandbox, opts_.python, opts_.pythonpath, run + "/memory.sock", &sandbox_why_, &required);
+  if (!sandbox_ && required) {
+    *why = "cannot sandbox compute processes: " + sandbox_why_;
+    return -EINVAL;
+  }
+  workers_ = std::make_unique<WorkerPool>(WorkerOptions{opts_.python, opts_.pythonpath, opts_.home, sandbox_,
+                                                        opts_.prewarm, opts_.max_warm, opts_.keep_alive_ms});
   return 0;
 }
 
@@ -174,18 +183,30 @@ std::string Agent::materialize(const std::string &key, const json &files, std::s
 
 ComputeOutcome Agent::run_compute(const ComputeSpec &spec) {
   ComputeOutcome o;
-  std::string why, dir = materialize(spec.code_key, spec.code_files, &why);
-  if (dir.empty()) {
-    o.status = "whisk internal error";
-    o.error = {{"type", "CodeError"}, {"message", why}};
-    return o;
-  }
-  std::string code = dir + "/" + spec.code;
   json transports = json::array();
   for (auto &t : spec.transports) transports.push_back({{"durl", t.durl}, {"config", t.config}});
-  json launcher = {{"aid", spec.aid}, {"code", code}, {"main", spec.main}, {"args", spec.args},
+  json launcher = {{"aid", spec.aid}, {"main", spec.main}, {"args", spec.args},
                    {"transports", transports}, {"runtime_url", spec.runtime_url},
                    {"runtime_token", spec.runtime_token}};
+  std::string code;  // names the action's code for the warm pool: one process per code and function
+  if (sandbox_) {
+    // The code travels with the spec; the launcher writes it read-only into the sandbox's /code
+    // and switches to the tenant's uid before it runs any of it.
+    launcher["files"] = spec.code_files;
+    launcher["code"] = spec.code;
+    launcher["code_key"] = spec.code_key;
+    if (sandbox_->switches_uid()) launcher["uid"] = tenant_uid(spec.tenant);
+    code = spec.code_key + "/" + spec.code;
+  } else {
+    std::string why, dir = materialize(spec.code_key, spec.code_files, &why);
+    if (dir.empty()) {
+      o.status = "whisk internal error";
+      o.error = {{"type", "CodeError"}, {"message", why}};
+      return o;
+    }
+    code = dir + "/" + spec.code;
+    launcher["code"] = code;
+  }
   // One process per action: the code file names the application version, plus the function.
   auto w = workers_->acquire(code + "#" + spec.main, &o.start);
   auto t0 = std::chrono::steady_clock::now();
@@ -216,7 +237,7 @@ ComputeOutcome Agent::run_compute(const ComputeSpec &spec) {
       pending_notices_.erase(p);
     }
   }
-  WorkerRun r = WorkerPool::run(*w, dump_json(launcher), spec.timeout_ms, spec.log_bytes);
+  WorkerRun r = workers_->run(*w, dump_json(launcher), spec.timeout_ms, spec.log_bytes);
   {
     std::lock_guard<std::mutex> lk(run_mu_);
     running_.erase(spec.aid);

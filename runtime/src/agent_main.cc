@@ -29,7 +29,7 @@ namespace {
   std::cerr << "scad-agent: " << why << "\n"
             << "usage: scad-agent --scheduler URL --address ADDR --token-file FILE [--id NAME] [--port N]\n"
             << "                  [--home DIR] [--python PATH] [--pythonpath P] [--pool SIZE] [--cpus N]\n"
-            << "                  [--verbs auto|off|KEY=VALUE,...] [--cgroup auto|off]\n";
+            << "                  [--verbs auto|off|KEY=VALUE,...] [--cgroup auto|off] [--sandbox auto|on|off]\n";
   exit(2);
 }
 
@@ -61,6 +61,7 @@ int main(int argc, char **argv) {
     else if (a == "--cpus") ao.cpus = std::stod(value());
     else if (a == "--verbs") ao.verbs = value();
     else if (a == "--cgroup") ao.cgroup = value();
+    else if (a == "--sandbox") ao.sandbox = value();
     else if (a == "--pool") {
       if (!libd::parse_size(value(), &ao.pool_bytes)) usage("--pool takes a size such as 4GiB");
     } else usage("unknown argument '" + a + "'");
@@ -108,6 +109,7 @@ int main(int argc, char **argv) {
         std::cout << "scad-agent: " << ao.host_id << " serving at " << url << ", registered with " << scheduler
                   << (agent.rdma() ? ", RDMA on " + agent.rdma_device() : ", no RDMA")
                   << (agent.limits() ? ", cgroup v2 limits" : ", no cgroup limits (" + agent.limits_off_reason() + ")")
+                  << (agent.sandboxed() ? ", sandboxed" : ", NOT sandboxed (" + agent.sandbox_off_reason() + ")")
                   << std::endl;
       else if ((!res || res->status != 200) && registered.exchange(false))
         std::cerr << "scad-agent: lost the scheduler at " << scheduler << "; retrying\n";

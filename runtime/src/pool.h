@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <future>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -18,8 +19,11 @@
 
 namespace scad {
 
+class Sandbox;
+
 struct WorkerOptions {
   std::string python, pythonpath, home;
+  std::shared_ptr<const Sandbox> sandbox;  // null: processes run as the agent's children, unconfined
   int prewarm = 2;                // started interpreters waiting for any action
   int max_warm = 16;              // idle processes kept for their action
   int64_t keep_alive_ms = 60000;  // how long an idle warm process is kept
@@ -59,14 +63,18 @@ class WorkerPool {
   void release(std::unique_ptr<Worker> w, bool healthy);
   // Sends one spec line and waits for the result line. The run's output past max_output bytes is
   // read (so the process never blocks on a full pipe) and dropped.
-  static WorkerRun run(Worker &w, const std::string &line, int64_t timeout_ms, uint64_t max_output);
+  WorkerRun run(Worker &w, const std::string &line, int64_t timeout_ms, uint64_t max_output);
   // Sends one line to a running worker (a peer notice); false if it is gone.
   static bool send(Worker &w, const std::string &line);
   const WorkerOptions &options() const { return o_; }
 
  private:
   std::unique_ptr<Worker> spawn();
-  void maintain();  // tops up the pre-warmed pool, ends warm processes past their keep-alive
+  // Every process is started by the maintainer thread, which lives as long as the pool: a sandbox
+  // dies with the thread that started it (bubblewrap's --die-with-parent is PR_SET_PDEATHSIG,
+  // which follows the parent thread), and a caller's thread may end while its process stays warm.
+  std::unique_ptr<Worker> spawn_on_maintainer();
+  void maintain();  // starts processes asked for, tops up the pre-warmed pool, ends idle ones
 
   WorkerOptions o_;
   std::mutex mu_;
@@ -74,6 +82,7 @@ class WorkerPool {
   bool stopping_ = false;
   std::deque<std::unique_ptr<Worker>> fresh_;
   std::multimap<std::string, std::unique_ptr<Worker>> warm_;
+  std::deque<std::promise<std::unique_ptr<Worker>> *> spawn_requests_;
   std::thread maintainer_;
 };
 

@@ -331,6 +331,7 @@ void Engine::run(const std::shared_ptr<Activation> &act) {
 void Engine::run_action(const std::shared_ptr<Activation> &act) {
   ComputeSpec spec;
   spec.aid = act->ns + "-" + act->name + "-" + act->id.substr(0, 8);
+  spec.tenant = act->ns;
   spec.code = "action.py";
   spec.code_key = act->ns + "/actions/" + act->name + "/" + std::to_string(act->doc.value("version", int64_t(1)));
   spec.code_files = {{"action.py", act->doc["exec"]["code"]}};
@@ -493,6 +494,7 @@ ComputeOutcome Engine::run_instance(const std::shared_ptr<Activation> &act, cons
   };
   ComputeSpec spec;
   spec.aid = act->id + "-" + element + "-" + std::to_string(instance);
+  spec.tenant = act->ns;
   spec.code = d.code;
   spec.code_key = act->code_key;
   spec.code_files = act->code_files;

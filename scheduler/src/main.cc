@@ -34,7 +34,7 @@ namespace {
   std::cerr << "scad-server: " << why << "\n"
             << "usage: scad-server [--home DIR] [--host ADDR] [--port N] [--python PATH] [--pythonpath P]\n"
             << "                   [--pool SIZE] [--cpus N] [--prewarm N] [--max-warm N] [--keep-alive MS]\n"
-            << "                   [--cluster-token-file FILE] [--no-local-agent] [--verbs auto|off|KEY=VALUE,...] [--cgroup auto|off]\n"
+            << "                   [--cluster-token-file FILE] [--no-local-agent] [--verbs auto|off|KEY=VALUE,...] [--cgroup auto|off] [--sandbox auto|on|off]\n"
             << "                   [--action-limits timeout=MIN:MAX[:DEFAULT],memory=...,logs=... (ms, MB, MB)]\n";
   exit(2);
 }
@@ -96,6 +96,7 @@ int main(int argc, char **argv) {
     else if (a == "--no-local-agent") local_agent = false;
     else if (a == "--verbs") ao.verbs = value();
     else if (a == "--cgroup") ao.cgroup = value();
+    else if (a == "--sandbox") ao.sandbox = value();
     else if (a == "--max-warm") ao.max_warm = std::stoi(value());
     else if (a == "--keep-alive") ao.keep_alive_ms = std::stoll(value());
     else if (a == "--action-limits") {

@@ -81,6 +81,49 @@ _early = {}  # aid -> notices that came just before their run's spec
 _current_lock = threading.Lock()
 
 
+CODE_ROOT = "/code"  # in the sandbox: where the launcher writes an action's code, read-only
+
+
+def _place_code(spec):
+    """In the sandbox the code comes in the spec ("files", relative "code", "code_key"): written
+    once per key under /code, read-only, while the launcher is still root; then the process
+    takes the tenant's uid ("uid"), for good, before any user code runs. Returns the code's path."""
+    key = spec["code_key"]
+    if not isinstance(key, str) or ".." in key or key.startswith("/"):
+        raise ValueError(f"bad code key {key!r}")
+    folder = os.path.join(CODE_ROOT, key)
+    if not os.path.isdir(folder):
+        for name, content in spec["files"].items():
+            if not isinstance(content, str) or ".." in name.split("/") or name.startswith("/") or not name:
+                raise ValueError(f"bad code file name {name!r}")
+            path = os.path.join(folder, name)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(content)
+            os.chmod(path, 0o444)
+        for dirpath, _, _ in os.walk(folder):
+            os.chmod(dirpath, 0o555)
+        for parent in _parents(folder):
+            os.chmod(parent, 0o555)
+    uid = spec.get("uid")
+    if uid is not None and os.getuid() != uid:
+        if os.getuid() != 0:
+            raise PermissionError(f"this process already runs as uid {os.getuid()}, not {uid}")
+        os.setgroups([])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
+    return os.path.join(folder, spec["code"])
+
+
+def _parents(folder):
+    out = []
+    while True:
+        folder = os.path.dirname(folder)
+        if len(folder) <= len(CODE_ROOT):
+            return out
+        out.append(folder)
+
+
 def run_action(spec, keep_module=False):
     """Returns {"ok": True, "result": ...} or {"ok": False, "error": {"type", "message", "traceback"}},
     with "init_ms" (loading the code and wiring the action) and "run_ms" (main itself)."""
@@ -104,7 +147,8 @@ def run_action(spec, keep_module=False):
             _early.clear()  # any other aid's are from runs that are over
         for notice in [*spec.get("peer_failures", []), *early]:
             action.runtime._peer_failed(notice)
-        fn = load_main(spec["code"], spec.get("main", "main"), keep=keep_module)
+        code = _place_code(spec) if "files" in spec else spec["code"]
+        fn = load_main(code, spec.get("main", "main"), keep=keep_module)
         t1 = time.monotonic()
         timing["init_ms"] = int((t1 - t0) * 1000)
         result = call_main(fn, spec.get("args", {}), action)
