@@ -1,5 +1,6 @@
 #include "agent.h"
 
+#include <ftw.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -179,6 +180,22 @@ std::string Agent::materialize(const std::string &key, const json &files, std::s
   }
   std::ofstream(dir + "/.complete") << "";
   return dir;
+}
+
+int Agent::remove_code(const std::string &prefix) {
+  int parts = 0;
+  for (char c : prefix) {
+    if (c == '/') parts++;
+    else if (!isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_' && c != '.' && c != '@') return -EINVAL;
+  }
+  if (parts != 2 || prefix.find("..") != std::string::npos || prefix.front() == '/' || prefix.back() == '/')
+    return -EINVAL;
+  std::lock_guard<std::mutex> lk(code_mu_);
+  // nftw with FTW_PHYS never follows a link out of the tree; depth first, files before folders.
+  std::string dir = opts_.home + "/code/" + prefix;
+  nftw(dir.c_str(), [](const char *path, const struct stat *, int, struct FTW *) { return remove(path), 0; }, 16,
+       FTW_DEPTH | FTW_PHYS);
+  return 0;
 }
 
 ComputeOutcome Agent::run_compute(const ComputeSpec &spec) {

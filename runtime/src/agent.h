@@ -101,6 +101,8 @@ class Agent {
   int revoke(const std::string &grant_id, std::string *why);
 
   ComputeOutcome run_compute(const ComputeSpec &spec);
+  // Removes the code kept under "ns/kind/name" (every version of it). -EINVAL for a bad prefix.
+  int remove_code(const std::string &prefix);
   // Tells the running compute instance `aid` that a peer failed (docs/agent.md, "Crashes"); it
   // reads the notice through action.runtime. -ENOENT when no such instance runs here.
   int notify(const std::string &aid, const nlohmann::json &notice);

@@ -127,6 +127,13 @@ void install_agent_routes(httplib::Server &srv, Agent &agent, const std::string 
     if (agent.notify(b["aid"], b["notice"])) return fail(res, 404, "no compute instance '" + b["aid"].get<std::string>() + "' runs here");
     res.status = 204;
   });
+  srv.Post("/agent/v1/code/remove", [&, authorized, body_of, fail](const httplib::Request &req, httplib::Response &res) {
+    json b;
+    if (!authorized(req, res) || !body_of(req, res, &b)) return;
+    auto prefix = get_string(b, "prefix");
+    if (!prefix || agent.remove_code(*prefix)) return fail(res, 400, "needs {\"prefix\": \"NS/KIND/NAME\"}");
+    res.status = 204;
+  });
   srv.Post("/agent/v1/run", [&, authorized, body_of, fail](const httplib::Request &req, httplib::Response &res) {
     json b;
     if (!authorized(req, res) || !body_of(req, res, &b)) return;

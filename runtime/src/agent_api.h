@@ -7,6 +7,7 @@
 //   DELETE /agent/v1/grants/{id}                                            204 | 404 {"error"}
 //   POST   /agent/v1/run             compute spec -> outcome
 //   POST   /agent/v1/notices         {"aid", "notice"}: a peer failed        204 | 404 {"error"}
+//   POST   /agent/v1/code/remove     {"prefix": "ns/kind/name"}: a deleted action's code   204 | 400
 #pragma once
 #include <httplib.h>
 

@@ -218,7 +218,7 @@ void install_routes(httplib::Server &srv, Store &store, Engine &engine, ApiOptio
                 {"exec", {{"kind", kind}, {"code", exec["code"]}, {"main", exec.value("main", "main")}}},
                 {"parameters", params}, {"limits", limits},
                 {"annotations", annotations}, {"publish", false},
-                {"version", old ? old->value("version", int64_t(0)) + 1 : int64_t(1)}};
+                {"version", store.next_version("actions", ns, name)}, {"code_hash", sha256_hex(exec["code"].get<std::string>())}};
     store.put_doc("actions", ns, name, doc);
     reply(res, 200, action_view(doc));
   });
@@ -236,6 +236,7 @@ void install_routes(httplib::Server &srv, Store &store, Engine &engine, ApiOptio
     if (ns.empty()) return;
     auto doc = store.get_doc("actions", ns, req.matches[2]);
     if (!doc || !store.delete_doc("actions", ns, req.matches[2])) return error(res, 404, "The requested resource does not exist.");
+    engine.forget_code(ns, "actions", req.matches[2]);
     reply(res, 200, action_view(*doc));
   });
   srv.Post(NS + "/actions/([^/]+)", invoke_route("actions"));
@@ -302,9 +303,8 @@ void install_routes(httplib::Server &srv, Store &store, Engine &engine, ApiOptio
     if (!problems.empty())
       return error(res, 400, "invalid manifest: " + std::to_string(problems.size()) + " problem(s); nothing was deployed",
                    {{"problems", problems}});
-    auto old = store.get_doc("apps", ns, name);
     json doc = {{"namespace", ns}, {"name", name}, {"manifest", manifest}, {"files", body["files"]},
-                {"version", old ? old->value("version", int64_t(0)) + 1 : int64_t(1)}};
+                {"version", store.next_version("apps", ns, name)}, {"code_hash", sha256_hex(dump_json(body["files"]))}};
     store.put_doc("apps", ns, name, doc);
     reply(res, 200, app_view(doc));
   });
@@ -319,6 +319,7 @@ void install_routes(httplib::Server &srv, Store &store, Engine &engine, ApiOptio
     std::string ns = authorize(store, req, res, req.matches[1]);
     if (ns.empty()) return;
     if (!store.delete_doc("apps", ns, req.matches[2])) return error(res, 404, "The requested resource does not exist.");
+    engine.forget_code(ns, "apps", req.matches[2]);
     reply(res, 200, {{"deleted", req.matches[2].str()}});
   });
   srv.Post(NS + "/apps/([^/]+)", invoke_route("apps"));

@@ -22,6 +22,9 @@ int status_code(const std::string &status) {
 }
 }  // namespace
 
+struct Activation;
+static std::string code_key(const std::shared_ptr<Activation> &act, const char *kind);
+
 struct Activation {
   std::string id, ns, name, kind;  // kind: app | action
   json doc;                         // the app or action document
@@ -56,6 +59,16 @@ struct Activation {
   std::mutex mu;
   std::condition_variable cv;
 };
+
+// "ns/kind/name/VERSION-HASH": the agents keep one copy of each; versions never repeat, and the
+// hash of the content makes a key that names other files impossible even if they did.
+static std::string code_key(const std::shared_ptr<Activation> &act, const char *kind) {
+  std::string hash = get_string(act->doc, "code_hash").value_or("");
+  if (hash.empty())  // stored before documents carried their hash
+    hash = sha256_hex(act->kind == "app" ? dump_json(act->doc["files"]) : dump_json(act->doc["exec"]["code"]));
+  return act->ns + "/" + kind + "/" + act->name + "/" + std::to_string(get_int(act->doc, "version").value_or(1)) +
+         "-" + hash.substr(0, 16);
+}
 
 Engine::Engine(Store &store, std::string runtime_url, LimitRanges limits)
     : store_(store), runtime_url_(std::move(runtime_url)), limits_(limits) {
@@ -333,7 +346,7 @@ void Engine::run_action(const std::shared_ptr<Activation> &act) {
   spec.aid = act->ns + "-" + act->name + "-" + act->id.substr(0, 8);
   spec.tenant = act->ns;
   spec.code = "action.py";
-  spec.code_key = act->ns + "/actions/" + act->name + "/" + std::to_string(act->doc.value("version", int64_t(1)));
+  spec.code_key = code_key(act, "actions");
   spec.code_files = {{"action.py", act->doc["exec"]["code"]}};
   spec.main = act->doc["exec"].value("main", "main");
   spec.args = act->params;
@@ -364,7 +377,7 @@ void Engine::run_app(const std::shared_ptr<Activation> &act) {
     finish(act, "whisk internal error", {{"error", "the stored manifest is no longer valid: " + problems[0]}});
     return;
   }
-  act->code_key = act->ns + "/apps/" + act->name + "/" + std::to_string(act->doc.value("version", int64_t(1)));
+  act->code_key = code_key(act, "apps");
   act->code_files = act->doc["files"];
   const Manifest &m = act->manifest;
 
@@ -559,6 +572,12 @@ ComputeOutcome Engine::run_instance(const std::shared_ptr<Activation> &act, cons
   }
   outcome = host(h)->run_compute(spec);
   if (!outcome.ok) instance_failed(act, spec.aid, outcome);
+  {
+    // The instance is over: its runtime token with it (what it invoked lives on until the
+    // activation ends or it is released, but nothing may create more in its name).
+    std::lock_guard<std::mutex> lk(mu_);
+    tokens_.erase(spec.runtime_token);
+  }
   std::lock_guard<std::mutex> lk(act->mu);
   act->instances.erase(spec.aid);
   return outcome;
@@ -696,6 +715,15 @@ int Engine::runtime_release(const std::string &token, const std::string &aid, co
   host(p.host)->remove_element(p.id);  // revokes the grant: the caller's connection closes at once
   unplace_memory(p.host, p.size);
   return 204;
+}
+
+void Engine::forget_code(const std::string &ns, const std::string &kind, const std::string &name) {
+  std::vector<std::shared_ptr<HostAgent>> all;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (auto &h : hosts_) all.push_back(h.agent);
+  }
+  for (auto &h : all) h->remove_code(ns + "/" + kind + "/" + name);
 }
 
 json Engine::elements(const std::string &ns) {

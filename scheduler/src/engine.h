@@ -43,6 +43,9 @@ class Engine {
   int runtime_invoke(const std::string &token, const std::string &aid, const json &body, json *reply);
   int runtime_release(const std::string &token, const std::string &aid, const std::string &name, json *reply);
 
+  // A deleted action or application: every host removes the code it kept of it.
+  void forget_code(const std::string &ns, const std::string &kind, const std::string &name);
+
   json elements(const std::string &ns);
   json host_info();
 

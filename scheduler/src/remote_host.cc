@@ -76,6 +76,10 @@ int RemoteHost::notify(const std::string &aid, const json &notice) {
   return res && res->status == 204 ? 0 : -1;
 }
 
+void RemoteHost::remove_code(const std::string &prefix) {
+  client(url_, token_, 10)->Post("/agent/v1/code/remove", dump_json(json{{"prefix", prefix}}), "application/json");
+}
+
 ComputeOutcome RemoteHost::run_compute(const ComputeSpec &spec) {
   auto res = client(url_, token_, int(spec.timeout_ms / 1000) + 30)->Post("/agent/v1/run", dump_json(to_json(spec)), "application/json");
   json j;

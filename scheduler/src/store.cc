@@ -97,6 +97,8 @@ int Store::open(const std::string &path, std::string *why) {
                                               start INTEGER NOT NULL, finished INTEGER NOT NULL, record TEXT NOT NULL);
       CREATE INDEX IF NOT EXISTS activations_by_ns ON activations (namespace, start DESC);
       CREATE TABLE IF NOT EXISTS hosts (id TEXT PRIMARY KEY, doc TEXT NOT NULL, last_seen INTEGER NOT NULL);
+      CREATE TABLE IF NOT EXISTS versions (kind TEXT NOT NULL, namespace TEXT NOT NULL, name TEXT NOT NULL,
+                                           last INTEGER NOT NULL, PRIMARY KEY (kind, namespace, name));
     )");
   } catch (const std::exception &e) {
     *why = e.what();
@@ -163,6 +165,28 @@ std::vector<json> Store::list_docs(const std::string &table, const std::string &
   std::vector<json> out;
   while (q.step()) out.push_back(json::parse(q.text(0)));
   return out;
+}
+
+int64_t Store::next_version(const std::string &table, const std::string &ns, const std::string &name) {
+  check_table(table);
+  std::lock_guard<std::mutex> lk(mu_);
+  // A document stored before this table existed counts with its own version.
+  int64_t stored = 0;
+  {
+    Stmt q(db_, "SELECT doc FROM " + table + " WHERE namespace = ? AND name = ?");
+    q.bind(1, ns).bind(2, name);
+    if (q.step()) {
+      json doc = json::parse(q.text(0), nullptr, false);
+      if (doc.is_object() && doc.contains("version") && doc["version"].is_number_integer())
+        stored = doc["version"].get<int64_t>();
+    }
+  }
+  Stmt up(db_, "INSERT INTO versions (kind, namespace, name, last) VALUES (?, ?, ?, ?) "
+               "ON CONFLICT (kind, namespace, name) DO UPDATE SET last = MAX(last, excluded.last - 1) + 1 "
+               "RETURNING last");
+  up.bind(1, table).bind(2, ns).bind(3, name).bind(4, stored + 1);
+  if (!up.step()) throw std::runtime_error("sqlite: no version returned");
+  return std::stoll(up.text(0));
 }
 
 void Store::put_activation(const json &r) {

@@ -219,3 +219,43 @@ def test_warm_processes_serve_only_their_own_action(platform):
     platform.invoke("crash")
     status, again = platform.invoke("crash")
     assert "warm" not in starts(again), "a crashed process is not reused"
+
+
+def test_a_runtime_token_dies_with_its_instance(platform):
+    # `first` ends, and `second` (the next wave, same activation) tries first's token.
+    assert platform.deploy(APPS / "stale")[0] == 200
+    status, rec = platform.invoke("stale")
+    assert status == 200, rec
+    result = rec["response"]["result"]
+    assert result["status"] == 401 and "unknown or expired token" in result["error"], result
+    assert platform.call("GET", "/api/v1/namespaces/_/elements")[1] == []
+
+
+def redeploy_cycle(platform, tmp_path):
+    app = tmp_path / "again"
+    app.mkdir(exist_ok=True)
+    (app / "scad.yaml").write_text("name: again\nelements:\n  say: {kind: compute, code: say.py}\n")
+    seen = []
+    for word in ("one", "two"):
+        (app / "say.py").write_text(f"def main(args, action): return {{'said': '{word}'}}\n")
+        status, doc = platform.deploy(app)
+        assert status == 200, doc
+        status, rec = platform.invoke("again")
+        assert status == 200, rec
+        seen.append((doc["version"], rec["response"]["result"]["said"]))
+        assert platform.call("DELETE", "/api/v1/namespaces/_/apps/again")[0] == 200
+    return seen
+
+
+def test_deleting_and_deploying_again_never_runs_old_code(platform, tmp_path):
+    # The warm process of version 1 is still there when the new version 1 would have come.
+    assert redeploy_cycle(platform, tmp_path) == [(1, "one"), (2, "two")]
+
+
+def test_code_kept_on_the_host_is_removed_with_its_application(tmp_path):
+    p = Platform(tmp_path / "home", extra=["--sandbox", "off"])  # unsandboxed, the agent keeps code on disk
+    try:
+        assert redeploy_cycle(p, tmp_path) == [(1, "one"), (2, "two")]
+        assert not (p.home / "code" / "guest" / "apps" / "again").exists()
+    finally:
+        p.stop()
