@@ -347,6 +347,12 @@ void install_routes(httplib::Server &srv, Store &store, Engine &engine, ApiOptio
         !b.contains("cpus") || !b["cpus"].is_number() || !b.contains("pool") || !b["pool"].is_number_unsigned())
       return error(res, 400, "needs {\"id\", \"url\", \"cpus\", \"pool\"}");
     if (b.contains("rdma") && !b["rdma"].is_boolean()) return error(res, 400, "\"rdma\" must be true or false");
+    // The built-in host's id is never a remote agent's: registering it would replace it.
+    if (b["id"] == "local" || !valid_name(b["id"].get<std::string>()))
+      return error(res, 400, "host id '" + valid_utf8(b["id"].get<std::string>().substr(0, 64)) +
+                                 "' is reserved or not a name (letters, digits, '_', '.', '@', '-')");
+    if (!(b["cpus"].get<double>() >= 0 && b["cpus"].get<double>() <= 4096))
+      return error(res, 400, "\"cpus\" must be from 0 to 4096");
     bool rdma = b.value("rdma", false);
     std::lock_guard<std::mutex> lk(*hosts_mu);
     auto &known = (*hosts)[b["id"].get<std::string>()];

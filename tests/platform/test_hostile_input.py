@@ -6,6 +6,7 @@ import base64
 import http.server
 import json
 import threading
+import urllib.error
 import urllib.request
 
 import pytest
@@ -207,3 +208,18 @@ def test_an_agent_that_answers_nonsense_fails_the_activation_not_the_server(clus
             assert_alive(clustered)
     finally:
         server.shutdown()
+
+
+def test_the_built_in_host_cannot_be_replaced(clustered):
+    for body, why in [({"id": "local", "url": "http://127.0.0.1:9", "cpus": 512, "pool": 1 << 40}, "reserved"),
+                      ({"id": "../x", "url": "http://127.0.0.1:9", "cpus": 1, "pool": 1}, "not a name"),
+                      ({"id": "big", "url": "http://127.0.0.1:9", "cpus": 1e9, "pool": 1}, "cpus")]:
+        req = urllib.request.Request(clustered.url + "/api/v1/hosts/register", method="POST", data=json.dumps(body).encode())
+        req.add_header("Authorization", "Bearer " + clustered.token)
+        try:
+            urllib.request.urlopen(req, timeout=30)
+            raise AssertionError(f"{body} was accepted")
+        except urllib.error.HTTPError as e:
+            assert e.code == 400 and why in json.loads(e.read())["error"]
+    status, hosts = clustered.call("GET", "/api/v1/hosts")
+    assert [(h["id"], h["cpus"]) for h in hosts] == [("local", 2.0)]
