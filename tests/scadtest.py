@@ -62,6 +62,17 @@ class Memd:
 
 
 
+def wait_until(condition, timeout_s):
+    """Checks condition() every 10 ms until it is true (returns True) or timeout_s passes (False)."""
+    import time
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
 class Gate:
     """A rendezvous between a test and the actions it runs, over TCP: a sandboxed action sees none
     of the test's files (no FIFO can be shared), but it shares the host's network. An action

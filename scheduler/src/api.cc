@@ -151,6 +151,7 @@ void install_routes(httplib::Server &srv, Store &store, Engine &engine, ApiOptio
       bool finished = false;
       std::string id = table == "apps" ? engine.invoke_app(ns, *doc, params, wait, &record, &finished)
                                        : engine.invoke_action(ns, *doc, params, wait, &record, &finished);
+      if (id.empty()) return error(res, 429, record.value("error", "too many activations in flight"));
       invocation_reply(res, id, finished, record, req.get_param_value("result") == "true");
     };
   };
@@ -297,7 +298,12 @@ void install_routes(httplib::Server &srv, Store &store, Engine &engine, ApiOptio
     }
     Capacity cap = engine.capacity();
     cap.max_timeout_ms = opts.limits.timeout_ms.max;
-    auto problems = validate_manifest(manifest, files, cap, nullptr);
+    Manifest parsed;
+    auto problems = validate_manifest(manifest, files, cap, &parsed);
+    if (problems.empty() && widest_wave(parsed) > engine.quotas().instances)
+      problems.push_back("the application runs " + std::to_string(widest_wave(parsed)) +
+                         " compute instances side by side; a namespace may run " +
+                         std::to_string(engine.quotas().instances));
     if (auto mname = get_string(manifest, "name"); mname && *mname != name)
       problems.push_back("the manifest's name '" + *mname + "' differs from '" + name + "'");
     if (!problems.empty())

@@ -70,8 +70,8 @@ static std::string code_key(const std::shared_ptr<Activation> &act, const char *
          "-" + hash.substr(0, 16);
 }
 
-Engine::Engine(Store &store, std::string runtime_url, LimitRanges limits)
-    : store_(store), runtime_url_(std::move(runtime_url)), limits_(limits) {
+Engine::Engine(Store &store, std::string runtime_url, LimitRanges limits, Quotas quotas)
+    : store_(store), runtime_url_(std::move(runtime_url)), limits_(limits), quotas_(quotas) {
   watcher_ = std::thread([this] { watch_hosts(); });
 }
 
@@ -176,8 +176,16 @@ std::shared_ptr<HostAgent> Engine::host(int i) {
   return hosts_.at(size_t(i)).agent;
 }
 
-int Engine::place_memory(uint64_t size, int near, std::string *why) {
+int Engine::place_memory(const std::string &ns, uint64_t size, int near, std::string *why) {
   std::lock_guard<std::mutex> lk(mu_);
+  Usage &u = usage_[ns];
+  uint64_t counted = std::max(size, kElementMinBytes);
+  if (u.elements >= quotas_.elements || counted > quotas_.element_bytes - std::min(u.bytes, quotas_.element_bytes)) {
+    *why = "namespace '" + ns + "' is at its quota of memory elements (" + std::to_string(u.elements) + " of " +
+           std::to_string(quotas_.elements) + " elements, " + std::to_string(u.bytes) + " of " +
+           std::to_string(quotas_.element_bytes) + " bytes)";
+    return -1;
+  }
   auto free_of = [&](const HostState &h) {
     return h.agent->alive() && h.agent->pool_bytes() >= h.pool_used ? h.agent->pool_bytes() - h.pool_used : 0;
   };
@@ -193,12 +201,17 @@ int Engine::place_memory(uint64_t size, int near, std::string *why) {
     return -1;
   }
   hosts_[size_t(best)].pool_used += size;
+  u.elements++;
+  u.bytes += counted;
   return best;
 }
 
-void Engine::unplace_memory(int host, uint64_t size) {
+void Engine::unplace_memory(const std::string &ns, int host, uint64_t size) {
   std::lock_guard<std::mutex> lk(mu_);
   hosts_[size_t(host)].pool_used -= std::min(size, hosts_[size_t(host)].pool_used);
+  Usage &u = usage_[ns];
+  u.elements -= std::min<int64_t>(u.elements, 1);
+  u.bytes -= std::min(u.bytes, std::max(size, kElementMinBytes));
 }
 
 int Engine::place_compute(double cpu, int near) {
@@ -246,11 +259,19 @@ std::string Engine::start(std::shared_ptr<Activation> act, int64_t wait_ms, json
                  {"logs", json::array()},
                  {"annotations", json::array({{{"key", "kind"}, {"value", act->kind == "app" ? "scad:app" : "python:3"}},
                                               {{"key", "path"}, {"value", act->ns + "/" + act->name}}})}};
-  store_.put_activation(act->record);
   {
     std::lock_guard<std::mutex> lk(mu_);
+    Usage &u = usage_[act->ns];
+    if (u.activations >= quotas_.activations) {
+      *finished = false;
+      *record = {{"error", "namespace '" + act->ns + "' has its quota of " + std::to_string(quotas_.activations) +
+                               " activations in flight; try again when some have finished"}};
+      return "";
+    }
+    u.activations++;
     running_[act->id] = act;
   }
+  store_.put_activation(act->record);
   std::thread([this, act] {
     run(act);
     std::lock_guard<std::mutex> lk(mu_);
@@ -294,6 +315,11 @@ std::string Engine::invoke_action(const std::string &ns, const json &action, con
 }
 
 void Engine::finish(const std::shared_ptr<Activation> &act, const std::string &status, const json &result) {
+  {
+    // Before the caller can see the record: whoever it tells may invoke again at once.
+    std::lock_guard<std::mutex> lk(mu_);
+    usage_[act->ns].activations--;
+  }
   int64_t end = now_ms();
   std::lock_guard<std::mutex> lk(act->mu);
   act->record["end"] = end;
@@ -393,7 +419,7 @@ void Engine::run_app(const std::shared_ptr<Activation> &act) {
     }
     for (auto &p : placed) {
       host(p.host)->remove_element(p.id);
-      unplace_memory(p.host, p.size);
+      unplace_memory(act->ns, p.host, p.size);
     }
     std::lock_guard<std::mutex> lk(mu_);
     for (auto &t : act->tokens) tokens_.erase(t);
@@ -401,9 +427,9 @@ void Engine::run_app(const std::shared_ptr<Activation> &act) {
   for (auto &[name, d] : m.elements) {
     if (d.kind != "memory") continue;
     std::string id = act->id + "-" + name, why;
-    int h = place_memory(d.size, -1, &why);
+    int h = place_memory(act->ns, d.size, -1, &why);
     if (h >= 0 && host(h)->create_element(id, d.size, &why)) {
-      unplace_memory(h, d.size);
+      unplace_memory(act->ns, h, d.size);
       h = -1;
     }
     if (h < 0) {
@@ -610,7 +636,7 @@ void Engine::instance_failed(const std::shared_ptr<Activation> &act, const std::
     host(h)->revoke(grant, &why);  // an element already gone took its grants along
   for (auto &p : invoked) {
     host(p.host)->remove_element(p.id);
-    unplace_memory(p.host, p.size);
+    unplace_memory(act->ns, p.host, p.size);
   }
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -674,9 +700,9 @@ int Engine::runtime_invoke(const std::string &token, const std::string &aid, con
       return 409;
     }
   }
-  int h = place_memory(size, c.host, &why);
+  int h = place_memory(c.act->ns, size, c.host, &why);
   if (h >= 0 && host(h)->create_element(id, size, &why)) {
-    unplace_memory(h, size);
+    unplace_memory(c.act->ns, h, size);
     h = -1;
   }
   if (h < 0) {
@@ -686,7 +712,7 @@ int Engine::runtime_invoke(const std::string &token, const std::string &aid, con
   TransportGrant g;
   if (host(h)->grant(id, aid, 3, name, transport_between(h, c.host), &g, &why)) {
     host(h)->remove_element(id);
-    unplace_memory(h, size);
+    unplace_memory(c.act->ns, h, size);
     *reply = {{"error", why}};
     return 500;
   }
@@ -713,7 +739,7 @@ int Engine::runtime_release(const std::string &token, const std::string &aid, co
     c.act->runtime_elements.erase(it);
   }
   host(p.host)->remove_element(p.id);  // revokes the grant: the caller's connection closes at once
-  unplace_memory(p.host, p.size);
+  unplace_memory(c.act->ns, p.host, p.size);
   return 204;
 }
 

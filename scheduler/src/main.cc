@@ -4,6 +4,7 @@
 //               [--pool 4GiB] [--cpus N] [--prewarm 2] [--max-warm 16] [--keep-alive 60000]
 //               [--cluster-token-file FILE] [--no-local-agent] [--verbs auto|off|KEY=VALUE,...]
 //               [--action-limits timeout=MIN:MAX[:DEFAULT],memory=...,logs=...]
+//               [--quotas elements=N,memory=SIZE,activations=N,instances=N]  (per namespace)
 // With a cluster token, scad-agent processes on other hosts register and take elements too; with
 // --no-local-agent this process only schedules.
 //
@@ -35,7 +36,8 @@ namespace {
             << "usage: scad-server [--home DIR] [--host ADDR] [--port N] [--python PATH] [--pythonpath P]\n"
             << "                   [--pool SIZE] [--cpus N] [--prewarm N] [--max-warm N] [--keep-alive MS]\n"
             << "                   [--cluster-token-file FILE] [--no-local-agent] [--verbs auto|off|KEY=VALUE,...] [--cgroup auto|off] [--sandbox auto|on|off]\n"
-            << "                   [--action-limits timeout=MIN:MAX[:DEFAULT],memory=...,logs=... (ms, MB, MB)]\n";
+            << "                   [--action-limits timeout=MIN:MAX[:DEFAULT],memory=...,logs=... (ms, MB, MB)]\n"
+            << "                   [--quotas elements=N,memory=SIZE,activations=N,instances=N]\n";
   exit(2);
 }
 
@@ -77,6 +79,7 @@ int main(int argc, char **argv) {
   std::string cluster_token_file;
   bool local_agent = true;
   scad::LimitRanges limits;
+  scad::Quotas quotas;
   ao.python = "/usr/bin/python3";
   ao.cpus = double(std::max(1u, std::thread::hardware_concurrency()));
   for (int i = 1; i < argc; i++) {
@@ -99,7 +102,10 @@ int main(int argc, char **argv) {
     else if (a == "--sandbox") ao.sandbox = value();
     else if (a == "--max-warm") ao.max_warm = std::stoi(value());
     else if (a == "--keep-alive") ao.keep_alive_ms = std::stoll(value());
-    else if (a == "--action-limits") {
+    else if (a == "--quotas") {
+      std::string why;
+      if (!scad::parse_quotas(value(), &quotas, &why)) usage(why);
+    } else if (a == "--action-limits") {
       std::string why;
       if (!scad::parse_limit_ranges(value(), &limits, &why)) usage(why);
     }
@@ -143,7 +149,7 @@ int main(int argc, char **argv) {
     return 1;
   }
   std::string url = "http://" + host + ":" + std::to_string(bound);
-  scad::Engine engine(store, url, limits);
+  scad::Engine engine(store, url, limits, quotas);
   if (local_agent) engine.add_host(std::make_shared<scad::LocalHost>(agent));
   scad::ApiOptions api;
   api.limits = limits;

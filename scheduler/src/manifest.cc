@@ -307,4 +307,19 @@ std::vector<std::string> validate_manifest(const json &doc, const std::set<std::
   return p;
 }
 
+int64_t widest_wave(const Manifest &m) {
+  std::map<std::string, int> level;
+  std::map<int, int64_t> width;
+  for (auto &n : m.order) {  // parents come first
+    int l = 0;
+    if (m.parents.count(n))
+      for (auto &p : m.parents.at(n)) l = std::max(l, level[p] + 1);
+    level[n] = l;
+    width[l] += m.elements.at(n).parallelism;
+  }
+  int64_t widest = 0;
+  for (auto &[l, w] : width) widest = std::max(widest, w);
+  return widest;
+}
+
 }  // namespace scad
