@@ -132,6 +132,17 @@ json app_view(const json &doc) {
           {"updated", doc.value("updated", int64_t(0))}, {"manifest", doc["manifest"]}, {"files", files}};
 }
 
+void internal_error(const httplib::Request &, httplib::Response &res, std::exception_ptr ep) {
+  std::string what = "unknown";
+  try {
+    std::rethrow_exception(ep);
+  } catch (const std::exception &e) {
+    what = e.what();
+  } catch (...) {
+  }
+  error(res, 500, "internal error: " + valid_utf8(what));
+}
+
 }  // namespace
 
 void install_routes(httplib::Server &srv, Store &store, Engine &engine, ApiOptions opts) {
@@ -374,33 +385,29 @@ void install_routes(httplib::Server &srv, Store &store, Engine &engine, ApiOptio
     reply(res, 200, {{"registered", b["id"]}});
   });
 
+  srv.set_exception_handler(internal_error);
+}
+
+void install_runtime_routes(httplib::Server &srv, Engine &engine) {
+  srv.set_payload_max_length(1 << 20);
   // ---- the runtime endpoint for running actions (bearer token per compute instance) ----
   auto bearer = [](const httplib::Request &req) {
     std::string h = req.get_header_value("Authorization");
     return h.rfind("Bearer ", 0) == 0 ? h.substr(7) : std::string();
   };
-  srv.Post("/v1/actions/([^/]+)/elements", [&, bearer](const httplib::Request &req, httplib::Response &res) {
+  srv.Post("/v1/actions/([^/]+)/elements", [&engine, bearer](const httplib::Request &req, httplib::Response &res) {
     json body, out;
     if (!parse_body(req, res, &body, false)) return;
     int status = engine.runtime_invoke(bearer(req), req.matches[1], body, &out);
     reply(res, status, out);
   });
-  srv.Delete("/v1/actions/([^/]+)/elements/([^/]+)", [&, bearer](const httplib::Request &req, httplib::Response &res) {
+  srv.Delete("/v1/actions/([^/]+)/elements/([^/]+)", [&engine, bearer](const httplib::Request &req, httplib::Response &res) {
     json out;
     int status = engine.runtime_release(bearer(req), req.matches[1], req.matches[2], &out);
     reply(res, status, status == 204 ? json() : out);
   });
 
-  srv.set_exception_handler([](const httplib::Request &, httplib::Response &res, std::exception_ptr ep) {
-    std::string what = "unknown";
-    try {
-      std::rethrow_exception(ep);
-    } catch (const std::exception &e) {
-      what = e.what();
-    } catch (...) {
-    }
-    error(res, 500, "internal error: " + what);
-  });
+  srv.set_exception_handler(internal_error);
 }
 
 }  // namespace scad

@@ -19,4 +19,9 @@ struct ApiOptions {
 
 void install_routes(httplib::Server &srv, Store &store, Engine &engine, ApiOptions opts);
 
+// The runtime endpoint that running actions call (docs/runtime-endpoint.md), on a listener and
+// thread pool of its own: clients of the public API, however slow or many, cannot keep a running
+// action from growing or shrinking its memory.
+void install_runtime_routes(httplib::Server &srv, Engine &engine);
+
 }  // namespace scad

@@ -149,7 +149,16 @@ int main(int argc, char **argv) {
     return 1;
   }
   std::string url = "http://" + host + ":" + std::to_string(bound);
-  scad::Engine engine(store, url, limits, quotas);
+  // The runtime endpoint: same address, a port and a thread pool of its own.
+  httplib::Server runtime_srv;
+  runtime_srv.new_task_queue = [] { return new httplib::ThreadPool(16); };
+  int runtime_port = runtime_srv.bind_to_any_port(host);
+  if (runtime_port <= 0) {
+    std::cerr << "scad-server: cannot listen on " << host << " for the runtime endpoint\n";
+    return 1;
+  }
+  std::string runtime_url = "http://" + host + ":" + std::to_string(runtime_port);
+  scad::Engine engine(store, runtime_url, limits, quotas);
   if (local_agent) engine.add_host(std::make_shared<scad::LocalHost>(agent));
   scad::ApiOptions api;
   api.limits = limits;
@@ -161,24 +170,32 @@ int main(int argc, char **argv) {
     }
   }
   scad::install_routes(srv, store, engine, api);
+  scad::install_runtime_routes(runtime_srv, engine);
+  std::thread runtime_thread([&] { runtime_srv.listen_after_bind(); });
   for (auto &h : engine.host_info()) store.put_host(h);
   if (!write_wskprops(home, url, creds)) {
     std::cerr << "scad-server: " << home << "/wskprops has no AUTH and the key is only stored hashed; "
               << "remove " << home << "/scad.db to start afresh\n";
     return 1;
   }
-  std::ofstream(home + "/server.json") << "{\"pid\": " << getpid() << ", \"url\": \"" << url << "\"}\n";
+  std::ofstream(home + "/server.json") << "{\"pid\": " << getpid() << ", \"url\": \"" << url
+                                      << "\", \"runtime_url\": \"" << runtime_url << "\"}\n";
   std::cout << "scad: platform up at " << url << " (state in " << home << "; credentials in " << home
             << "/wskprops)" << (lost ? "; " + std::to_string(lost) + " unfinished activation(s) marked failed" : "")
+            << (!local_agent || agent.sandboxed() ? "" : "; compute processes NOT sandboxed: " + agent.sandbox_off_reason())
+            << (!local_agent || agent.limits() ? "" : "; no cgroup limits: " + agent.limits_off_reason())
             << std::endl;
 
   std::thread signals([&] {
     int sig;
     sigwait(&sigs, &sig);
     srv.stop();
+    runtime_srv.stop();
   });
   signals.detach();
   srv.listen_after_bind();
+  runtime_srv.stop();
+  runtime_thread.join();
   unlink((home + "/server.json").c_str());
   return 0;
 }

@@ -5,13 +5,15 @@ nested or expanded past any reason, an agent that answers nonsense. Each must ge
 import base64
 import http.server
 import json
+import pathlib
+import socket
 import threading
 import urllib.error
 import urllib.request
 
 import pytest
 
-from scadtest import Platform, cluster_token
+from scadtest import Gate, Platform, cluster_token
 
 ACTIONS = "/api/v1/namespaces/_/actions"
 
@@ -223,3 +225,40 @@ def test_the_built_in_host_cannot_be_replaced(clustered):
             assert e.code == 400 and why in json.loads(e.read())["error"]
     status, hosts = clustered.call("GET", "/api/v1/hosts")
     assert [(h["id"], h["cpus"]) for h in hosts] == [("local", 2.0)]
+
+
+def test_slow_clients_of_the_api_cannot_keep_actions_from_the_runtime_endpoint(platform):
+    assert platform.deploy(pathlib.Path(__file__).parent / "apps" / "grower")[0] == 200
+    gate = Gate()
+    slow = []
+    try:
+        status, body = platform.invoke("grower", {"gate": gate.address}, blocking=False)
+        assert status == 202
+        conn, = gate.wait_arrivals(1)
+        host, port = platform.url.split("//")[1].split(":")
+        for _ in range(40):  # more than the API's threads, each a request that never ends
+            s = socket.create_connection((host, int(port)), timeout=10)
+            s.sendall(b"GET /api/v1 HTTP/1.1\r\nHost: x\r\n")
+            slow.append(s)
+        stop = threading.Event()
+
+        def trickle():  # a header line a second: no read timeout ever fires
+            while not stop.wait(1):
+                for s in slow:
+                    try:
+                        s.sendall(b"X-Slow: 1\r\n")
+                    except OSError:
+                        pass
+
+        threading.Thread(target=trickle, daemon=True).start()
+        conn.sendall(b"go\n")
+        conn.settimeout(30)
+        said = conn.makefile().readline()
+        assert said.startswith("ok "), said
+        assert int(said.split()[1]) < 5000, said
+    finally:
+        if slow:
+            stop.set()
+        for s in slow:
+            s.close()
+        gate.close()

@@ -84,7 +84,11 @@ def test_authentication_and_namespaces(platform):
     assert oct(os.stat(platform.home / "wskprops").st_mode & 0o777) == "0o600"
     # The runtime endpoint refuses callers without a live token.
     req_status, body = platform.call("POST", "/v1/actions/anyone/elements", {"template": "t", "name": "n"}, auth="")
-    assert req_status == 401
+    assert req_status == 404, "the runtime endpoint has a listener of its own"
+    runtime = Platform.__new__(Platform)
+    runtime.url, runtime.auth = json.loads((platform.home / "server.json").read_text())["runtime_url"], ""
+    req_status, body = runtime.call("POST", "/v1/actions/anyone/elements", {"template": "t", "name": "n"})
+    assert req_status == 401 and "unknown or expired token" in body["error"]
 
 
 def test_a_crashing_compute_element_fails_the_activation_and_frees_everything(platform):
