@@ -231,6 +231,7 @@ def test_slow_clients_of_the_api_cannot_keep_actions_from_the_runtime_endpoint(p
     assert platform.deploy(pathlib.Path(__file__).parent / "apps" / "grower")[0] == 200
     gate = Gate()
     slow = []
+    stop = threading.Event()
     try:
         status, body = platform.invoke("grower", {"gate": gate.address}, blocking=False)
         assert status == 202
@@ -240,7 +241,6 @@ def test_slow_clients_of_the_api_cannot_keep_actions_from_the_runtime_endpoint(p
             s = socket.create_connection((host, int(port)), timeout=10)
             s.sendall(b"GET /api/v1 HTTP/1.1\r\nHost: x\r\n")
             slow.append(s)
-        stop = threading.Event()
 
         def trickle():  # a header line a second: no read timeout ever fires
             while not stop.wait(1):
@@ -257,8 +257,7 @@ def test_slow_clients_of_the_api_cannot_keep_actions_from_the_runtime_endpoint(p
         assert said.startswith("ok "), said
         assert int(said.split()[1]) < 5000, said
     finally:
-        if slow:
-            stop.set()
+        stop.set()
         for s in slow:
             s.close()
         gate.close()
