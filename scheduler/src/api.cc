@@ -147,6 +147,17 @@ void internal_error(const httplib::Request &, httplib::Response &res, std::excep
 
 void install_routes(httplib::Server &srv, Store &store, Engine &engine, ApiOptions opts) {
   srv.set_payload_max_length(opts.max_body);
+  // Credentials before the body: a request that carries one (up to max_body) is authenticated
+  // from its headers before a byte of it is read, so strangers cannot make the server read
+  // 64 MiB each. (The pre-routing handler runs before httplib reads the content.)
+  srv.set_pre_routing_handler([&store](const httplib::Request &req, httplib::Response &res) {
+    bool has_body = req.has_header("Content-Length") && req.get_header_value("Content-Length") != "0";
+    bool chunked = req.get_header_value("Transfer-Encoding").find("chunked") != std::string::npos;
+    if ((!has_body && !chunked) || req.path.rfind("/api/v1/namespaces/", 0) != 0) return httplib::Server::HandlerResponse::Unhandled;
+    if (!authenticate(store, req, res).empty()) return httplib::Server::HandlerResponse::Unhandled;
+    res.set_header("Connection", "close");  // the unread body must not be taken for a request
+    return httplib::Server::HandlerResponse::Handled;
+  });
   const std::string NS = "/api/v1/namespaces/([^/]+)";
 
   // POST to an action or an application: the same OpenWhisk semantics for both.

@@ -186,15 +186,21 @@ int main(int argc, char **argv) {
             << (!local_agent || agent.limits() ? "" : "; no cgroup limits: " + agent.limits_off_reason())
             << std::endl;
 
+  // stop() does nothing to a server that has not begun to listen yet: a signal that comes right
+  // after the banner waits for that (bounded) before it stops the server.
+  auto stop_server = [](httplib::Server &s) {
+    for (int i = 0; i < 5000 && !s.is_running(); i++) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    s.stop();
+  };
   std::thread signals([&] {
     int sig;
     sigwait(&sigs, &sig);
-    srv.stop();
-    runtime_srv.stop();
+    stop_server(srv);
+    stop_server(runtime_srv);
   });
   signals.detach();
   srv.listen_after_bind();
-  runtime_srv.stop();
+  stop_server(runtime_srv);
   runtime_thread.join();
   unlink((home + "/server.json").c_str());
   return 0;

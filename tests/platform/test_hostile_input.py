@@ -261,3 +261,15 @@ def test_slow_clients_of_the_api_cannot_keep_actions_from_the_runtime_endpoint(p
         for s in slow:
             s.close()
         gate.close()
+
+
+def test_a_body_without_credentials_is_not_read(platform):
+    host, port = platform.url.split("//")[1].split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        # 60 MB announced, none sent: the answer must come from the headers alone.
+        s.sendall(b"PUT /api/v1/namespaces/_/apps/x HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Authorization: Basic bm9ib2R5Om5vdGhpbmc=\r\nContent-Length: 60000000\r\n\r\n")
+        reply = s.recv(4096).decode(errors="replace")
+        assert reply.startswith("HTTP/1.1 401"), reply
+        assert "authentication is invalid" in reply
+    assert_alive(platform)
