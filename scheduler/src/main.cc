@@ -195,8 +195,7 @@ int main(int argc, char **argv) {
   std::thread signals([&] {
     int sig;
     sigwait(&sigs, &sig);
-    stop_server(srv);
-    stop_server(runtime_srv);
+    stop_server(srv);  // main then stops the runtime endpoint
   });
   signals.detach();
   srv.listen_after_bind();
