@@ -1,5 +1,6 @@
 #include "agent.h"
 
+#include <fcntl.h>
 #include <ftw.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -25,7 +26,32 @@ using nlohmann::json;
 
 Agent::Agent(AgentOptions opts) : opts_(std::move(opts)) {}
 
+int safe_home(const std::string &home, std::string *why) {
+  if (mkdir(home.c_str(), 0700) != 0 && errno != EEXIST) {
+    *why = "cannot create " + home + ": " + strerror(errno);
+    return -errno;
+  }
+  // Whoever can write the home can plant code the agent runs, or sockets it trusts.
+  struct stat st;
+  if (lstat(home.c_str(), &st) != 0) {
+    *why = "cannot examine " + home + ": " + strerror(errno);
+    return -errno;
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    *why = "refusing the home " + home + ": it is not a directory (a link?)";
+    return -ENOTDIR;
+  }
+  if (st.st_uid != geteuid() || (st.st_mode & 022)) {
+    *why = "refusing the home " + home + ": it belongs to uid " + std::to_string(st.st_uid) + " with mode " +
+           std::to_string((st.st_mode >> 6) & 7) + std::to_string((st.st_mode >> 3) & 7) + std::to_string(st.st_mode & 7) +
+           "; it must be this process's own (uid " + std::to_string(geteuid()) + ") and writable by nobody else";
+    return -EPERM;
+  }
+  return 0;
+}
+
 int Agent::start(std::string *why) {
+  if (int rc = safe_home(opts_.home, why)) return rc;
   std::string run = opts_.home + "/run";
   mkdir(run.c_str(), 0700);
   server_.set_capacity(opts_.pool_bytes);
@@ -152,33 +178,51 @@ static std::string now_iso() {
 
 std::string Agent::materialize(const std::string &key, const json &files, std::string *why) {
   for (char c : key)
-    if (!isalnum(static_cast<unsigned char>(c)) && c != '/' && c != '-' && c != '_' && c != '.') {
+    if (!isalnum(static_cast<unsigned char>(c)) && c != '/' && c != '-' && c != '_' && c != '.' && c != '@') {
       *why = "bad code key '" + key + "'";
       return "";
     }
-  if (key.find("..") != std::string::npos) {
+  if (key.find("..") != std::string::npos || key.empty() || key.front() == '/') {
     *why = "bad code key '" + key + "'";
     return "";
   }
   std::string dir = opts_.home + "/code/" + key;
   std::lock_guard<std::mutex> lk(code_mu_);
   struct stat st;
-  if (stat((dir + "/.complete").c_str(), &st) == 0) return dir;  // a version's files never change
+  if (lstat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) return dir;  // a version's files never change
   auto mkdirs = [](const std::string &path) {
     for (size_t i = 1; i <= path.size(); i++)
       if (i == path.size() || path[i] == '/') mkdir(path.substr(0, i).c_str(), 0700);
   };
-  mkdirs(dir);
+  // Written into a fresh folder, renamed into place when complete: a crash halfway leaves no
+  // version that looks whole. The home is the agent's own (safe_home), so nobody plants links.
+  mkdirs(opts_.home + "/code/.new");
+  std::string fresh = opts_.home + "/code/.new/XXXXXX";
+  if (!mkdtemp(fresh.data())) {
+    *why = "cannot make a folder for code: " + std::string(strerror(errno));
+    return "";
+  }
   for (auto &[name, content] : files.items()) {
     if (name.empty() || name[0] == '/' || name.find("..") != std::string::npos || !content.is_string()) {
       *why = "bad file '" + name + "'";
       return "";
     }
-    std::string path = dir + "/" + name;
+    std::string path = fresh + "/" + name;
     mkdirs(path.substr(0, path.rfind('/')));
-    std::ofstream(path, std::ios::binary) << content.get<std::string>();
+    int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0400);
+    const std::string &text = content.get_ref<const std::string &>();
+    bool ok = fd >= 0 && write(fd, text.data(), text.size()) == ssize_t(text.size());
+    if (fd >= 0) close(fd);
+    if (!ok) {
+      *why = "cannot write code file '" + name + "': " + strerror(errno);
+      return "";
+    }
   }
-  std::ofstream(dir + "/.complete") << "";
+  mkdirs(dir.substr(0, dir.rfind('/')));
+  if (rename(fresh.c_str(), dir.c_str()) != 0) {
+    *why = "cannot put code in place: " + std::string(strerror(errno));
+    return "";
+  }
   return dir;
 }
 

@@ -73,6 +73,10 @@ struct ComputeOutcome {
   std::string start;          // warm | prewarmed | cold
 };
 
+// Creates home (0700) if missing, and refuses one that is not a directory of this process's own
+// uid that nobody else can write. 0 or -errno with *why.
+int safe_home(const std::string &home, std::string *why);
+
 class Agent {
  public:
   explicit Agent(AgentOptions opts);

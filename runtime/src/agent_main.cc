@@ -39,7 +39,11 @@ int main(int argc, char **argv) {
   scad::AgentOptions ao;
   ao.python = "/usr/bin/python3";
   ao.cpus = double(std::max(1u, std::thread::hardware_concurrency()));
-  std::string scheduler, token_file, home = "/tmp/scad-agent";
+  // The default home is the agent's own: /var/lib/scad-agent as root, ~/.scad-agent otherwise
+  // (never a shared folder such as /tmp, where another user could make it first).
+  const char *user_home = getenv("HOME");
+  std::string scheduler, token_file,
+      home = geteuid() == 0 ? "/var/lib/scad-agent" : std::string(user_home ? user_home : "/nonexistent") + "/.scad-agent";
   int port = 0;
   char hostname[256] = "agent";
   gethostname(hostname, sizeof hostname - 1);
@@ -70,7 +74,6 @@ int main(int argc, char **argv) {
   std::string token;
   std::getline(std::ifstream(token_file), token);
   if (token.size() < 16) usage("the cluster token in " + token_file + " is missing or too short");
-  mkdir(home.c_str(), 0700);
   ao.home = home;
 
   sigset_t sigs;

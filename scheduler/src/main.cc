@@ -113,8 +113,8 @@ int main(int argc, char **argv) {
       if (!libd::parse_size(value(), &ao.pool_bytes)) usage("--pool takes a size such as 4GiB");
     } else usage("unknown argument '" + a + "'");
   }
-  if (mkdir(home.c_str(), 0700) != 0 && errno != EEXIST) {
-    std::cerr << "scad-server: cannot create " << home << ": " << strerror(errno) << "\n";
+  if (std::string why; scad::safe_home(home, &why)) {
+    std::cerr << "scad-server: " << why << "\n";
     return 1;
   }
   ao.home = home;

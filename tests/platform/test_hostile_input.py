@@ -273,3 +273,27 @@ def test_a_body_without_credentials_is_not_read(platform):
         assert reply.startswith("HTTP/1.1 401"), reply
         assert "authentication is invalid" in reply
     assert_alive(platform)
+
+
+@pytest.mark.parametrize("make", ["open to all", "a link", "another user's"])
+def test_a_home_others_could_plant_code_in_is_refused(tmp_path, make):
+    import os
+    import subprocess
+    import sys
+
+    from scadtest import SERVER
+    home = tmp_path / "home"
+    if make == "open to all":
+        home.mkdir()
+        home.chmod(0o777)
+    elif make == "a link":
+        (tmp_path / "elsewhere").mkdir(mode=0o700)
+        home.symlink_to(tmp_path / "elsewhere")
+    else:
+        if os.geteuid() != 0:
+            pytest.skip("making a folder of another uid needs root")
+        home.mkdir(mode=0o700)
+        os.chown(home, 65534, 65534)
+    p = subprocess.run([str(SERVER), "--home", str(home), "--port", "0", "--python", sys.executable],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode != 0 and "refusing the home" in p.stderr, p.stderr
