@@ -160,15 +160,27 @@ void install_routes(httplib::Server &srv, Store &store, Engine &engine, ApiOptio
   });
   const std::string NS = "/api/v1/namespaces/([^/]+)";
 
-  // POST to an action or an application: the same OpenWhisk semantics for both.
-  auto invoke_route = [&, opts](const std::string &table) {
-    return [&, opts, table](const httplib::Request &req, httplib::Response &res) {
+  // POST to an action or an application: the same OpenWhisk semantics for both. A blocking invoke
+  // holds one of the server's threads while it waits: at most max_blocking_waits do, and the
+  // others are answered at once with the activation id (202), as OpenWhisk does when its wait ends.
+  auto waiting = std::make_shared<std::atomic<int>>(0);
+  auto invoke_route = [&, opts, waiting](const std::string &table) {
+    return [&, opts, table, waiting](const httplib::Request &req, httplib::Response &res) {
       std::string ns = authorize(store, req, res, req.matches[1]);
       json params;
       if (ns.empty() || !parse_body(req, res, &params)) return;
       auto doc = store.get_doc(table, ns, req.matches[2]);
       if (!doc) return error(res, 404, "The requested resource does not exist.");
       int64_t wait = req.get_param_value("blocking") == "true" ? opts.blocking_wait_ms : 0;
+      if (wait && waiting->fetch_add(1) >= opts.max_blocking_waits) {
+        waiting->fetch_sub(1);
+        wait = 0;
+      }
+      struct Done {
+        std::atomic<int> *n;
+        bool counted;
+        ~Done() { if (counted) n->fetch_sub(1); }
+      } done{waiting.get(), wait > 0};
       json record;
       bool finished = false;
       std::string id = table == "apps" ? engine.invoke_app(ns, *doc, params, wait, &record, &finished)

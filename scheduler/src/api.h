@@ -12,6 +12,7 @@ namespace scad {
 
 struct ApiOptions {
   int64_t blocking_wait_ms = 60000;  // OpenWhisk's: a blocking invoke answers 202 after this
+  int max_blocking_waits = 16;       // blocking invokes waiting at once (of the server's 32 threads)
   size_t max_body = 64ull << 20;     // an application's files, inline
   std::string cluster_token;         // what agents of other hosts present; "" = none may register
   LimitRanges limits;                // what an action's limits may be (scad-server --action-limits)

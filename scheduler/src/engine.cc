@@ -1,5 +1,9 @@
 #include "engine.h"
 
+#include <httplib.h>
+
+#include <latch>
+
 #include <algorithm>
 #include <chrono>
 #include <fstream>
@@ -71,7 +75,8 @@ static std::string code_key(const std::shared_ptr<Activation> &act, const char *
 }
 
 Engine::Engine(Store &store, std::string runtime_url, LimitRanges limits, Quotas quotas)
-    : store_(store), runtime_url_(std::move(runtime_url)), limits_(limits), quotas_(quotas) {
+    : store_(store), runtime_url_(std::move(runtime_url)), limits_(limits), quotas_(quotas),
+      instance_pool_(std::make_unique<httplib::ThreadPool>(kInstanceThreads)) {
   watcher_ = std::thread([this] { watch_hosts(); });
 }
 
@@ -84,6 +89,7 @@ Engine::~Engine() {
   }
   stop_cv_.notify_all();
   watcher_.join();
+  instance_pool_->shutdown();
 }
 
 void Engine::watch_hosts() {
@@ -463,12 +469,14 @@ void Engine::run_app(const std::shared_ptr<Activation> &act) {
     for (auto &n : m.order)
       if (level[n] == l)
         for (int i = 0; i < m.elements.at(n).parallelism; i++) runs.push_back({n, i, {}});
-    std::vector<std::thread> threads;
+    // The wave's instances run on the shared instance pool (bounded threads); this activation's
+    // thread waits for all of them.
+    std::latch wave_done(std::ptrdiff_t(runs.size()));
     for (auto &r : runs) {
       json parents = json::object();
       for (auto &p : m.parents.count(r.element) ? m.parents.at(r.element) : std::vector<std::string>{})
         parents[p] = results.at(p);
-      threads.emplace_back([this, &act, rp = &r, parents = std::move(parents)] {
+      instance_pool_->enqueue([this, &act, &wave_done, rp = &r, parents = std::move(parents)] {
         try {
           rp->outcome = run_instance(act, rp->element, rp->instance, parents);
         } catch (const std::exception &e) {
@@ -476,9 +484,10 @@ void Engine::run_app(const std::shared_ptr<Activation> &act) {
           rp->outcome.status = "whisk internal error";
           rp->outcome.error = {{"type", "InternalError"}, {"message", "the scheduler failed: " + valid_utf8(e.what())}};
         }
+        wave_done.count_down();
       });
     }
-    for (auto &t : threads) t.join();
+    wave_done.wait();
     for (auto &r : runs) {
       std::string tag = r.element + "#" + std::to_string(r.instance);
       {

@@ -19,9 +19,17 @@
 #include "quotas.h"
 #include "store.h"
 
+namespace httplib {
+class ThreadPool;
+}
+
 namespace scad {
 
 struct Activation;
+
+// Compute instances of applications run on a pool of this many threads, shared by every activation
+// (an instance mostly waits: for cpu, for its process); more wait their turn in the queue.
+constexpr size_t kInstanceThreads = 64;
 
 class Engine {
  public:
@@ -105,6 +113,7 @@ class Engine {
     uint64_t bytes = 0;
   };
   std::map<std::string, Usage> usage_;  // per namespace, under mu_
+  std::unique_ptr<httplib::ThreadPool> instance_pool_;
   std::mutex mu_;
   std::condition_variable cpu_cv_;
   std::vector<HostState> hosts_;

@@ -78,3 +78,73 @@ def test_an_application_wider_than_the_instance_quota_is_refused(tmp_path):
         assert p.deploy(app)[0] == 200  # one after the other: 4 at most at once
     finally:
         p.stop()
+
+
+def server_threads(p):
+    with open(f"/proc/{p.proc.pid}/status") as f:
+        return int(next(line for line in f if line.startswith("Threads:")).split()[1])
+
+
+def test_a_wide_application_runs_on_a_bounded_number_of_threads(platform, tmp_path):
+    import threading
+    app = tmp_path / "wide"
+    app.mkdir()
+    (app / "w.py").write_text("def main(args, action): return args['_instance']\n")
+    (app / "scad.yaml").write_text("name: wide\nelements:\n  w: {kind: compute, code: w.py, parallelism: 160}\n")
+    assert platform.deploy(app)[0] == 200
+    peak, stop = [0], threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            peak[0] = max(peak[0], server_threads(platform))
+            stop.wait(0.005)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        status, rec = platform.invoke("wide")
+    finally:
+        stop.set()
+        sampler.join()
+    assert status == 200 and sorted(rec["response"]["result"]["result"]) == list(range(160)), rec["response"]
+    # 32 API + 16 runtime endpoint + 64 instance threads, and a few of the platform's own.
+    assert peak[0] < 140, peak[0]
+
+
+def test_blocking_invokes_past_the_cap_are_answered_at_once(platform):
+    import threading
+    assert platform.deploy(APPS / "slow")[0] == 200
+    gate = Gate()
+    answers, lock = [], threading.Lock()
+
+    def invoke():
+        status, body = platform.invoke("slow", {"gate": gate.address})
+        with lock:
+            answers.append(status)
+
+    callers = [threading.Thread(target=invoke) for _ in range(20)]
+    for c in callers:
+        c.start()
+    try:
+        # 16 callers wait for their activations; the other 4 have their ids at once.
+        assert wait_until(lambda: len(answers) == 4, 30), answers
+        assert answers == [202] * 4
+        releasing = threading.Event()
+
+        def release_all():  # every activation that arrives may end at once
+            while not releasing.is_set():
+                try:
+                    gate.wait_arrivals(1, timeout=0.2)
+                except OSError:
+                    continue
+                gate.open()
+
+        releaser = threading.Thread(target=release_all)
+        releaser.start()
+        for c in callers:
+            c.join(120)
+        releasing.set()
+        releaser.join()
+        assert sorted(answers) == [200] * 16 + [202] * 4, answers
+    finally:
+        gate.close()
