@@ -102,7 +102,10 @@ int main(int argc, char **argv) {
   std::atomic<bool> stop{false}, registered{false};
   std::thread heartbeat([&] {
     nlohmann::json me = {{"id", ao.host_id}, {"url", url}, {"cpus", ao.cpus}, {"pool", ao.pool_bytes},
-                         {"rdma", agent.rdma()}, {"rdma_device", agent.rdma_device()}, {"limits", agent.limits()}};
+                         {"rdma", agent.rdma()}, {"rdma_device", agent.rdma_device()}, {"limits", agent.limits()},
+                         {"sandbox", agent.sandboxed()}};
+    if (!agent.limits()) me["cgroup_limits_off"] = agent.limits_off_reason();
+    if (!agent.sandboxed()) me["sandbox_off"] = agent.sandbox_off_reason();
     while (!stop) {
       httplib::Client c(scheduler);
       c.set_connection_timeout(2);

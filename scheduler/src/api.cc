@@ -401,6 +401,11 @@ void install_routes(httplib::Server &srv, Store &store, Engine &engine, ApiOptio
     } else {
       known = std::make_shared<RemoteHost>(b["id"], b["url"], b["cpus"].get<double>(), b["pool"].get<uint64_t>(), rdma,
                                            opts.cluster_token);
+      json isolation = {{"sandbox", get_bool(b, "sandbox").value_or(false)},
+                        {"cgroup_limits", get_bool(b, "limits").value_or(false)}};
+      for (const char *why : {"sandbox_off", "cgroup_limits_off"})
+        if (auto w = get_string(b, why)) isolation[why] = valid_utf8(w->substr(0, 200));
+      known->set_isolation(isolation);
       engine.add_host(known);
       store.put_host({{"id", b["id"]}, {"url", b["url"]}, {"cpus", b["cpus"]}, {"memory_pool", b["pool"]},
                       {"rdma", rdma}, {"rdma_device", get_string(b, "rdma_device").value_or("")}});

@@ -784,7 +784,8 @@ json Engine::host_info() {
   for (auto &h : hosts_)
     out.push_back({{"id", h.agent->id()}, {"cpus", h.agent->cpus()}, {"cpus_free", h.cpu_free},
                    {"memory_pool", h.agent->pool_bytes()}, {"memory_pool_used", h.pool_used},
-                   {"rdma", h.agent->rdma()}, {"state", h.agent->alive() ? "up" : "down"}});
+                   {"rdma", h.agent->rdma()}, {"state", h.agent->alive() ? "up" : "down"},
+                   {"isolation", h.agent->isolation()}});
   return out;
 }
 

@@ -35,6 +35,9 @@ class HostAgent {
   virtual bool alive() const { return true; }
   // Whether its memory pool serves RDMA verbs.
   virtual bool rdma() const = 0;
+  // How its compute processes are confined: {"sandbox": bool, "cgroup_limits": bool, and the
+  // reasons when either is off}, as GET /api/v1/hosts shows it.
+  virtual json isolation() const = 0;
 };
 
 // The agent of this process.
@@ -57,6 +60,12 @@ class LocalHost : public HostAgent {
   ComputeOutcome run_compute(const ComputeSpec &spec) override { return a_.run_compute(spec); }
   int notify(const std::string &aid, const json &notice) override { return a_.notify(aid, notice); }
   void remove_code(const std::string &prefix) override { a_.remove_code(prefix); }
+  json isolation() const override {
+    json j = {{"sandbox", a_.sandboxed()}, {"cgroup_limits", a_.limits()}};
+    if (!a_.sandboxed()) j["sandbox_off"] = a_.sandbox_off_reason();
+    if (!a_.limits()) j["cgroup_limits_off"] = a_.limits_off_reason();
+    return j;
+  }
 
  private:
   Agent &a_;

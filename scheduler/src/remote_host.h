@@ -20,6 +20,8 @@ class RemoteHost : public HostAgent {
   uint64_t pool_bytes() const override { return pool_; }
   bool alive() const override;
   bool rdma() const override { return rdma_; }
+  json isolation() const override { return isolation_; }
+  void set_isolation(json j) { isolation_ = std::move(j); }
   void heartbeat();
 
   int create_element(const std::string &id, uint64_t size, std::string *why) override;
@@ -38,6 +40,7 @@ class RemoteHost : public HostAgent {
   bool rdma_;
   std::string token_;
   std::atomic<int64_t> last_seen_ms_{0};
+  json isolation_ = json::object();  // as the agent reported it when it registered
 };
 
 }  // namespace scad

@@ -124,6 +124,7 @@ def test_compute_on_one_host_reaches_memory_on_another_over_tcp(hosts):
     platform, names = hosts
     status, listed = in_ns(names["s"], platform, "GET", "/api/v1/hosts")
     assert status == 200 and sorted(h["id"] for h in listed) == ["host-a", "host-b"]
+    assert all(h["isolation"]["sandbox"] for h in listed), listed  # as each agent reported it
     app = pathlib.Path(__file__).parent / "app"
     status, body = in_ns(names["s"], platform, "PUT", "/api/v1/namespaces/_/apps/across",
                          {"manifest": (app / "scad.yaml").read_text(), "files": {"use.py": (app / "use.py").read_text()}})

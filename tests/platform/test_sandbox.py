@@ -60,6 +60,9 @@ def run(platform, name, args, code=PROBE, **extra):
 
 def test_an_action_sees_nothing_of_the_platform_and_runs_as_its_namespace(platform):
     assert "NOT sandboxed" not in platform.banner, platform.banner
+    status, hosts = platform.call("GET", "/api/v1/hosts")
+    assert hosts[0]["isolation"]["sandbox"] is True, hosts
+    assert hosts[0]["isolation"]["cgroup_limits"] or hosts[0]["isolation"]["cgroup_limits_off"], hosts
     status, rec = run(platform, "probe", {"home": str(platform.home), "tag": "a"})
     assert status == 200, rec
     found = rec["response"]["result"]
