@@ -1,6 +1,7 @@
 // scad-agent: a host agent on its own, for hosts other than the scheduler's. It serves the
-// host's memory pool and compute processes to the scheduler over HTTP (bearer: the cluster
-// token), registers itself and heartbeats every 2 s.
+// host's memory pool and compute processes to the scheduler over HTTP (bearer: the token it
+// registered with: its own host key "ID:SECRET", or the cluster token), registers itself and
+// heartbeats every 2 s.
 //
 //   scad-agent --scheduler http://ADDR:PORT --address ADDR --token-file FILE [--id NAME]
 //              [--port 0] [--home DIR] [--python PATH] [--pythonpath P] [--pool 4GiB] [--cpus N]
@@ -45,6 +46,7 @@ int main(int argc, char **argv) {
   std::string scheduler, token_file,
       home = geteuid() == 0 ? "/var/lib/scad-agent" : std::string(user_home ? user_home : "/nonexistent") + "/.scad-agent";
   int port = 0;
+  bool id_given = false;
   char hostname[256] = "agent";
   gethostname(hostname, sizeof hostname - 1);
   ao.host_id = hostname;
@@ -57,7 +59,7 @@ int main(int argc, char **argv) {
     if (a == "--scheduler") scheduler = value();
     else if (a == "--address") ao.tcp_host = value();
     else if (a == "--token-file") token_file = value();
-    else if (a == "--id") ao.host_id = value();
+    else if (a == "--id") ao.host_id = value(), id_given = true;
     else if (a == "--port") port = std::stoi(value());
     else if (a == "--home") home = value();
     else if (a == "--python") ao.python = value();
@@ -74,6 +76,12 @@ int main(int argc, char **argv) {
   std::string token;
   std::getline(std::ifstream(token_file), token);
   if (token.size() < 16) usage("the cluster token in " + token_file + " is missing or too short");
+  // A host key ("ID:SECRET", from `scad host key ID`) names the host it belongs to.
+  if (auto colon = token.find(':'); colon != std::string::npos) {
+    std::string key_id = token.substr(0, colon);
+    if (id_given && key_id != ao.host_id) usage("--id " + ao.host_id + " differs from the id of the host key, " + key_id);
+    ao.host_id = key_id;
+  }
   ao.home = home;
 
   sigset_t sigs;

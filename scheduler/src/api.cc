@@ -5,6 +5,7 @@
 #include <set>
 
 #include "action_limits.h"
+#include "host_keys.h"
 #include "proto/auth.h"
 #include "remote_host.h"
 #include "safe_json.h"
@@ -377,12 +378,19 @@ void install_routes(httplib::Server &srv, Store &store, Engine &engine, ApiOptio
   // ---- agents of other hosts register (and heartbeat) with the cluster token ----
   auto hosts = std::make_shared<std::map<std::string, std::shared_ptr<RemoteHost>>>();
   auto hosts_mu = std::make_shared<std::mutex>();
-  srv.Post("/api/v1/hosts/register", [&, opts, hosts, hosts_mu](const httplib::Request &req, httplib::Response &res) {
+  auto keys = opts.host_keys.empty() ? nullptr : std::make_shared<HostKeys>(opts.host_keys);
+  srv.Post("/api/v1/hosts/register", [&, opts, hosts, hosts_mu, keys](const httplib::Request &req, httplib::Response &res) {
     std::string h = req.get_header_value("Authorization");
-    if (opts.cluster_token.empty() || h.rfind("Bearer ", 0) != 0 || !libd::proto::macs_equal(h.substr(7), opts.cluster_token))
+    std::string bearer = h.rfind("Bearer ", 0) == 0 ? h.substr(7) : "";
+    bool cluster = !opts.cluster_token.empty() && libd::proto::macs_equal(bearer, opts.cluster_token);
+    if (!cluster && !keys)
       return error(res, 401, "registering a host needs the cluster token (scad-server --cluster-token-file)");
     json b;
     if (!parse_body(req, res, &b, false)) return;
+    // With per-host keys, a key registers its own id and no other.
+    if (!cluster && !(get_string(b, "id") && keys->admits(bearer, *get_string(b, "id"))))
+      return error(res, 401, "registering a host needs its own key (ID:SECRET, as `scad host key ID` made it) "
+                             "or the cluster token");
     if (!b.contains("id") || !b["id"].is_string() || !b.contains("url") || !b["url"].is_string() ||
         !b.contains("cpus") || !b["cpus"].is_number() || !b.contains("pool") || !b["pool"].is_number_unsigned())
       return error(res, 400, "needs {\"id\", \"url\", \"cpus\", \"pool\"}");
@@ -396,11 +404,12 @@ void install_routes(httplib::Server &srv, Store &store, Engine &engine, ApiOptio
     bool rdma = b.value("rdma", false);
     std::lock_guard<std::mutex> lk(*hosts_mu);
     auto &known = (*hosts)[b["id"].get<std::string>()];
-    if (known && known->url() == b["url"].get<std::string>() && known->rdma() == rdma) {
+    if (known && known->url() == b["url"].get<std::string>() && known->rdma() == rdma && known->token() == bearer) {
       known->heartbeat();
     } else {
+      // The scheduler calls the agent with the credential the agent registered with.
       known = std::make_shared<RemoteHost>(b["id"], b["url"], b["cpus"].get<double>(), b["pool"].get<uint64_t>(), rdma,
-                                           opts.cluster_token);
+                                           bearer);
       json isolation = {{"sandbox", get_bool(b, "sandbox").value_or(false)},
                         {"cgroup_limits", get_bool(b, "limits").value_or(false)}};
       for (const char *why : {"sandbox_off", "cgroup_limits_off"})

@@ -15,6 +15,7 @@ struct ApiOptions {
   int max_blocking_waits = 16;       // blocking invokes waiting at once (of the server's 32 threads)
   size_t max_body = 64ull << 20;     // an application's files, inline
   std::string cluster_token;         // what agents of other hosts present; "" = none may register
+  std::string host_keys;             // a file of per-host keys (host_keys.h); then each host presents its own
   LimitRanges limits;                // what an action's limits may be (scad-server --action-limits)
 };
 

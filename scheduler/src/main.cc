@@ -2,7 +2,7 @@
 //
 //   scad-server [--home DIR] [--host 127.0.0.1] [--port 3233] [--python PATH] [--pythonpath P]
 //               [--pool 4GiB] [--cpus N] [--prewarm 2] [--max-warm 16] [--keep-alive 60000]
-//               [--cluster-token-file FILE] [--no-local-agent] [--verbs auto|off|KEY=VALUE,...]
+//               [--cluster-token-file FILE] [--host-keys FILE] [--no-local-agent] [--verbs auto|off|KEY=VALUE,...]
 //               [--action-limits timeout=MIN:MAX[:DEFAULT],memory=...,logs=...]
 //               [--quotas elements=N,memory=SIZE,activations=N,instances=N]  (per namespace)
 // With a cluster token, scad-agent processes on other hosts register and take elements too; with
@@ -35,7 +35,7 @@ namespace {
   std::cerr << "scad-server: " << why << "\n"
             << "usage: scad-server [--home DIR] [--host ADDR] [--port N] [--python PATH] [--pythonpath P]\n"
             << "                   [--pool SIZE] [--cpus N] [--prewarm N] [--max-warm N] [--keep-alive MS]\n"
-            << "                   [--cluster-token-file FILE] [--no-local-agent] [--verbs auto|off|KEY=VALUE,...] [--cgroup auto|off] [--sandbox auto|on|off]\n"
+            << "                   [--cluster-token-file FILE] [--host-keys FILE] [--no-local-agent] [--verbs auto|off|KEY=VALUE,...] [--cgroup auto|off] [--sandbox auto|on|off]\n"
             << "                   [--action-limits timeout=MIN:MAX[:DEFAULT],memory=...,logs=... (ms, MB, MB)]\n"
             << "                   [--quotas elements=N,memory=SIZE,activations=N,instances=N]\n";
   exit(2);
@@ -76,7 +76,7 @@ int main(int argc, char **argv) {
   std::string host = "127.0.0.1";
   int port = 3233;
   scad::AgentOptions ao;
-  std::string cluster_token_file;
+  std::string cluster_token_file, host_keys;
   bool local_agent = true;
   scad::LimitRanges limits;
   scad::Quotas quotas;
@@ -96,6 +96,7 @@ int main(int argc, char **argv) {
     else if (a == "--cpus") ao.cpus = std::stod(value());
     else if (a == "--prewarm") ao.prewarm = std::stoi(value());
     else if (a == "--cluster-token-file") cluster_token_file = value();
+    else if (a == "--host-keys") host_keys = value();
     else if (a == "--no-local-agent") local_agent = false;
     else if (a == "--verbs") ao.verbs = value();
     else if (a == "--cgroup") ao.cgroup = value();
@@ -162,6 +163,7 @@ int main(int argc, char **argv) {
   if (local_agent) engine.add_host(std::make_shared<scad::LocalHost>(agent));
   scad::ApiOptions api;
   api.limits = limits;
+  api.host_keys = host_keys;
   if (!cluster_token_file.empty()) {
     std::getline(std::ifstream(cluster_token_file), api.cluster_token);
     if (api.cluster_token.size() < 16) {

@@ -16,6 +16,7 @@ class RemoteHost : public HostAgent {
   }
   std::string id() const override { return id_; }
   std::string url() const { return url_; }
+  const std::string &token() const { return token_; }
   double cpus() const override { return cpus_; }
   uint64_t pool_bytes() const override { return pool_; }
   bool alive() const override;

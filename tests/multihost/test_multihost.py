@@ -62,13 +62,22 @@ def hosts(tmp_path):
             return p.stdout.readline()
 
         home = tmp_path / "sched"
+        # host-a registers with the cluster token, host-b with a key of its own (`scad host key`).
+        keys = tmp_path / "host-keys"
+        key_b = subprocess.run([sys.executable, "-m", "scad.cli", "host", "key", "host-b", "--keys", str(keys)],
+                               capture_output=True, text=True, check=True,
+                               env=dict(os.environ, PYTHONPATH=str(ROOT / "bindings" / "python"))).stdout.strip()
+        token_b = tmp_path / "host-b.key"
+        token_b.write_text(key_b + "\n")
+        token_b.chmod(0o600)
         start(names["s"], [str(BUILD / "scheduler" / "scad-server"), "--home", str(home), "--host", f"{NET}.1",
                            "--port", "0", "--no-local-agent", "--cluster-token-file", str(token),
-                           "--python", sys.executable, "--pythonpath", pythonpath])
+                           "--host-keys", str(keys), "--python", sys.executable, "--pythonpath", pythonpath])
         url = dict(l.split("=", 1) for l in (home / "wskprops").read_text().split())["APIHOST"]
         for key, i, pool, cpus in (("a", 2, "0", "2"), ("b", 3, "256MiB", "0")):
             line = start(names[key], [str(BUILD / "runtime" / "scad-agent"), "--scheduler", url, "--address",
-                                      f"{NET}.{i}", "--token-file", str(token), "--id", f"host-{key}",
+                                      f"{NET}.{i}", "--token-file", str(token if key == "a" else token_b),
+                                      "--id", f"host-{key}",
                                       "--home", str(tmp_path / f"agent-{key}"), "--pool", pool, "--cpus", cpus,
                                       "--python", sys.executable, "--pythonpath", pythonpath])
             assert f"host-{key} serving" in line and "registered" in line, line

@@ -297,3 +297,46 @@ def test_a_home_others_could_plant_code_in_is_refused(tmp_path, make):
     p = subprocess.run([str(SERVER), "--home", str(home), "--port", "0", "--python", sys.executable],
                        capture_output=True, text=True, timeout=60)
     assert p.returncode != 0 and "refusing the home" in p.stderr, p.stderr
+
+
+def make_host_key(keys, host_id):
+    import os
+    import subprocess
+    import sys
+
+    from scadtest import ROOT
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "bindings" / "python"))
+    out = subprocess.run([sys.executable, "-m", "scad.cli", "host", "key", host_id, "--keys", str(keys)],
+                         capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+def test_each_host_has_a_key_of_its_own(tmp_path):
+    keys = tmp_path / "host-keys"
+    h1, h2 = make_host_key(keys, "h1"), make_host_key(keys, "h2")
+    assert h1.startswith("h1:") and len(h1) == 3 + 64 and oct(keys.stat().st_mode & 0o777) == "0o600"
+    assert h1.split(":")[1] not in keys.read_text(), "only the secret's hash is kept"
+    p = Platform(tmp_path / "home", extra=["--host-keys", str(keys)])
+
+    def register(host_id, bearer):
+        req = urllib.request.Request(p.url + "/api/v1/hosts/register", method="POST", data=json.dumps(
+            {"id": host_id, "url": "http://127.0.0.1:9", "cpus": 1, "pool": 1 << 20}).encode())
+        req.add_header("Authorization", "Bearer " + bearer)
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                return r.status
+        except urllib.error.HTTPError as e:
+            return e.code
+
+    try:
+        assert register("h1", h1) == 200
+        assert register("h2", h1) == 401, "one host's key registers no other host"
+        assert register("h1", "h1:" + "0" * 64) == 401
+        assert register("h1", "no-cluster-token-here") == 401
+        assert register("h2", h2) == 200
+        keys.write_text("".join(line + "\n" for line in keys.read_text().splitlines() if not line.startswith("h1 ")))
+        assert register("h1", h1) == 401, "a deleted line revokes the host"
+        assert register("h2", h2) == 200
+    finally:
+        p.stop()

@@ -7,6 +7,7 @@
     scad activation list | get ID | logs ID | result ID
     scad element list
     scad host list
+    scad host key ID [--keys FILE]
     scad proxy [--port 8080]                  OpenWhisk's action runtime contract (/init, /run)
 
 Credentials and the API host come from $SCAD_HOME/wskprops (written by `scad up`), or --apihost
@@ -253,6 +254,24 @@ def cmd_host(args):
     return 0
 
 
+def cmd_host_key(args):
+    """A key of its own for host ID: its hash goes into the scheduler's --host-keys file, the key
+    ("ID:SECRET") to stdout, once, for the agent's --token-file. Delete the line to revoke it."""
+    import hashlib
+    import re
+    import secrets
+    if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.@-]{0,255}", args.id) or args.id == "local":
+        print(f"scad: '{args.id}' cannot be a host id ('local' is the built-in host's)", file=sys.stderr)
+        return 2
+    secret = secrets.token_hex(32)
+    keys = os.path.expanduser(args.keys or os.path.join(os.environ.get("SCAD_HOME", "~/.scad"), "host-keys"))
+    fd = os.open(keys, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    with os.fdopen(fd, "a") as f:
+        f.write(f"{args.id} {hashlib.sha256(secret.encode()).hexdigest()}\n")
+    print(f"{args.id}:{secret}")
+    return 0
+
+
 def cmd_proxy(args):
     from scad.proxy import serve
     serve(args.host, args.port, ready=lambda addr: print(f"scad proxy: /init and /run on {addr[0]}:{addr[1]}",
@@ -302,6 +321,10 @@ def parser():
     el.add_parser("list", parents=[common]).set_defaults(fn=cmd_element)
     host = sub.add_parser("host", help="hosts").add_subparsers(dest="action", required=True)
     host.add_parser("list", parents=[common]).set_defaults(fn=cmd_host)
+    key = host.add_parser("key", help="make a key of its own for a host (scad-server --host-keys)")
+    key.add_argument("id")
+    key.add_argument("--keys", help="the scheduler's host-keys file (default $SCAD_HOME/host-keys)")
+    key.set_defaults(fn=cmd_host_key)
     proxy = sub.add_parser("proxy", help="serve OpenWhisk's action runtime contract (/init, /run)")
     proxy.add_argument("--host", default="127.0.0.1", help="0.0.0.0 inside an OpenWhisk action container")
     proxy.add_argument("--port", type=int, default=8080)
