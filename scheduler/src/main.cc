@@ -3,6 +3,7 @@
 //   scad-server [--home DIR] [--host 127.0.0.1] [--port 3233] [--python PATH] [--pythonpath P]
 //               [--pool 4GiB] [--cpus N] [--prewarm 2] [--max-warm 16] [--keep-alive 60000]
 //               [--cluster-token-file FILE] [--host-keys FILE] [--no-local-agent] [--verbs auto|off|KEY=VALUE,...]
+//               [--namespace NAME]...   (more tenants: credentials in DIR/namespaces/NAME.wskprops)
 //               [--action-limits timeout=MIN:MAX[:DEFAULT],memory=...,logs=...]
 //               [--quotas elements=N,memory=SIZE,activations=N,instances=N]  (per namespace)
 // With a cluster token, scad-agent processes on other hosts register and take elements too; with
@@ -20,6 +21,7 @@
 #include <iostream>
 #include <sstream>
 #include <thread>
+#include <vector>
 
 #include "agent.h"
 #include "api.h"
@@ -37,7 +39,7 @@ namespace {
             << "                   [--pool SIZE] [--cpus N] [--prewarm N] [--max-warm N] [--keep-alive MS]\n"
             << "                   [--cluster-token-file FILE] [--host-keys FILE] [--no-local-agent] [--verbs auto|off|KEY=VALUE,...] [--cgroup auto|off] [--sandbox auto|on|off]\n"
             << "                   [--action-limits timeout=MIN:MAX[:DEFAULT],memory=...,logs=... (ms, MB, MB)]\n"
-            << "                   [--quotas elements=N,memory=SIZE,activations=N,instances=N]\n";
+            << "                   [--quotas elements=N,memory=SIZE,activations=N,instances=N] [--namespace NAME]...\n";
   exit(2);
 }
 
@@ -49,8 +51,8 @@ std::string read_file(const std::string &path) {
 }
 
 // Keeps AUTH from an earlier start (the key is stored only hashed) and refreshes APIHOST.
-bool write_wskprops(const std::string &home, const std::string &apihost, const scad::Credentials &c) {
-  std::string path = home + "/wskprops", auth, ns = c.ns;
+bool write_wskprops(const std::string &path, const std::string &apihost, const scad::Credentials &c) {
+  std::string auth, ns = c.ns;
   if (!c.key.empty()) {
     auth = c.uuid + ":" + c.key;
   } else {
@@ -77,6 +79,7 @@ int main(int argc, char **argv) {
   int port = 3233;
   scad::AgentOptions ao;
   std::string cluster_token_file, host_keys;
+  std::vector<std::string> namespaces;  // besides guest
   bool local_agent = true;
   scad::LimitRanges limits;
   scad::Quotas quotas;
@@ -97,6 +100,13 @@ int main(int argc, char **argv) {
     else if (a == "--prewarm") ao.prewarm = std::stoi(value());
     else if (a == "--cluster-token-file") cluster_token_file = value();
     else if (a == "--host-keys") host_keys = value();
+    else if (a == "--namespace") {
+      std::string ns = value();
+      bool ok = !ns.empty() && ns.size() <= 64 && ns != "_" && isalnum(static_cast<unsigned char>(ns[0]));
+      for (char c : ns) ok &= isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.';
+      if (!ok) usage("--namespace takes a name of letters, digits, '_', '-', '.'");
+      namespaces.push_back(ns);
+    }
     else if (a == "--no-local-agent") local_agent = false;
     else if (a == "--verbs") ao.verbs = value();
     else if (a == "--cgroup") ao.cgroup = value();
@@ -175,10 +185,19 @@ int main(int argc, char **argv) {
   scad::install_runtime_routes(runtime_srv, engine);
   std::thread runtime_thread([&] { runtime_srv.listen_after_bind(); });
   for (auto &h : engine.host_info()) store.put_host(h);
-  if (!write_wskprops(home, url, creds)) {
+  if (!write_wskprops(home + "/wskprops", url, creds)) {
     std::cerr << "scad-server: " << home << "/wskprops has no AUTH and the key is only stored hashed; "
               << "remove " << home << "/scad.db to start afresh\n";
     return 1;
+  }
+  // More tenants: each namespace's credentials in a file of its own, for the operator to hand out.
+  if (!namespaces.empty()) mkdir((home + "/namespaces").c_str(), 0700);
+  for (auto &ns : namespaces) {
+    std::string path = home + "/namespaces/" + ns + ".wskprops";
+    if (!write_wskprops(path, url, store.ensure_namespace(ns))) {
+      std::cerr << "scad-server: " << path << " has no AUTH and the key is only stored hashed\n";
+      return 1;
+    }
   }
   std::ofstream(home + "/server.json") << "{\"pid\": " << getpid() << ", \"url\": \"" << url
                                       << "\", \"runtime_url\": \"" << runtime_url << "\"}\n";
