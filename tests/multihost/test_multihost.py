@@ -186,3 +186,30 @@ def test_a_host_that_dies_takes_its_memory_and_its_clients_are_told(hosts):
     assert rec["response"]["result"]["state"] == "ERROR", rec["response"]["result"]
     status, listed = in_ns(names["s"], platform, "GET", "/api/v1/hosts")
     assert {h["id"]: h["state"] for h in listed} == {"host-a": "up", "host-b": "down"}, listed
+
+
+def test_a_partition_between_hosts_times_out_then_heals(hosts):
+    # The instance on host-a uses memory on host-b; host-b's link goes down (no reset, packets
+    # just stop), then comes back. The instance sees a timeout within its deadline (1.5 s), then
+    # recovers its transport and reads its data again.
+    platform, names = hosts
+    gate, runner, done = deploy_and_invoke_with_gate(platform, names, pathlib.Path(__file__).parent / "partition")
+    link = next(l for l in subprocess.run(["ip", "-n", names["s"], "-o", "link"], capture_output=True, text=True,
+                                          check=True).stdout.splitlines() if "b1@" in l).split(":")[1].strip().split("@")[0]
+    try:
+        conn, = gate.wait_arrivals(1)
+        lines = conn.makefile("r")
+        assert lines.readline() == "ready\n"
+        sh("ip", "-n", names["s"], "link", "set", link, "down")
+        conn.sendall(b"cut\n")
+        kind, ms = lines.readline().split()
+        print(f"\npartition: {kind} after {ms} ms")
+        assert kind in ("TimeoutError", "ConnectionError") and int(ms) < 1500 + 1000, (kind, ms)
+        sh("ip", "-n", names["s"], "link", "set", link, "up")
+        conn.sendall(b"healed\n")
+        assert lines.readline() == "recovered partitio\n"
+    finally:
+        subprocess.run(["ip", "-n", names["s"], "link", "set", link, "up"], capture_output=True)
+        gate.close()
+    runner.join(120)
+    assert done["rec"]["response"]["result"] == {"ok": True}, done["rec"]["response"]
