@@ -70,10 +70,12 @@ def hosts(tmp_path):
         token_b = tmp_path / "host-b.key"
         token_b.write_text(key_b + "\n")
         token_b.chmod(0o600)
-        start(names["s"], [str(BUILD / "scheduler" / "scad-server"), "--home", str(home), "--host", f"{NET}.1",
-                           "--port", "0", "--no-local-agent", "--cluster-token-file", str(token),
-                           "--host-keys", str(keys), "--python", sys.executable, "--pythonpath", pythonpath])
+        sched_argv = [str(BUILD / "scheduler" / "scad-server"), "--home", str(home), "--host", f"{NET}.1",
+                      "--port", "0", "--no-local-agent", "--cluster-token-file", str(token),
+                      "--host-keys", str(keys), "--python", sys.executable, "--pythonpath", pythonpath]
+        start(names["s"], sched_argv)
         url = dict(l.split("=", 1) for l in (home / "wskprops").read_text().split())["APIHOST"]
+        sched_argv[sched_argv.index("--port") + 1] = url.rsplit(":", 1)[1]  # a restart keeps the address
         for key, i, pool, cpus in (("a", 2, "0", "2"), ("b", 3, "256MiB", "0")):
             line = start(names[key], [str(BUILD / "runtime" / "scad-agent"), "--scheduler", url, "--address",
                                       f"{NET}.{i}", "--token-file", str(token if key == "a" else token_b),
@@ -85,6 +87,16 @@ def hosts(tmp_path):
         platform.home, platform.url = home, url
         platform.auth = dict(l.split("=", 1) for l in (home / "wskprops").read_text().split())["AUTH"]
         platform.agents = agents
+
+        def restart_scheduler():
+            """kill -9 of scad-server, then the same command again."""
+            sched = procs[0]
+            sched.kill()
+            sched.wait(10)
+            procs.remove(sched)
+            return start(names["s"], sched_argv)
+
+        platform.restart_scheduler = restart_scheduler
         yield platform, names
     finally:
         stop_processes(procs)
@@ -213,3 +225,24 @@ def test_a_partition_between_hosts_times_out_then_heals(hosts):
         gate.close()
     runner.join(120)
     assert done["rec"]["response"]["result"] == {"ok": True}, done["rec"]["response"]
+
+
+def test_a_restarted_scheduler_takes_its_hosts_back(hosts):
+    # kill -9 of scad-server: the agents keep heartbeating and register again with the new one
+    # (host-b with its own key); applications deployed before are still there and run across hosts.
+    platform, names = hosts
+    app = pathlib.Path(__file__).parent / "app"
+    status, body = in_ns(names["s"], platform, "PUT", "/api/v1/namespaces/_/apps/across",
+                         {"manifest": (app / "scad.yaml").read_text(), "files": {"use.py": (app / "use.py").read_text()}})
+    assert status == 200, body
+    banner = platform.restart_scheduler()
+    assert "platform up" in banner, banner
+    deadline = time.monotonic() + 30
+    while True:  # heartbeats come every 2 s
+        status, listed = in_ns(names["s"], platform, "GET", "/api/v1/hosts")
+        if status == 200 and sorted(h["id"] for h in listed if h["state"] == "up") == ["host-a", "host-b"]:
+            break
+        assert time.monotonic() < deadline, listed
+    status, rec = in_ns(names["s"], platform, "POST", "/api/v1/namespaces/_/apps/across?blocking=true")
+    assert status == 200 and rec["response"]["result"] == {"verified": True, "impl": "rdma_tcp"}, rec
+
