@@ -167,3 +167,29 @@ def test_a_read_only_grant_cannot_be_reopened_writable(platform, tmp_path):
     assert result["wrote"] is False and result["uid"] != os.geteuid(), result
     wiring = next(a["value"] for a in rec["annotations"] if a["key"] == "wiring")
     assert list(wiring)[0].endswith("data;shm"), wiring
+
+
+HOLDS = '''
+import socket
+
+def main(args):
+    with socket.create_connection(tuple(args["gate"])) as s:
+        s.sendall(b"child\\n")
+        s.recv(1)
+'''
+
+
+def test_an_unsandboxed_action_still_dies_with_the_server(tmp_path):
+    from scadtest import Platform
+    p = Platform(tmp_path / "home", extra=["--sandbox", "off"])
+    gate = Gate()
+    try:
+        assert "NOT sandboxed" in p.banner
+        assert p.call("PUT", f"{ACTIONS}/holds", {"exec": {"kind": "python:3", "code": HOLDS}})[0] == 200
+        assert p.call("POST", f"{ACTIONS}/holds", {"gate": gate.address})[0] == 202
+        conn = child_connection(gate)
+        p.stop(signal.SIGKILL)
+        assert conn.recv(1) == b"", "the action's process outlived scad-server"
+    finally:
+        gate.close()
+        p.stop()

@@ -207,9 +207,24 @@ def _private_result_channel():
     return os.fdopen(fd, "w", encoding="utf-8")
 
 
+def _die_with_the_agent():
+    """PR_SET_PDEATHSIG: the process ends when the agent does, even by SIGKILL (in a sandbox,
+    bubblewrap sees to that as well)."""
+    import ctypes
+    import signal
+    parent = os.getppid()  # (pid 1 is the sandbox's own init: that is a parent too)
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the parent died before the call
+        os._exit(1)
+
+
 def serve():
     """One spec per line in, one result per line out, until stdin closes. The run's output goes
     to stderr as it is written (so a crash loses none of it), followed by END_OF_RUN."""
+    _die_with_the_agent()
     out = _private_result_channel()
     specs = queue.Queue()
     threading.Thread(target=_read_stdin, args=(specs,), daemon=True, name="scad-notices").start()
