@@ -5,6 +5,8 @@
 
 #include <cerrno>
 #include <cmath>
+#include <thread>
+#include <chrono>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -134,7 +136,14 @@ int64_t Cgroups::oom_kills(pid_t pid) {
 
 void Cgroups::release(pid_t pid) {
   int64_t n = oom_kills(pid);
-  rmdir((workers_ + "/" + std::to_string(pid)).c_str());
+  std::string dir = workers_ + "/" + std::to_string(pid);
+  // Whatever the process left in its cgroup (a sandbox's init, a child in a session of its own)
+  // ends with it: cgroup.kill (Linux 5.14), then the cgroup is removed once the kernel says it is
+  // empty (bounded: 2 s).
+  write_file(dir + "/cgroup.kill", "1");
+  for (int i = 0; i < 2000 && read_file(dir + "/cgroup.events").find("populated 1") != std::string::npos; i++)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  rmdir(dir.c_str());
   std::lock_guard<std::mutex> lk(mu_);
   released_[pid] = n;
   while (released_.size() > 64) released_.erase(released_.begin());

@@ -98,6 +98,10 @@ std::unique_ptr<Sandbox> Sandbox::open(const std::string &mode, const std::strin
   }
   a.insert(a.end(), {"--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp", "--dir", "/code",
                      "--chdir", "/tmp"});
+  // RDMA: libibverbs finds devices through sysfs (read-only, as container runtimes mount it) and
+  // opens them under /dev/infiniband; a verbs transport needs both.
+  a.insert(a.end(), {"--ro-bind", "/sys", "/sys"});
+  if (is_dir("/dev/infiniband")) a.insert(a.end(), {"--dev-bind", "/dev/infiniband", "/dev/infiniband"});
   // The interpreter (a virtual environment and the installation it points to) and the Python path.
   std::set<std::string> binds;
   auto bind = [&](const std::string &dir) {
@@ -115,7 +119,7 @@ std::unique_ptr<Sandbox> Sandbox::open(const std::string &mode, const std::strin
   if (!socket.empty()) binds.insert(socket);
   // bwrap makes the folders above a bind mode 0700: the tenant's uid could not pass them. They are
   // made first, open to search, except where a mount of its own already is.
-  std::set<std::string> made = {"/", "/usr", "/etc", "/proc", "/dev", "/tmp", "/code"};
+  std::set<std::string> made = {"/", "/usr", "/etc", "/proc", "/dev", "/tmp", "/code", "/sys"};
   for (auto &b : binds) {
     std::vector<std::string> above;
     for (std::string d = parent(b); !made.count(d); d = parent(d)) above.insert(above.begin(), d);

@@ -1,7 +1,8 @@
 // Every compute process runs in a sandbox made by bubblewrap (Debian's `bubblewrap`), as
 // OpenWhisk gives every action a container of its own:
 //  - its own mount, pid, ipc and uts namespaces (and a user namespace when the agent is not root);
-//  - a root of its own: the interpreter, the Python path and the system's /usr and /etc read-only,
+//  - a root of its own: the interpreter, the Python path, the system's /usr, /etc and /sys read-only
+//    (and /dev/infiniband, for verbs),
 //    a private /tmp, and of the agent's state only the memory pool's socket (no $SCAD_HOME, no
 //    scad.db, no wskprops, no other tenant's code);
 //  - no new privileges, its own session, and death with the agent (--die-with-parent); a process

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from scadtest import BUILD, ROOT, Platform, cluster_token, stop_processes
+from scadtest import BUILD, ROOT, Gate, Platform, cluster_token, stop_processes, wait_until
 
 APP = pathlib.Path(__file__).parent / "apps" / "limits"
 
@@ -40,21 +40,44 @@ def platform(tmp_path):
         ready, _, _ = select.select([agent.stdout], [], [], 30)
         assert ready, f"the agent did not register: {agent.stderr.read() if agent.poll() is not None else ''}"
         plat.banner = agent.stdout.readline()
+        plat.agent_pid = agent.pid
         yield plat
     finally:
         stop_processes(procs)
+
+
+def worker_cgroups(agent_pid):
+    """The agent's per-process cgroups (B/workers/*, cgroup.h) that hold processes now."""
+    line = next(l for l in pathlib.Path(f"/proc/{agent_pid}/cgroup").read_text().splitlines() if l.startswith("0::"))
+    own = line[3:].rstrip("/")
+    base = own[:-len("/agent")] if own.endswith("/agent") else own  # it moved into B/agent, unless B is the root
+    workers = pathlib.Path("/sys/fs/cgroup" + base) / "workers"
+    return [d.resolve() for d in workers.iterdir() if d.is_dir() and (d / "cgroup.procs").read_text().split()]
 
 
 def test_compute_elements_run_under_their_cpu_and_memory_limits(platform):
     assert "cgroup v2 limits" in platform.banner, platform.banner
     status, body = platform.deploy(APP)
     assert status == 200, body
-    status, rec = platform.invoke("limits")
-    assert status == 200, rec
-    seen = rec["response"]["result"]
-    # cpu: 0.5 is half of each 100 ms period; memory: 96MiB is memory.max in bytes.
-    assert seen["cpu.max"] == "50000 100000" and seen["memory.max"] == str(96 << 20), seen
-    assert "/workers/" in seen["cgroup"], seen
+    gate = Gate()
+    try:
+        status, body = platform.invoke("limits", {"gate": gate.address}, blocking=False)
+        assert status == 202, body
+        gate.wait_arrivals(1)
+        # Seen from the host: one cgroup holds the element's processes (in a sandbox: bubblewrap,
+        # its init and the launcher); cpu: 0.5 is half of each 100 ms period, memory.max 96 MiB.
+        cgroups = worker_cgroups(platform.agent_pid)
+        busy = [c for c in cgroups if len((c / "cgroup.procs").read_text().split()) >= 1]
+        assert len(busy) >= 1, cgroups
+        held = [c for c in busy if (c / "cpu.max").read_text().strip() == "50000 100000"]
+        assert len(held) == 1 and (held[0] / "memory.max").read_text().strip() == str(96 << 20), held
+        seen = held[0]
+        gate.open()
+        path = f"/api/v1/namespaces/_/activations/{body['activationId']}"
+        assert wait_until(lambda: platform.call("GET", path)[1]["end"], 60)
+        assert platform.call("GET", path)[1]["response"]["status"] == "success"
+    finally:
+        gate.close()
 
     status, rec = platform.invoke("limits", {"allocate_mib": 384})
     response = rec["response"]
@@ -62,4 +85,4 @@ def test_compute_elements_run_under_their_cpu_and_memory_limits(platform):
     error = response["result"]["error"]
     assert "OOM killer" in error and "96 MiB" in error, error
     # The killed process's cgroup went with it (the first run's process was reused warm).
-    assert not pathlib.Path(seen["cgroup"]).exists(), seen["cgroup"]
+    assert not seen.exists(), seen

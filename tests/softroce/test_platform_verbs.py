@@ -58,7 +58,7 @@ def run_across(platform):
     status, body = platform.deploy(APP)
     assert status == 200, body
     status, rec = platform.invoke("across")
-    assert status == 200, rec
+    assert status == 200, "\n".join([str(rec["response"])] + rec["logs"])
     wiring = next(a["value"] for a in rec["annotations"] if a["key"] == "wiring")
     return rec["response"]["result"], wiring
 

@@ -131,6 +131,9 @@ def run_action(spec, keep_module=False):
     t0 = time.monotonic()
     timing = {}
     try:
+        # The uid switch comes first: a device opened as root (a verbs context) refuses commands
+        # from the same process once its credentials changed.
+        code = _place_code(spec) if "files" in spec else spec["code"]
         action = disagg.LibdAction(spec.get("aid") or f"action-{uuid.uuid4().hex[:8]}", **spec.get("options", {}))
         if spec.get("runtime_url"):
             action.runtime_url = spec["runtime_url"]
@@ -147,7 +150,6 @@ def run_action(spec, keep_module=False):
             _early.clear()  # any other aid's are from runs that are over
         for notice in [*spec.get("peer_failures", []), *early]:
             action.runtime._peer_failed(notice)
-        code = _place_code(spec) if "files" in spec else spec["code"]
         fn = load_main(code, spec.get("main", "main"), keep=keep_module)
         t1 = time.monotonic()
         timing["init_ms"] = int((t1 - t0) * 1000)

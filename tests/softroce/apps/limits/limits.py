@@ -1,9 +1,11 @@
-import pathlib
+import socket
 
 
 def probe(args, action):
-    line = next(l for l in pathlib.Path("/proc/self/cgroup").read_text().splitlines() if l.startswith("0::"))
-    cg = pathlib.Path("/sys/fs/cgroup") / line[3:].lstrip("/")
-    chunks = [bytearray(1 << 20) for _ in range(args.get("allocate_mib", 0))]  # every page touched
-    return {"cgroup": str(cg), "cpu.max": (cg / "cpu.max").read_text().strip(),
-            "memory.max": (cg / "memory.max").read_text().strip(), "allocated_mib": len(chunks)}
+    # With a gate (scadtest.Gate), it waits there so that the test can look at its cgroup from
+    # the host's side; then it touches every page of what it allocates.
+    if args.get('gate'):
+        with socket.create_connection(tuple(args['gate']), timeout=60) as s:
+            s.recv(1)
+    chunks = [bytearray(1 << 20) for _ in range(args.get("allocate_mib", 0))]
+    return {"allocated_mib": len(chunks)}
