@@ -1,0 +1,263 @@
+"""scad.connect between real processes: a passive and an active peer (tests/python/connect_peer.py)
+exchange metadata over pipes, through this test, and move memory over shm or tcp."""
+import hashlib
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from scadtest import BUILD, ROOT
+
+PEER = os.path.join(os.path.dirname(__file__), "connect_peer.py")
+IMPLS = ["shm", "tcp"]
+MiB = 1 << 20
+
+
+class PeerProc:
+    def __init__(self, transport):
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(BUILD / "python"), str(ROOT / "bindings" / "python")]),
+                   PEER_TRANSPORT=transport)
+        self.proc = subprocess.Popen([sys.executable, PEER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, env=env)
+
+    def send(self, **msg):
+        self.proc.stdin.write(json.dumps(msg) + "\n")
+        self.proc.stdin.flush()
+
+    def recv(self, timeout=60):
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        assert ready, f"the peer did not answer within {timeout} s"
+        line = self.proc.stdout.readline()
+        assert line, f"the peer exited: {self.proc.stderr.read()}"
+        return json.loads(line)
+
+    def call(self, **msg):
+        """Sends a command, returns the answer; a wait's own timeout plus a margin bounds it."""
+        self.send(**msg)
+        return self.recv((msg.get("timeout") or 0) + 60)
+
+    def wait_stopped(self):
+        _, status = os.waitpid(self.proc.pid, os.WUNTRACED)
+        assert os.WIFSTOPPED(status), "the peer did not stop itself"
+
+    def resume(self):
+        os.kill(self.proc.pid, signal.SIGCONT)
+
+    def kill(self):
+        self.proc.kill()
+        self.proc.wait(10)
+
+    def close(self):
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGCONT)  # a stopped peer could not read its EOF
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+@pytest.fixture
+def peers():
+    made = []
+
+    def make(transport):
+        p = PeerProc(transport)
+        made.append(p)
+        return p
+
+    yield make
+    for p in made:
+        p.close()
+
+
+def expected_digests(sizes, seed):
+    import numpy
+    rng = numpy.random.default_rng(seed)  # as connect_peer.buffers
+    return [hashlib.sha256(rng.integers(0, 256, size=s, dtype=numpy.uint8).tobytes()).hexdigest() for s in sizes]
+
+
+def pair(peers, impl):
+    return peers(impl), peers(impl)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("style", ["direct", "await"])
+def test_read_a_list_of_descriptors(peers, impl, style):
+    passive, active = pair(peers, impl)
+    sizes = [3, 64 * 1024, MiB + 5]
+    md = passive.call(cmd="create", kind="read", sizes=sizes, seed=7)["metadata"]
+    begun = active.call(cmd="begin", kind="read", metadata=md, sizes=sizes, style=style)
+    assert begun == {"ok": True, "transport": impl}
+    done = active.call(cmd="wait", timeout=30)
+    assert (done["status"], done["error"]) == ("COMPLETE", None), done["message"]
+    owner = passive.call(cmd="wait", timeout=30)
+    assert (owner["status"], owner["error"]) == ("COMPLETE", None), owner["message"]
+    assert done["digests"] == owner["digests"], "the reader holds exactly the owner's bytes"
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_write_into_the_owners_memory(peers, impl):
+    passive, active = pair(peers, impl)
+    sizes = [4096, 2 * MiB]
+    md = passive.call(cmd="create", kind="write", sizes=sizes)["metadata"]  # zeros
+    assert active.call(cmd="begin", kind="write", metadata=md, sizes=sizes, seed=11)["ok"]
+    done = active.call(cmd="wait", timeout=30)
+    assert (done["status"], done["error"]) == ("COMPLETE", None), done["message"]
+    owner = passive.call(cmd="wait", timeout=30)
+    assert (owner["status"], owner["error"]) == ("COMPLETE", None), owner["message"]
+    assert owner["digests"] == done["digests"], "the owner's own arrays now hold the writer's bytes"
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_the_wrong_pairing_is_refused(peers, impl):
+    passive, active = pair(peers, impl)
+    md = passive.call(cmd="create", kind="read", sizes=[4096], seed=1)["metadata"]
+    r = active.call(cmd="begin", kind="write", metadata=md, sizes=[4096], seed=2)
+    assert r["error"] == "ValueError" and "use connector.begin_read()" in r["message"]
+    # A record altered to claim the other direction is refused by the owner's grant itself.
+    forged = json.dumps(dict(json.loads(md), operation_kind=2))
+    r = active.call(cmd="begin", kind="write", metadata=forged, sizes=[4096], seed=2)
+    if "ok" in r:  # tcp: the owner refuses the write itself
+        r = active.call(cmd="wait", timeout=30)
+    assert r["error"] in ("PermissionError", "OSError"), r
+    # The owner learns its peer gave up, and not one byte of its memory was written.
+    owner = passive.call(cmd="wait", timeout=30)
+    assert owner["status"] == "ERRORED", owner
+    assert owner["digests"] == expected_digests([4096], seed=1)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_a_finished_operations_metadata_is_refused(peers, impl):
+    passive, active = pair(peers, impl)
+    md = passive.call(cmd="create", kind="read", sizes=[4096], seed=1)["metadata"]
+    assert active.call(cmd="begin", kind="read", metadata=md, sizes=[4096])["ok"]
+    assert active.call(cmd="wait", timeout=30)["status"] == "COMPLETE"
+    assert passive.call(cmd="wait", timeout=30)["status"] == "COMPLETE"
+    again = active.call(cmd="begin", kind="read", metadata=md, sizes=[4096])
+    assert again["error"] == "PermissionError" and "finished, was cancelled or expired" in again["message"]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_a_cancelled_operations_metadata_is_refused(peers, impl):
+    passive, active = pair(peers, impl)
+    md = passive.call(cmd="create", kind="write", sizes=[4096])["metadata"]
+    assert passive.call(cmd="cancel")["status"] == "CANCELLED"
+    r = active.call(cmd="begin", kind="write", metadata=md, sizes=[4096], seed=3)
+    assert r["error"] == "PermissionError"
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_a_dropped_operation_revokes_its_grant(peers, impl):
+    passive, active = pair(peers, impl)
+    md = passive.call(cmd="create", kind="read", sizes=[4096], seed=1)["metadata"]
+    assert passive.call(cmd="drop")["ok"]
+    r = active.call(cmd="begin", kind="read", metadata=md, sizes=[4096])
+    assert r["error"] == "PermissionError"
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_an_expired_operation_ends_and_its_metadata_is_refused(peers, impl):
+    passive, active = pair(peers, impl)
+    md = passive.call(cmd="create", kind="read", sizes=[4096], seed=1, expires_in=0.3)["metadata"]
+    owner = passive.call(cmd="wait", timeout=30)  # nobody reads: the expiry, not the timeout, ends it
+    assert (owner["status"], owner["error"]) == ("ERRORED", "TimeoutError"), owner
+    assert "expired" in owner["message"]
+    r = active.call(cmd="begin", kind="read", metadata=md, sizes=[4096])
+    assert r["error"] == "PermissionError"
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_a_wait_timeout_leaves_the_operation_running(peers, impl):
+    passive, active = pair(peers, impl)
+    md = passive.call(cmd="create", kind="read", sizes=[4096], seed=5)["metadata"]
+    owner = passive.call(cmd="wait", timeout=0.2)
+    assert (owner["status"], owner["error"]) == ("INITIALIZED", "TimeoutError")
+    assert active.call(cmd="begin", kind="read", metadata=md, sizes=[4096])["ok"]
+    assert active.call(cmd="wait", timeout=30)["status"] == "COMPLETE"
+    assert passive.call(cmd="wait", timeout=30)["status"] == "COMPLETE"
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_the_active_side_cancelling_is_seen_by_the_owner(peers, impl):
+    passive, active = pair(peers, impl)
+    md = passive.call(cmd="create", kind="read", sizes=[8 * MiB], seed=1)["metadata"]
+    assert active.call(cmd="begin", kind="read", metadata=md, sizes=[8 * MiB])["ok"]
+    assert active.call(cmd="cancel")["status"] == "CANCELLED"
+    owner = passive.call(cmd="wait", timeout=30)
+    assert (owner["status"], owner["error"]) == ("CANCELLED", "OperationCancelledError"), owner
+    assert "the peer cancelled" in owner["message"]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_the_owner_cancelling_mid_transfer_fails_the_peer(peers, impl):
+    # The reader stops itself right after posting a 64 MiB read: the transfer cannot be complete
+    # over tcp (and over shm the copy is done but the owner has not been told) when the owner
+    # cancels. Continued, the reader must fail with the owner's reason, not hang.
+    passive, active = pair(peers, impl)
+    md = passive.call(cmd="create", kind="read", sizes=[64 * MiB], seed=1)["metadata"]
+    assert active.call(cmd="begin", kind="read", metadata=md, sizes=[64 * MiB], stop=True)["ok"]
+    active.wait_stopped()
+    assert passive.call(cmd="cancel")["status"] == "CANCELLED"
+    active.resume()
+    done = active.call(cmd="wait", timeout=30)
+    assert (done["status"], done["error"]) == ("ERRORED", "ConnectionError"), done
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_the_reader_killed_mid_transfer_fails_the_owners_wait(peers, impl):
+    passive, active = pair(peers, impl)
+    md = passive.call(cmd="create", kind="read", sizes=[64 * MiB], seed=1)["metadata"]
+    assert active.call(cmd="begin", kind="read", metadata=md, sizes=[64 * MiB], stop=True)["ok"]
+    active.wait_stopped()
+    active.kill()
+    owner = passive.call(cmd="wait", timeout=30)
+    assert (owner["status"], owner["error"]) == ("ERRORED", "ConnectionError"), owner
+    assert "closed before it said it finished" in owner["message"]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_the_owner_killed_mid_transfer_fails_the_reader(peers, impl):
+    passive, active = pair(peers, impl)
+    md = passive.call(cmd="create", kind="read", sizes=[64 * MiB], seed=1)["metadata"]
+    assert active.call(cmd="begin", kind="read", metadata=md, sizes=[64 * MiB], stop=True)["ok"]
+    active.wait_stopped()
+    passive.kill()
+    active.resume()
+    done = active.call(cmd="wait", timeout=30)
+    assert (done["status"], done["error"]) == ("ERRORED", "ConnectionError"), done
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_an_owner_that_is_gone_is_an_error_at_once(peers, impl):
+    passive, active = pair(peers, impl)
+    md = passive.call(cmd="create", kind="read", sizes=[4096], seed=1)["metadata"]
+    passive.kill()
+    r = active.call(cmd="begin", kind="read", metadata=md, sizes=[4096])
+    assert r["error"] == "ConnectionError" and "cannot reach the owner" in r["message"], r
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_a_thousand_operations_leak_neither_memory_nor_descriptors(peers, impl):
+    passive, active = pair(peers, impl)
+
+    def one():
+        md = passive.call(cmd="create", kind="read", sizes=[4096, 100], seed=3)["metadata"]
+        assert active.call(cmd="begin", kind="read", metadata=md, sizes=[4096, 100])["ok"]
+        assert active.call(cmd="wait", timeout=30)["status"] == "COMPLETE"
+        assert passive.call(cmd="wait", timeout=30)["status"] == "COMPLETE"
+
+    for _ in range(100):  # warm up: allocator pools, thread pools, imports
+        one()
+    before = [passive.call(cmd="usage"), active.call(cmd="usage")]
+    for _ in range(1000):
+        one()
+    after = [passive.call(cmd="usage"), active.call(cmd="usage")]
+    for side, b, a in zip(("owner", "reader"), before, after):
+        assert a["fds"] == b["fds"], f"{side}: {b['fds']} -> {a['fds']} file descriptors"
+        assert a["rss_kib"] - b["rss_kib"] < 2048, f"{side}: resident memory grew {b['rss_kib']} -> {a['rss_kib']} KiB"
