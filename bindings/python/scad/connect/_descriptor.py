@@ -96,7 +96,7 @@ class Descriptor:
         self._connector = None
         if isinstance(data, tuple) and len(data) == 2 and isinstance(data[0], numpy.ndarray):
             self._device = Device(data[1])
-            data = data[0]
+            data = self._ref = data[0]
         if isinstance(data, tuple) and len(data) in (3, 4) and isinstance(data[0], int) and isinstance(data[1], int):
             self._ptr, self._size = data[0], data[1]
             self._device = Device(data[2])
