@@ -8,7 +8,6 @@ operation tells the owner with libd_trdma_notify; a cancelled or failed one tell
 """
 from __future__ import annotations
 
-import asyncio
 import errno
 import logging
 import os
@@ -20,6 +19,7 @@ from ._descriptor import Descriptor, as_list
 from ._errors import OperationCancelledError
 from ._metadata import RdmaMetadata
 from ._operation_kind import OperationKind, OperationStatus
+from ._waiter import wait_in_thread
 
 log = logging.getLogger("scad.connect")
 
@@ -119,8 +119,7 @@ class ActiveOperation:
         ConnectionError if the owner vanished or cut the operation off (it cancelled, or the
         operation expired), OperationCancelledError if this side cancelled it."""
         if self._status is OperationStatus.IN_PROGRESS:
-            loop = asyncio.get_running_loop()
-            await loop.run_in_executor(self._connector._executor, self._drive, timeout)
+            await wait_in_thread(self._drive, timeout)
             if self._status is OperationStatus.IN_PROGRESS:
                 raise TimeoutError(f"the transfers did not finish within {timeout} s (they go on)")
         self._raise_if_failed()
@@ -169,7 +168,7 @@ class ActiveOperation:
     # ---- the machinery ------------------------------------------------------------------
     def _drive(self, timeout: Optional[float]) -> None:
         """Waits for the transfers up to `timeout`, then finishes the operation. Runs in an
-        executor thread too: it records, it never raises."""
+        waiting thread too: it records, it never raises."""
         deadline = None if timeout is None else time.monotonic() + timeout
         for op in self._ops:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())

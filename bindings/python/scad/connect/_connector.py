@@ -1,8 +1,8 @@
 """The Connector: one per process (or per worker), the factory of every operation.
 
 It owns a libd memory server (started by initialize() or by the first passive operation) that
-serves passive operations' memory in place over tcp and a unix socket - and RDMA verbs when this
-host has a device - and the executor threads that wait on libd without holding the event loop.
+serves passive operations' memory in place over tcp and a unix socket, and RDMA verbs when this
+host has a device.
 """
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import socket
 import tempfile
 import threading
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional
 
 from ._active import ReadOperation, WriteOperation
@@ -58,9 +57,6 @@ class Connector:
         self._action = None
         self._srv = None
         self._endpoint: dict = {}
-        # Waits on libd block a thread each (a notification or a completion wakes it): enough
-        # threads that many operations can wait at once; more wait in line, none is lost.
-        self._executor = ThreadPoolExecutor(max_workers=32, thread_name_prefix="scad-connect")
 
     @property
     def name(self) -> str:
@@ -98,8 +94,7 @@ class Connector:
         with self._lock:
             action, self._action, self._srv = self._action, None, None
         if action is not None:
-            action.terminate()
-        self._executor.shutdown(wait=False, cancel_futures=True)
+            action.terminate()  # ends every wait on it (-ECANCELED)
 
     def __enter__(self) -> "Connector":
         return self

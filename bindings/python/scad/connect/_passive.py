@@ -8,7 +8,6 @@ by revoking its grants and withdrawing its memory: the metadata opens nothing af
 """
 from __future__ import annotations
 
-import asyncio
 import errno
 import logging
 import os
@@ -21,6 +20,7 @@ from ._descriptor import Descriptor, as_list
 from ._errors import OperationCancelledError
 from ._metadata import RdmaMetadata, SerializedDescriptor
 from ._operation_kind import OperationKind, OperationStatus
+from ._waiter import wait_in_thread
 
 log = logging.getLogger("scad.connect")
 
@@ -113,10 +113,9 @@ class PassiveOperation:
         finished, TimeoutError if the operation expired, OperationCancelledError if either side
         cancelled it."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        loop = asyncio.get_running_loop()
         while self._status not in _TERMINAL:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            await loop.run_in_executor(self._connector._executor, self._collect, left)
+            await wait_in_thread(self._collect, left)
             if self._status not in _TERMINAL and deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(f"the peer did not finish within {timeout} s (the operation goes on)")
         self._raise_if_failed()
@@ -157,7 +156,7 @@ class PassiveOperation:
     # ---- the machinery ------------------------------------------------------------------
     def _collect(self, timeout: Optional[float]) -> None:
         """Takes what the peer said about each pending grant, waiting up to `timeout` (None:
-        until something happens). Runs in an executor thread: it never raises, it records."""
+        until something happens). Runs in a waiting thread too: it never raises, it records."""
         deadline = None if timeout is None else time.monotonic() + timeout
         for grant in list(self._pending):
             if self._status in _TERMINAL:
@@ -183,7 +182,7 @@ class PassiveOperation:
                 else:
                     self._end(OperationStatus.ERRORED, f"waiting for the peer failed: {e}", OSError)
                 return
-            except Exception as e:  # noqa: BLE001 - nothing escapes the executor thread unrecorded
+            except Exception as e:  # noqa: BLE001 - nothing escapes the waiting thread unrecorded
                 self._end(OperationStatus.ERRORED, f"waiting for the peer failed: {e}", RuntimeError)
                 return
             if value != self._value:
@@ -218,15 +217,17 @@ class PassiveOperation:
         """Revokes every grant and withdraws the memory; idempotent."""
         elements, self._elements = self._elements, []
         grants, self._grants = self._grants, []
+        # Already gone (KeyError) or the connector's server stopped (ConnectionError): stopping
+        # revoked everything, which is what this wanted.
         for g in grants:
             try:
                 self._server.revoke(g)
-            except KeyError:
-                pass  # already gone with its element
+            except (KeyError, ConnectionError):
+                pass
         for e in elements:
             try:
                 self._server.withdraw(e)
-            except KeyError:
+            except (KeyError, ConnectionError):
                 pass
 
 
