@@ -132,9 +132,11 @@ class ActiveOperation:
                 return
             self._status = OperationStatus.CANCELLED
             self._why = "cancelled by this side"
+        # The word goes first: cancelling an RDMA transfer in flight may close its connection
+        # (verbs), and the owner would then see a peer that vanished, not one that gave up.
+        self._tell_owner(-errno.ECANCELED)
         for op in self._ops:
             op.cancel()
-        self._tell_owner(-errno.ECANCELED)
         self._release()
 
     def results(self) -> list:
