@@ -1,13 +1,16 @@
 """Helpers for the Python test tiers: the build's binaries and Python module, memory element
 servers (libd-memd) and platforms (scad-server) as real processes. Fixtures are in conftest.py."""
 import base64
+import ctypes
 import json
 import os
 import pathlib
 import select
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import urllib.error
 import urllib.request
 
@@ -57,6 +60,66 @@ class Memd:
             self.proc.terminate()
             self.proc.wait(10)
 
+
+
+def wait_until(condition, timeout_s):
+    """Checks condition() every 10 ms until it is true (returns True) or timeout_s passes (False)."""
+    import time
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+class Gate:
+    """A rendezvous between a test and the actions it runs, over TCP: a sandboxed action sees none
+    of the test's files (no FIFO can be shared), but it shares the host's network. An action
+    connects to `address` (it is running now: wait_arrivals), may send a line, and waits until the
+    test opens the gate (its connection closes). `netns` listens inside that network namespace."""
+
+    def __init__(self, host="127.0.0.1", netns=None):
+        self.conns = []
+        if netns is None:
+            self.sock = socket.create_server((host, 0))
+        else:  # a thread that enters the namespace makes the socket there, then ends
+            made = {}
+
+            def make():
+                libc = ctypes.CDLL(None, use_errno=True)
+                fd = os.open(f"/run/netns/{netns}", os.O_RDONLY)
+                try:
+                    if libc.setns(fd, 0x40000000) != 0:  # CLONE_NEWNET
+                        made["error"] = OSError(ctypes.get_errno(), "setns")
+                        return
+                    made["sock"] = socket.create_server((host, 0))
+                finally:
+                    os.close(fd)
+
+            t = threading.Thread(target=make)
+            t.start()
+            t.join()
+            if "error" in made:
+                raise made["error"]
+            self.sock = made["sock"]
+        self.address = [host, self.sock.getsockname()[1]]
+
+    def wait_arrivals(self, n=1, timeout=60):
+        """Blocks until n more actions have connected; returns their connections."""
+        self.sock.settimeout(timeout)
+        new = [self.sock.accept()[0] for _ in range(n)]
+        self.conns += new
+        return new
+
+    def open(self):
+        for c in self.conns:
+            c.close()
+        self.conns = []
+
+    def close(self):
+        self.open()
+        self.sock.close()
 
 
 SERVER = BUILD / "scheduler" / "scad-server"

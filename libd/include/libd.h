@@ -195,7 +195,9 @@ int libd_trdma_server_grant(libd_transport *trans, const char *client, uint64_t 
                             uint64_t length, unsigned rights, char *out, size_t cap);
 /* Revokes a grant at once (by the id in its configuration string): its connections close. */
 int libd_trdma_server_revoke(libd_transport *trans, const char *grant_id);
-/* Scad's call: serve and block until the transport is stopped or terminated. */
+/* Scad's call: serve and block until the transport is stopped or terminated. Returns 0 then,
+ * also when it was stopped before this call began (so a thread that calls run and one that calls
+ * stop need no ordering between them). */
 int libd_trdma_server_run(libd_transport *trans);
 
 /* ---- lent memory and completion notifications (since 1.1) ---------------------------------

@@ -1,5 +1,6 @@
 #include "agent.h"
 
+#include <ftw.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -13,7 +14,9 @@
 
 #include "core/error.h"
 #include "core/params.h"
+#include "launcher_reply.h"
 #include "pool.h"
+#include "safe_json.h"
 #include "verbs/device.h"
 
 namespace scad {
@@ -41,8 +44,17 @@ int Agent::start(std::string *why) {
     return -EINVAL;
   }
   cgroups_ = Cgroups::open(opts_.cgroup, &cgroup_why_);
-  workers_ = std::make_unique<WorkerPool>(
-      WorkerOptions{opts_.python, opts_.pythonpath, opts_.home, opts_.prewarm, opts_.max_warm, opts_.keep_alive_ms});
+  // Compute processes reach the pool through this socket from inside their sandboxes, as another
+  // uid: the socket is open to connect (its folder stays 0700; a grant's secret opens an element).
+  chmod((run + "/memory.sock").c_str(), 0666);
+  bool required = false;
+  sandbox_ = Sandbox::open(opts_.sandbox, opts_.python, opts_.pythonpath, run + "/memory.sock", &sandbox_why_, &required);
+  if (!sandbox_ && required) {
+    *why = "cannot sandbox compute processes: " + sandbox_why_;
+    return -EINVAL;
+  }
+  workers_ = std::make_unique<WorkerPool>(WorkerOptions{opts_.python, opts_.pythonpath, opts_.home, sandbox_,
+                                                        opts_.prewarm, opts_.max_warm, opts_.keep_alive_ms});
   return 0;
 }
 
@@ -112,7 +124,7 @@ int Agent::notify(const std::string &aid, const json &notice) {
   std::lock_guard<std::mutex> lk(run_mu_);  // the worker stays while it is in running_
   auto it = running_.find(aid);
   if (it != running_.end())
-    return WorkerPool::send(*it->second, json{{"notice", notice}, {"aid", aid}}.dump()) ? 0 : -EPIPE;
+    return WorkerPool::send(*it->second, dump_json(json{{"notice", notice}, {"aid", aid}})) ? 0 : -EPIPE;
   // Not started yet (the scheduler hands instances over before their process is ready): keep it
   // for the spec. One for an instance that already ended would stay, so old ones are dropped.
   auto now = std::chrono::steady_clock::now();
@@ -170,20 +182,48 @@ std::string Agent::materialize(const std::string &key, const json &files, std::s
   return dir;
 }
 
+int Agent::remove_code(const std::string &prefix) {
+  int parts = 0;
+  for (char c : prefix) {
+    if (c == '/') parts++;
+    else if (!isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_' && c != '.' && c != '@') return -EINVAL;
+  }
+  if (parts != 2 || prefix.find("..") != std::string::npos || prefix.front() == '/' || prefix.back() == '/')
+    return -EINVAL;
+  std::lock_guard<std::mutex> lk(code_mu_);
+  // nftw with FTW_PHYS never follows a link out of the tree; depth first, files before folders.
+  std::string dir = opts_.home + "/code/" + prefix;
+  nftw(dir.c_str(), [](const char *path, const struct stat *, int, struct FTW *) { return remove(path), 0; }, 16,
+       FTW_DEPTH | FTW_PHYS);
+  return 0;
+}
+
 ComputeOutcome Agent::run_compute(const ComputeSpec &spec) {
   ComputeOutcome o;
-  std::string why, dir = materialize(spec.code_key, spec.code_files, &why);
-  if (dir.empty()) {
-    o.status = "whisk internal error";
-    o.error = {{"type", "CodeError"}, {"message", why}};
-    return o;
-  }
-  std::string code = dir + "/" + spec.code;
   json transports = json::array();
   for (auto &t : spec.transports) transports.push_back({{"durl", t.durl}, {"config", t.config}});
-  json launcher = {{"aid", spec.aid}, {"code", code}, {"main", spec.main}, {"args", spec.args},
+  json launcher = {{"aid", spec.aid}, {"main", spec.main}, {"args", spec.args},
                    {"transports", transports}, {"runtime_url", spec.runtime_url},
                    {"runtime_token", spec.runtime_token}};
+  std::string code;  // names the action's code for the warm pool: one process per code and function
+  if (sandbox_) {
+    // The code travels with the spec; the launcher writes it read-only into the sandbox's /code
+    // and switches to the tenant's uid before it runs any of it.
+    launcher["files"] = spec.code_files;
+    launcher["code"] = spec.code;
+    launcher["code_key"] = spec.code_key;
+    if (sandbox_->switches_uid()) launcher["uid"] = tenant_uid(spec.tenant);
+    code = spec.code_key + "/" + spec.code;
+  } else {
+    std::string why, dir = materialize(spec.code_key, spec.code_files, &why);
+    if (dir.empty()) {
+      o.status = "whisk internal error";
+      o.error = {{"type", "CodeError"}, {"message", why}};
+      return o;
+    }
+    code = dir + "/" + spec.code;
+    launcher["code"] = code;
+  }
   // One process per action: the code file names the application version, plus the function.
   auto w = workers_->acquire(code + "#" + spec.main, &o.start);
   auto t0 = std::chrono::steady_clock::now();
@@ -214,18 +254,25 @@ ComputeOutcome Agent::run_compute(const ComputeSpec &spec) {
       pending_notices_.erase(p);
     }
   }
-  WorkerRun r = WorkerPool::run(*w, launcher.dump(), spec.timeout_ms);
+  WorkerRun r = workers_->run(*w, dump_json(launcher), spec.timeout_ms, spec.log_bytes);
   {
     std::lock_guard<std::mutex> lk(run_mu_);
     running_.erase(spec.aid);
   }
   o.duration_ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+  // User code may print any bytes: log lines are kept as valid UTF-8 (bad bytes become U+FFFD),
+  // so every later dump of the record works.
   auto add_logs = [&](const std::string &text) {
     std::istringstream in(text);
-    for (std::string line; std::getline(in, line);) o.logs.push_back(stamp + " stderr: " + line);
+    for (std::string line; std::getline(in, line);) o.logs.push_back(stamp + " stderr: " + valid_utf8(line));
   };
-  json reply = json::parse(r.reply, nullptr, false);
+  LauncherReply reply;
+  std::string bad_reply;
+  bool replied = !r.died && !r.timed_out && parse_launcher_reply(r.reply, &reply, &bad_reply);
   add_logs(r.stderr_text);
+  if (r.output_dropped)
+    o.logs.push_back(stamp + " stderr: scad agent: the output limit of " + std::to_string(spec.log_bytes) +
+                     " bytes was reached; " + std::to_string(r.output_dropped) + " more bytes were dropped");
   if (r.timed_out) {
     workers_->release(std::move(w), false);
     o.status = "action developer error";
@@ -233,13 +280,16 @@ ComputeOutcome Agent::run_compute(const ComputeSpec &spec) {
                {"message", "the compute element ran longer than its limit of " + std::to_string(spec.timeout_ms) + " ms"}};
     return o;
   }
-  // The launcher answers one JSON line per run; anything else means the process died under it.
-  if (r.died || reply.is_discarded() || !reply.is_object() || !reply.contains("ok")) {
+  // The launcher answers one JSON line per run; anything else means the process died under it
+  // (or user code wrote to the result pipe: the process is not reused either way).
+  if (!replied) {
     int64_t ooms = cgroups_ ? cgroups_->last_oom_kills(pid) : 0;
     workers_->release(std::move(w), false);
     o.status = "action developer error";
-    std::string how = r.signal ? "was killed by signal " + std::to_string(r.signal)
-                               : "exited with status " + std::to_string(r.exit_code) + " without a result";
+    std::string how = r.reply_too_long ? "wrote a result line longer than " + std::to_string(kMaxReplyBytes >> 20) + " MiB"
+                      : !r.died        ? "answered a malformed result line (" + bad_reply + ")"
+                      : r.signal       ? "was killed by signal " + std::to_string(r.signal)
+                                       : "exited with status " + std::to_string(r.exit_code) + " without a result";
     if (ooms > 0)
       how += ": the kernel's OOM killer ended it for going over its memory limit of " +
              std::to_string(spec.memory >> 20) + " MiB (cgroup memory.max)";
@@ -247,18 +297,15 @@ ComputeOutcome Agent::run_compute(const ComputeSpec &spec) {
     return o;
   }
   workers_->release(std::move(w), true);
-  o.ok = reply["ok"].get<bool>();
-  o.init_ms = reply.value("init_ms", int64_t(0));
+  o.ok = reply.ok;
+  o.init_ms = reply.init_ms;
   if (o.ok) {
     o.status = "success";
-    o.result = reply["result"];
+    o.result = std::move(reply.result);
   } else {
     o.status = "application error";
-    o.error = reply["error"];
-    if (o.error.contains("traceback")) {
-      add_logs(o.error["traceback"].get<std::string>());
-      o.error.erase("traceback");
-    }
+    o.error = std::move(reply.error);
+    add_logs(reply.traceback);
   }
   return o;
 }

@@ -14,6 +14,7 @@
 
 #include "pool.h"
 #include "cgroup.h"
+#include "sandbox.h"
 #include "server/memory_server.h"
 
 namespace scad {
@@ -34,6 +35,9 @@ struct AgentOptions {
   std::string verbs = "auto";
   // cgroup v2 limits for compute processes: "auto" (where the host allows, see cgroup.h) or "off".
   std::string cgroup = "auto";
+  // The sandbox compute processes run in (sandbox.h): "auto" (bubblewrap where it works), "on"
+  // (refuse to start without it) or "off".
+  std::string sandbox = "auto";
 };
 
 struct TransportGrant {
@@ -54,6 +58,8 @@ struct ComputeSpec {
   int64_t timeout_ms = 60000;
   double cpu = 1;                  // cores (cgroup cpu.max)
   uint64_t memory = 256ull << 20;  // bytes (cgroup memory.max)
+  uint64_t log_bytes = 10ull << 20;  // output kept in the activation's logs; the rest is dropped
+  std::string tenant;                // the namespace it runs for: its sandbox's uid
 };
 
 struct ComputeOutcome {
@@ -87,11 +93,16 @@ class Agent {
   // Whether compute processes run under cgroup v2 limits, and if not why ("" when they do).
   bool limits() const { return cgroups_ != nullptr; }
   const std::string &limits_off_reason() const { return cgroup_why_; }
+  // Whether compute processes run sandboxed, and if not why ("" when they do).
+  bool sandboxed() const { return sandbox_ != nullptr; }
+  const std::string &sandbox_off_reason() const { return sandbox_why_; }
 
   // Ends a grant at once: its client's connections close and its remote keys die.
   int revoke(const std::string &grant_id, std::string *why);
 
   ComputeOutcome run_compute(const ComputeSpec &spec);
+  // Removes the code kept under "ns/kind/name" (every version of it). -EINVAL for a bad prefix.
+  int remove_code(const std::string &prefix);
   // Tells the running compute instance `aid` that a peer failed (docs/agent.md, "Crashes"); it
   // reads the notice through action.runtime. -ENOENT when no such instance runs here.
   int notify(const std::string &aid, const nlohmann::json &notice);
@@ -104,6 +115,8 @@ class Agent {
   libd::MemoryServer server_;
   std::shared_ptr<Cgroups> cgroups_;  // before workers_: processes end (and leave their cgroups) first
   std::string cgroup_why_;
+  std::shared_ptr<const Sandbox> sandbox_;
+  std::string sandbox_why_;
   std::unique_ptr<WorkerPool> workers_;
   std::mutex code_mu_;
   std::mutex run_mu_;

@@ -1,6 +1,7 @@
 #include "agent_api.h"
 
 #include "proto/auth.h"
+#include "safe_json.h"
 
 namespace scad {
 
@@ -12,7 +13,7 @@ json to_json(const ComputeSpec &s) {
   return {{"aid", s.aid}, {"code", s.code}, {"code_key", s.code_key}, {"code_files", s.code_files},
           {"main", s.main}, {"args", s.args}, {"transports", t}, {"runtime_url", s.runtime_url},
           {"runtime_token", s.runtime_token}, {"timeout_ms", s.timeout_ms},
-          {"cpu", s.cpu}, {"memory", s.memory}};
+          {"cpu", s.cpu}, {"memory", s.memory}, {"log_bytes", s.log_bytes}, {"tenant", s.tenant}};
 }
 
 ComputeSpec spec_from_json(const json &j) {
@@ -29,6 +30,8 @@ ComputeSpec spec_from_json(const json &j) {
   s.timeout_ms = j.value("timeout_ms", int64_t(60000));
   s.cpu = j.value("cpu", 1.0);
   s.memory = j.value("memory", uint64_t(256) << 20);
+  s.log_bytes = j.value("log_bytes", uint64_t(10) << 20);
+  s.tenant = j.value("tenant", "");
   return s;
 }
 
@@ -37,17 +40,31 @@ json to_json(const ComputeOutcome &o) {
           {"duration_ms", o.duration_ms}, {"init_ms", o.init_ms}, {"start", o.start}};
 }
 
-ComputeOutcome outcome_from_json(const json &j) {
+bool outcome_from_json(const json &j, ComputeOutcome *out, std::string *why) {
+  static const char *const kStatuses[] = {"success", "application error", "action developer error",
+                                          "whisk internal error"};
   ComputeOutcome o;
-  o.ok = j.value("ok", false);
-  o.result = j.value("result", json());
-  o.error = j.value("error", json());
-  o.status = j.value("status", "whisk internal error");
-  o.logs = j.value("logs", std::vector<std::string>{});
-  o.duration_ms = j.value("duration_ms", int64_t(0));
-  o.init_ms = j.value("init_ms", int64_t(0));
-  o.start = j.value("start", "");
-  return o;
+  auto ok = get_bool(j, "ok");
+  auto status = get_string(j, "status");
+  bool known = false;
+  for (auto *k : kStatuses) known |= status && *status == k;
+  if (!ok || !known || (*ok != (*status == "success"))) {
+    *why = "the outcome needs a boolean \"ok\" and a \"status\" that agrees with it";
+    return false;
+  }
+  o.ok = *ok;
+  o.status = *status;
+  o.result = j.contains("result") ? j["result"] : json();
+  o.error = j.contains("error") ? j["error"] : json();
+  if (!o.ok && !(get_string(o.error, "message") && get_string(o.error, "type")))
+    o.error = {{"type", "AgentError"}, {"message", "the agent reported an error without a message: " + dump_json(o.error)}};
+  if (j.contains("logs") && j["logs"].is_array())
+    for (auto &line : j["logs"]) o.logs.push_back(line.is_string() ? line.get<std::string>() : dump_json(line));
+  o.duration_ms = std::max<int64_t>(0, get_int(j, "duration_ms").value_or(0));
+  o.init_ms = std::max<int64_t>(0, get_int(j, "init_ms").value_or(0));
+  o.start = get_string(j, "start").value_or("");
+  *out = std::move(o);
+  return true;
 }
 
 void install_agent_routes(httplib::Server &srv, Agent &agent, const std::string &token) {
@@ -59,15 +76,15 @@ void install_agent_routes(httplib::Server &srv, Agent &agent, const std::string 
     return false;
   };
   auto body_of = [](const httplib::Request &req, httplib::Response &res, json *out) {
-    *out = json::parse(req.body, nullptr, false);
-    if (out->is_object()) return true;
+    std::string why = "it is not an object";
+    if (parse_json(req.body, out, &why) && out->is_object()) return true;
     res.status = 400;
-    res.set_content(json{{"error", "the body is not a JSON object"}}.dump(), "application/json");
+    res.set_content(dump_json(json{{"error", "the body is not accepted: " + why}}), "application/json");
     return false;
   };
   auto fail = [](httplib::Response &res, int status, const std::string &why) {
     res.status = status;
-    res.set_content(json{{"error", why}}.dump(), "application/json");
+    res.set_content(dump_json(json{{"error", why}}), "application/json");
   };
   srv.Post("/agent/v1/elements", [&, authorized, body_of, fail](const httplib::Request &req, httplib::Response &res) {
     json b;
@@ -110,6 +127,13 @@ void install_agent_routes(httplib::Server &srv, Agent &agent, const std::string 
     if (agent.notify(b["aid"], b["notice"])) return fail(res, 404, "no compute instance '" + b["aid"].get<std::string>() + "' runs here");
     res.status = 204;
   });
+  srv.Post("/agent/v1/code/remove", [&, authorized, body_of, fail](const httplib::Request &req, httplib::Response &res) {
+    json b;
+    if (!authorized(req, res) || !body_of(req, res, &b)) return;
+    auto prefix = get_string(b, "prefix");
+    if (!prefix || agent.remove_code(*prefix)) return fail(res, 400, "needs {\"prefix\": \"NS/KIND/NAME\"}");
+    res.status = 204;
+  });
   srv.Post("/agent/v1/run", [&, authorized, body_of, fail](const httplib::Request &req, httplib::Response &res) {
     json b;
     if (!authorized(req, res) || !body_of(req, res, &b)) return;
@@ -119,7 +143,7 @@ void install_agent_routes(httplib::Server &srv, Agent &agent, const std::string 
     } catch (const json::exception &e) {
       return fail(res, 400, std::string("bad compute spec: ") + e.what());
     }
-    res.set_content(to_json(agent.run_compute(spec)).dump(), "application/json");
+    res.set_content(dump_json(to_json(agent.run_compute(spec))), "application/json");
   });
 }
 

@@ -21,6 +21,7 @@
 #include "agent.h"
 #include "agent_api.h"
 #include "core/params.h"
+#include "safe_json.h"
 
 namespace {
 
@@ -28,7 +29,7 @@ namespace {
   std::cerr << "scad-agent: " << why << "\n"
             << "usage: scad-agent --scheduler URL --address ADDR --token-file FILE [--id NAME] [--port N]\n"
             << "                  [--home DIR] [--python PATH] [--pythonpath P] [--pool SIZE] [--cpus N]\n"
-            << "                  [--verbs auto|off|KEY=VALUE,...] [--cgroup auto|off]\n";
+            << "                  [--verbs auto|off|KEY=VALUE,...] [--cgroup auto|off] [--sandbox auto|on|off]\n";
   exit(2);
 }
 
@@ -60,6 +61,7 @@ int main(int argc, char **argv) {
     else if (a == "--cpus") ao.cpus = std::stod(value());
     else if (a == "--verbs") ao.verbs = value();
     else if (a == "--cgroup") ao.cgroup = value();
+    else if (a == "--sandbox") ao.sandbox = value();
     else if (a == "--pool") {
       if (!libd::parse_size(value(), &ao.pool_bytes)) usage("--pool takes a size such as 4GiB");
     } else usage("unknown argument '" + a + "'");
@@ -102,11 +104,12 @@ int main(int argc, char **argv) {
       httplib::Client c(scheduler);
       c.set_connection_timeout(2);
       c.set_bearer_token_auth(token.c_str());
-      auto res = c.Post("/api/v1/hosts/register", me.dump(), "application/json");
+      auto res = c.Post("/api/v1/hosts/register", scad::dump_json(me), "application/json");
       if (res && res->status == 200 && !registered.exchange(true))
         std::cout << "scad-agent: " << ao.host_id << " serving at " << url << ", registered with " << scheduler
                   << (agent.rdma() ? ", RDMA on " + agent.rdma_device() : ", no RDMA")
                   << (agent.limits() ? ", cgroup v2 limits" : ", no cgroup limits (" + agent.limits_off_reason() + ")")
+                  << (agent.sandboxed() ? ", sandboxed" : ", NOT sandboxed (" + agent.sandbox_off_reason() + ")")
                   << std::endl;
       else if ((!res || res->status != 200) && registered.exchange(false))
         std::cerr << "scad-agent: lost the scheduler at " << scheduler << "; retrying\n";

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <vector>
 
 namespace scad {
 namespace {
@@ -109,7 +110,16 @@ std::string Cgroups::limit(pid_t pid, double cpu, uint64_t memory) {
   if (auto w = write_file(dir + "/cpu.max", cpu_max); !w.empty()) return w;
   if (auto w = write_file(dir + "/memory.max", memory ? std::to_string(memory) : "max"); !w.empty()) return w;
   write_file(dir + "/memory.swap.max", "0");  // absent without swap accounting: not an error
-  return write_file(dir + "/cgroup.procs", std::to_string(pid));
+  // The process and everything it started: in a sandbox, pid is bubblewrap's and the launcher
+  // is its grandchild. They are idle (waiting for their spec), so none forks while they move.
+  std::vector<pid_t> todo{pid};
+  for (size_t i = 0; i < todo.size() && i < 64; i++) {
+    if (auto w = write_file(dir + "/cgroup.procs", std::to_string(todo[i])); !w.empty() && i == 0) return w;
+    std::string task = "/proc/" + std::to_string(todo[i]) + "/task/" + std::to_string(todo[i]) + "/children";
+    std::istringstream children(read_file(task));
+    for (pid_t c; children >> c;) todo.push_back(c);
+  }
+  return "";
 }
 
 int64_t Cgroups::oom_kills(pid_t pid) {

@@ -1,5 +1,7 @@
 #include "pool.h"
 
+#include "sandbox.h"
+
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -47,15 +49,19 @@ std::unique_ptr<Worker> WorkerPool::spawn() {
   posix_spawn_file_actions_adddup2(&fa, in[0], 0);
   posix_spawn_file_actions_adddup2(&fa, out[1], 1);
   posix_spawn_file_actions_adddup2(&fa, err[1], 2);
+  // HOME is the sandbox's private /tmp; unconfined, the agent's state folder as before.
   std::vector<std::string> env = {"PYTHONPATH=" + o_.pythonpath, "PATH=/usr/local/bin:/usr/bin:/bin",
-                                  "HOME=" + o_.home, "PYTHONUNBUFFERED=1"};
+                                  "HOME=" + (o_.sandbox ? std::string("/tmp") : o_.home), "PYTHONUNBUFFERED=1"};
   std::vector<char *> cenv;
   for (auto &e : env) cenv.push_back(e.data());
   cenv.push_back(nullptr);
-  std::string m = "-m", mod = "scad.launcher", serve = "--serve";
-  char *argv[] = {const_cast<char *>(o_.python.c_str()), m.data(), mod.data(), serve.data(), nullptr};
+  std::vector<std::string> args = {o_.python, "-m", "scad.launcher", "--serve"};
+  if (o_.sandbox) args = o_.sandbox->command(args);
+  std::vector<char *> argv;
+  for (auto &a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
   auto w = std::make_unique<Worker>();
-  int rc = posix_spawn(&w->pid, o_.python.c_str(), &fa, nullptr, argv, cenv.data());
+  int rc = posix_spawn(&w->pid, argv[0], &fa, nullptr, argv.data(), cenv.data());
   posix_spawn_file_actions_destroy(&fa);
   close(in[0]);
   close(out[1]);
@@ -92,10 +98,22 @@ std::unique_ptr<Worker> WorkerPool::acquire(const std::string &key, std::string 
     }
   }
   *how = "cold";
-  auto w = spawn();
+  auto w = spawn_on_maintainer();
   if (w) w->key = key;
   cv_.notify_all();
   return w;
+}
+
+std::unique_ptr<Worker> WorkerPool::spawn_on_maintainer() {
+  std::promise<std::unique_ptr<Worker>> made;
+  auto result = made.get_future();
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (stopping_) return nullptr;
+    spawn_requests_.push_back(&made);
+  }
+  cv_.notify_all();
+  return result.get();
 }
 
 void WorkerPool::release(std::unique_ptr<Worker> w, bool healthy) {
@@ -108,19 +126,35 @@ void WorkerPool::release(std::unique_ptr<Worker> w, bool healthy) {
 
 void WorkerPool::maintain() {
   std::unique_lock<std::mutex> lk(mu_);
-  while (!stopping_) {
-    while (int(fresh_.size()) < o_.prewarm && !stopping_) {
+  // A caller waiting for a cold start goes before topping up the pre-warmed pool.
+  auto serve_requests = [&] {
+    while (!spawn_requests_.empty()) {
+      auto *req = spawn_requests_.front();
+      spawn_requests_.pop_front();
       lk.unlock();
       auto w = spawn();  // outside the lock: spawning takes a moment
+      req->set_value(std::move(w));
+      lk.lock();
+    }
+  };
+  while (!stopping_) {
+    serve_requests();
+    while (int(fresh_.size()) < o_.prewarm && !stopping_) {
+      lk.unlock();
+      auto w = spawn();
       lk.lock();
       if (!w) break;
       fresh_.push_back(std::move(w));
+      serve_requests();
     }
+    if (!spawn_requests_.empty()) continue;
     auto now = Clock::now();
     for (auto it = warm_.begin(); it != warm_.end();)
       it = now - it->second->idle_since > std::chrono::milliseconds(o_.keep_alive_ms) ? warm_.erase(it) : std::next(it);
     cv_.wait_for(lk, std::chrono::milliseconds(std::max<int64_t>(100, o_.keep_alive_ms / 4)));
   }
+  for (auto *req : spawn_requests_) req->set_value(nullptr);
+  spawn_requests_.clear();
   fresh_.clear();
   warm_.clear();
 }
@@ -140,27 +174,53 @@ bool WorkerPool::send(Worker &w, const std::string &line) {
   return true;
 }
 
-WorkerRun WorkerPool::run(Worker &w, const std::string &line, int64_t timeout_ms) {
+WorkerRun WorkerPool::run(Worker &w, const std::string &line, int64_t timeout_ms, uint64_t max_output) {
   WorkerRun r;
   r.died = !send(w, line);
   auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
   char buf[65536];
   // The launcher's END_OF_RUN and its newline.
   static const std::string kEnd = std::string(1, '\0') + "scad:end-of-run" + std::string(1, '\0') + "\n";
-  bool have_reply = false;
+  bool have_reply = false, have_end = false;
+  // Output is scanned for the marker once, as it arrives. Past max_output only a tail long enough
+  // to hold a marker split across reads is kept.
+  std::string tail;
+  auto take_output = [&](const char *data, size_t n) {
+    if (!have_end) {
+      tail.append(data, n);
+      auto at = tail.find(kEnd);
+      if (at != std::string::npos) {
+        have_end = true;
+        size_t marker = tail.size() - at;  // the marker (and anything after it) is not output
+        if (marker > n) {  // it began in an earlier read: take back what was kept of it
+          size_t back = marker - n;
+          size_t from_dropped = std::min<uint64_t>(back, r.output_dropped);
+          r.output_dropped -= from_dropped;
+          r.stderr_text.resize(r.stderr_text.size() - std::min(r.stderr_text.size(), back - from_dropped));
+        }
+        n -= std::min(n, marker);
+      }
+      if (tail.size() > kEnd.size()) tail.erase(0, tail.size() - kEnd.size());
+    }
+    size_t room = r.stderr_text.size() < max_output ? size_t(max_output - r.stderr_text.size()) : 0;
+    r.stderr_text.append(data, std::min(n, room));
+    r.output_dropped += n - std::min(n, room);
+  };
+  size_t scanned = 0;  // bytes of w.pending known to hold no newline
   while (!r.died) {
-    auto nl = have_reply ? std::string::npos : w.pending.find('\n');
+    auto nl = have_reply ? std::string::npos : w.pending.find('\n', scanned);
+    if (!have_reply) scanned = nl == std::string::npos ? w.pending.size() : 0;
     if (nl != std::string::npos) {
       r.reply = w.pending.substr(0, nl);
       w.pending.erase(0, nl + 1);
       have_reply = true;
-    }
-    // The run's output ends with the marker on stderr: the result alone is not the end of it.
-    auto end = r.stderr_text.find(kEnd);
-    if (have_reply && end != std::string::npos) {
-      r.stderr_text.erase(end);
+    } else if (!have_reply && w.pending.size() > kMaxReplyBytes) {
+      r.reply_too_long = r.died = true;
+      kill(w.pid, SIGKILL);
       break;
     }
+    // The run's output ends with the marker on stderr: the result alone is not the end of it.
+    if (have_reply && have_end) break;
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
     if (left <= 0) {
       r.timed_out = true;
@@ -170,7 +230,7 @@ WorkerRun WorkerPool::run(Worker &w, const std::string &line, int64_t timeout_ms
     if (poll(p, 2, int(std::min<int64_t>(left, 1000))) < 0 && errno != EINTR) break;
     if (p[1].revents) {
       ssize_t n = read(w.err, buf, sizeof buf);
-      if (n > 0) r.stderr_text.append(buf, size_t(n));
+      if (n > 0) take_output(buf, size_t(n));
       else if (n == 0) r.died = true;
     }
     if (p[0].revents && !have_reply) {
@@ -182,11 +242,16 @@ WorkerRun WorkerPool::run(Worker &w, const std::string &line, int64_t timeout_ms
   if (r.died || r.timed_out) {
     if (r.timed_out) kill(w.pid, SIGKILL);
     ssize_t n;
-    while ((n = read(w.err, buf, sizeof buf)) > 0) r.stderr_text.append(buf, size_t(n));
+    while ((n = read(w.err, buf, sizeof buf)) > 0) take_output(buf, size_t(n));
     int status = 0;
     if (waitpid(w.pid, &status, 0) == w.pid) {
       if (WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
       if (WIFSIGNALED(status)) r.signal = WTERMSIG(status);
+      // bubblewrap exits with 128 + the signal that ended the sandboxed process, as shells do.
+      if (o_.sandbox && r.exit_code > 128 && r.exit_code < 128 + 65) {
+        r.signal = r.exit_code - 128;
+        r.exit_code = -1;
+      }
       if (w.on_exit) w.on_exit(w.pid);
       w.pid = -1;
     }

@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <future>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -18,8 +19,11 @@
 
 namespace scad {
 
+class Sandbox;
+
 struct WorkerOptions {
   std::string python, pythonpath, home;
+  std::shared_ptr<const Sandbox> sandbox;  // null: processes run as the agent's children, unconfined
   int prewarm = 2;                // started interpreters waiting for any action
   int max_warm = 16;              // idle processes kept for their action
   int64_t keep_alive_ms = 60000;  // how long an idle warm process is kept
@@ -38,10 +42,16 @@ struct Worker {
 
 struct WorkerRun {
   bool died = false, timed_out = false;
+  bool reply_too_long = false;  // the result line passed kMaxReplyBytes: the process was ended
   int exit_code = -1, signal = 0;
   std::string reply;   // the result line
-  std::string stderr_text;
+  std::string stderr_text;      // the run's output, at most the run's output limit
+  uint64_t output_dropped = 0;  // bytes of output past that limit, read and thrown away
 };
+
+// A result line longer than this ends the run (the launcher's results are far smaller; a line
+// this long is user code writing to the result pipe).
+constexpr size_t kMaxReplyBytes = 64u << 20;
 
 class WorkerPool {
  public:
@@ -51,15 +61,20 @@ class WorkerPool {
   std::unique_ptr<Worker> acquire(const std::string &key, std::string *how);
   // Gives it back after a run; unhealthy ones are ended.
   void release(std::unique_ptr<Worker> w, bool healthy);
-  // Sends one spec line and waits for the result line.
-  static WorkerRun run(Worker &w, const std::string &line, int64_t timeout_ms);
+  // Sends one spec line and waits for the result line. The run's output past max_output bytes is
+  // read (so the process never blocks on a full pipe) and dropped.
+  WorkerRun run(Worker &w, const std::string &line, int64_t timeout_ms, uint64_t max_output);
   // Sends one line to a running worker (a peer notice); false if it is gone.
   static bool send(Worker &w, const std::string &line);
   const WorkerOptions &options() const { return o_; }
 
  private:
   std::unique_ptr<Worker> spawn();
-  void maintain();  // tops up the pre-warmed pool, ends warm processes past their keep-alive
+  // Every process is started by the maintainer thread, which lives as long as the pool: a sandbox
+  // dies with the thread that started it (bubblewrap's --die-with-parent is PR_SET_PDEATHSIG,
+  // which follows the parent thread), and a caller's thread may end while its process stays warm.
+  std::unique_ptr<Worker> spawn_on_maintainer();
+  void maintain();  // starts processes asked for, tops up the pre-warmed pool, ends idle ones
 
   WorkerOptions o_;
   std::mutex mu_;
@@ -67,6 +82,7 @@ class WorkerPool {
   bool stopping_ = false;
   std::deque<std::unique_ptr<Worker>> fresh_;
   std::multimap<std::string, std::unique_ptr<Worker>> warm_;
+  std::deque<std::promise<std::unique_ptr<Worker>> *> spawn_requests_;
   std::thread maintainer_;
 };
 

@@ -2,23 +2,32 @@
 
 #include <openssl/evp.h>
 
-#include <regex>
 #include <set>
 
+#include "action_limits.h"
 #include "proto/auth.h"
 #include "remote_host.h"
+#include "safe_json.h"
 
 namespace scad {
 
 namespace {
 
-const std::regex kName("[A-Za-z0-9_][A-Za-z0-9_.@-]{0,255}");
+// OpenWhisk's entity names: a letter, digit or '_' first, then also '.', '@', '-'; at most 256.
+// Checked by hand: std::regex recurses per character and a long name would overflow the stack.
+bool valid_name(const std::string &name) {
+  auto plain = [](char c) { return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_'; };
+  if (name.empty() || name.size() > 256 || !plain(name[0])) return false;
+  for (char c : name)
+    if (!plain(c) && c != '.' && c != '@' && c != '-') return false;
+  return true;
+}
 
 std::string txid() { return random_hex(16); }
 
 void reply(httplib::Response &res, int status, const json &body) {
   res.status = status;
-  if (!body.is_null()) res.set_content(body.dump(), "application/json");
+  if (!body.is_null()) res.set_content(dump_json(body), "application/json");
 }
 
 void error(httplib::Response &res, int status, const std::string &msg, json extra = json::object()) {
@@ -73,17 +82,18 @@ bool parse_body(const httplib::Request &req, httplib::Response &res, json *out, 
     *out = json::object();
     return true;
   }
-  *out = json::parse(req.body, nullptr, false);
-  if (out->is_discarded()) {
-    error(res, 400, "The request content was malformed: the body is not JSON");
+  std::string why;
+  if (!parse_json(req.body, out, &why)) {
+    error(res, 400, "The request content was malformed: the body is not accepted: " + why);
     return false;
   }
   return true;
 }
 
 bool check_name(httplib::Response &res, const std::string &what, const std::string &name) {
-  if (std::regex_match(name, kName)) return true;
-  error(res, 400, "The " + what + " name '" + name + "' is not valid: use letters, digits, '_', '.', '@', '-'");
+  if (valid_name(name)) return true;
+  error(res, 400, "The " + what + " name '" + valid_utf8(name.substr(0, 300)) +
+                      "' is not valid: up to 256 letters, digits, '_', '.', '@', '-'");
   return false;
 }
 
@@ -122,10 +132,32 @@ json app_view(const json &doc) {
           {"updated", doc.value("updated", int64_t(0))}, {"manifest", doc["manifest"]}, {"files", files}};
 }
 
+void internal_error(const httplib::Request &, httplib::Response &res, std::exception_ptr ep) {
+  std::string what = "unknown";
+  try {
+    std::rethrow_exception(ep);
+  } catch (const std::exception &e) {
+    what = e.what();
+  } catch (...) {
+  }
+  error(res, 500, "internal error: " + valid_utf8(what));
+}
+
 }  // namespace
 
 void install_routes(httplib::Server &srv, Store &store, Engine &engine, ApiOptions opts) {
   srv.set_payload_max_length(opts.max_body);
+  // Credentials before the body: a request that carries one (up to max_body) is authenticated
+  // from its headers before a byte of it is read, so strangers cannot make the server read
+  // 64 MiB each. (The pre-routing handler runs before httplib reads the content.)
+  srv.set_pre_routing_handler([&store](const httplib::Request &req, httplib::Response &res) {
+    bool has_body = req.has_header("Content-Length") && req.get_header_value("Content-Length") != "0";
+    bool chunked = req.get_header_value("Transfer-Encoding").find("chunked") != std::string::npos;
+    if ((!has_body && !chunked) || req.path.rfind("/api/v1/namespaces/", 0) != 0) return httplib::Server::HandlerResponse::Unhandled;
+    if (!authenticate(store, req, res).empty()) return httplib::Server::HandlerResponse::Unhandled;
+    res.set_header("Connection", "close");  // the unread body must not be taken for a request
+    return httplib::Server::HandlerResponse::Handled;
+  });
   const std::string NS = "/api/v1/namespaces/([^/]+)";
 
   // POST to an action or an application: the same OpenWhisk semantics for both.
@@ -141,6 +173,7 @@ void install_routes(httplib::Server &srv, Store &store, Engine &engine, ApiOptio
       bool finished = false;
       std::string id = table == "apps" ? engine.invoke_app(ns, *doc, params, wait, &record, &finished)
                                        : engine.invoke_action(ns, *doc, params, wait, &record, &finished);
+      if (id.empty()) return error(res, 429, record.value("error", "too many activations in flight"));
       invocation_reply(res, id, finished, record, req.get_param_value("result") == "true");
     };
   };
@@ -171,22 +204,44 @@ void install_routes(httplib::Server &srv, Store &store, Engine &engine, ApiOptio
       error(res, 409, "resource already exists: use ?overwrite=true to replace action '" + name + "'");
       return;
     }
-    const json &exec = body.value("exec", json::object());
-    std::string kind = exec.value("kind", "");
-    if (kind.rfind("python", 0) != 0 || !exec.contains("code") || !exec["code"].is_string()) {
-      error(res, 400, "exec must be {\"kind\": \"python:3\", \"code\": \"...\"} (kind '" + kind + "' is not supported)");
+    if (!body.is_object()) {
+      error(res, 400, "the body must be an action: {\"exec\": {\"kind\": \"python:3\", \"code\": \"...\"}, ...}");
+      return;
+    }
+    const json exec = body.value("exec", json::object());
+    std::string kind = get_string(exec, "kind").value_or("");
+    if (kind.rfind("python", 0) != 0 || !get_string(exec, "code")) {
+      error(res, 400, "exec must be {\"kind\": \"python:3\", \"code\": \"...\"} (kind '" + kind.substr(0, 64) +
+                          "' is not supported)");
       return;
     }
     json params = body.value("parameters", json::array());
+    for (auto &p : params.is_array() ? params : json::array())
+      if (!get_string(p, "key") || !p.contains("value")) params = nullptr;
     if (!params.is_array()) {
-      error(res, 400, "parameters must be a list of {key, value}");
+      error(res, 400, "parameters must be a list of {\"key\": NAME, \"value\": VALUE}");
+      return;
+    }
+    json limits;
+    std::string why;
+    if (!validate_limits(body.value("limits", json::object()), opts.limits, &limits, &why)) {
+      error(res, 400, why);
+      return;
+    }
+    if (exec.contains("main") && !exec["main"].is_string()) {
+      error(res, 400, "exec.main must be the name of the function to call");
+      return;
+    }
+    json annotations = body.value("annotations", json::array());
+    if (!annotations.is_array()) {
+      error(res, 400, "annotations must be a list of {\"key\": NAME, \"value\": VALUE}");
       return;
     }
     json doc = {{"namespace", ns}, {"name", name},
                 {"exec", {{"kind", kind}, {"code", exec["code"]}, {"main", exec.value("main", "main")}}},
-                {"parameters", params}, {"limits", body.value("limits", json{{"timeout", 60000}})},
-                {"annotations", body.value("annotations", json::array())}, {"publish", false},
-                {"version", old ? old->value("version", int64_t(0)) + 1 : int64_t(1)}};
+                {"parameters", params}, {"limits", limits},
+                {"annotations", annotations}, {"publish", false},
+                {"version", store.next_version("actions", ns, name)}, {"code_hash", sha256_hex(exec["code"].get<std::string>())}};
     store.put_doc("actions", ns, name, doc);
     reply(res, 200, action_view(doc));
   });
@@ -204,6 +259,7 @@ void install_routes(httplib::Server &srv, Store &store, Engine &engine, ApiOptio
     if (ns.empty()) return;
     auto doc = store.get_doc("actions", ns, req.matches[2]);
     if (!doc || !store.delete_doc("actions", ns, req.matches[2])) return error(res, 404, "The requested resource does not exist.");
+    engine.forget_code(ns, "actions", req.matches[2]);
     reply(res, 200, action_view(*doc));
   });
   srv.Post(NS + "/actions/([^/]+)", invoke_route("actions"));
@@ -262,15 +318,21 @@ void install_routes(httplib::Server &srv, Store &store, Engine &engine, ApiOptio
         return error(res, 400, "file '" + f + "': names must be relative paths inside the application, content text");
       files.insert(f);
     }
-    auto problems = validate_manifest(manifest, files, engine.capacity(), nullptr);
-    if (manifest.is_object() && manifest.value("name", name) != name)
-      problems.push_back("the manifest's name '" + manifest.value("name", std::string()) + "' differs from '" + name + "'");
+    Capacity cap = engine.capacity();
+    cap.max_timeout_ms = opts.limits.timeout_ms.max;
+    Manifest parsed;
+    auto problems = validate_manifest(manifest, files, cap, &parsed);
+    if (problems.empty() && widest_wave(parsed) > engine.quotas().instances)
+      problems.push_back("the application runs " + std::to_string(widest_wave(parsed)) +
+                         " compute instances side by side; a namespace may run " +
+                         std::to_string(engine.quotas().instances));
+    if (auto mname = get_string(manifest, "name"); mname && *mname != name)
+      problems.push_back("the manifest's name '" + *mname + "' differs from '" + name + "'");
     if (!problems.empty())
       return error(res, 400, "invalid manifest: " + std::to_string(problems.size()) + " problem(s); nothing was deployed",
                    {{"problems", problems}});
-    auto old = store.get_doc("apps", ns, name);
     json doc = {{"namespace", ns}, {"name", name}, {"manifest", manifest}, {"files", body["files"]},
-                {"version", old ? old->value("version", int64_t(0)) + 1 : int64_t(1)}};
+                {"version", store.next_version("apps", ns, name)}, {"code_hash", sha256_hex(dump_json(body["files"]))}};
     store.put_doc("apps", ns, name, doc);
     reply(res, 200, app_view(doc));
   });
@@ -285,6 +347,7 @@ void install_routes(httplib::Server &srv, Store &store, Engine &engine, ApiOptio
     std::string ns = authorize(store, req, res, req.matches[1]);
     if (ns.empty()) return;
     if (!store.delete_doc("apps", ns, req.matches[2])) return error(res, 404, "The requested resource does not exist.");
+    engine.forget_code(ns, "apps", req.matches[2]);
     reply(res, 200, {{"deleted", req.matches[2].str()}});
   });
   srv.Post(NS + "/apps/([^/]+)", invoke_route("apps"));
@@ -312,6 +375,12 @@ void install_routes(httplib::Server &srv, Store &store, Engine &engine, ApiOptio
         !b.contains("cpus") || !b["cpus"].is_number() || !b.contains("pool") || !b["pool"].is_number_unsigned())
       return error(res, 400, "needs {\"id\", \"url\", \"cpus\", \"pool\"}");
     if (b.contains("rdma") && !b["rdma"].is_boolean()) return error(res, 400, "\"rdma\" must be true or false");
+    // The built-in host's id is never a remote agent's: registering it would replace it.
+    if (b["id"] == "local" || !valid_name(b["id"].get<std::string>()))
+      return error(res, 400, "host id '" + valid_utf8(b["id"].get<std::string>().substr(0, 64)) +
+                                 "' is reserved or not a name (letters, digits, '_', '.', '@', '-')");
+    if (!(b["cpus"].get<double>() >= 0 && b["cpus"].get<double>() <= 4096))
+      return error(res, 400, "\"cpus\" must be from 0 to 4096");
     bool rdma = b.value("rdma", false);
     std::lock_guard<std::mutex> lk(*hosts_mu);
     auto &known = (*hosts)[b["id"].get<std::string>()];
@@ -322,38 +391,34 @@ void install_routes(httplib::Server &srv, Store &store, Engine &engine, ApiOptio
                                            opts.cluster_token);
       engine.add_host(known);
       store.put_host({{"id", b["id"]}, {"url", b["url"]}, {"cpus", b["cpus"]}, {"memory_pool", b["pool"]},
-                      {"rdma", rdma}, {"rdma_device", b.value("rdma_device", "")}});
+                      {"rdma", rdma}, {"rdma_device", get_string(b, "rdma_device").value_or("")}});
     }
     reply(res, 200, {{"registered", b["id"]}});
   });
 
+  srv.set_exception_handler(internal_error);
+}
+
+void install_runtime_routes(httplib::Server &srv, Engine &engine) {
+  srv.set_payload_max_length(1 << 20);
   // ---- the runtime endpoint for running actions (bearer token per compute instance) ----
   auto bearer = [](const httplib::Request &req) {
     std::string h = req.get_header_value("Authorization");
     return h.rfind("Bearer ", 0) == 0 ? h.substr(7) : std::string();
   };
-  srv.Post("/v1/actions/([^/]+)/elements", [&, bearer](const httplib::Request &req, httplib::Response &res) {
+  srv.Post("/v1/actions/([^/]+)/elements", [&engine, bearer](const httplib::Request &req, httplib::Response &res) {
     json body, out;
     if (!parse_body(req, res, &body, false)) return;
     int status = engine.runtime_invoke(bearer(req), req.matches[1], body, &out);
     reply(res, status, out);
   });
-  srv.Delete("/v1/actions/([^/]+)/elements/([^/]+)", [&, bearer](const httplib::Request &req, httplib::Response &res) {
+  srv.Delete("/v1/actions/([^/]+)/elements/([^/]+)", [&engine, bearer](const httplib::Request &req, httplib::Response &res) {
     json out;
     int status = engine.runtime_release(bearer(req), req.matches[1], req.matches[2], &out);
     reply(res, status, status == 204 ? json() : out);
   });
 
-  srv.set_exception_handler([](const httplib::Request &, httplib::Response &res, std::exception_ptr ep) {
-    std::string what = "unknown";
-    try {
-      std::rethrow_exception(ep);
-    } catch (const std::exception &e) {
-      what = e.what();
-    } catch (...) {
-    }
-    error(res, 500, "internal error: " + what);
-  });
+  srv.set_exception_handler(internal_error);
 }
 
 }  // namespace scad

@@ -5,6 +5,7 @@
 #include <httplib.h>
 
 #include "engine.h"
+#include "action_limits.h"
 #include "store.h"
 
 namespace scad {
@@ -13,8 +14,14 @@ struct ApiOptions {
   int64_t blocking_wait_ms = 60000;  // OpenWhisk's: a blocking invoke answers 202 after this
   size_t max_body = 64ull << 20;     // an application's files, inline
   std::string cluster_token;         // what agents of other hosts present; "" = none may register
+  LimitRanges limits;                // what an action's limits may be (scad-server --action-limits)
 };
 
 void install_routes(httplib::Server &srv, Store &store, Engine &engine, ApiOptions opts);
+
+// The runtime endpoint that running actions call (docs/runtime-endpoint.md), on a listener and
+// thread pool of its own: clients of the public API, however slow or many, cannot keep a running
+// action from growing or shrinking its memory.
+void install_runtime_routes(httplib::Server &srv, Engine &engine);
 
 }  // namespace scad

@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "core/params.h"
+#include "safe_json.h"
 
 namespace scad {
 
@@ -20,6 +21,9 @@ int status_code(const std::string &status) {
   return 3;  // whisk internal error
 }
 }  // namespace
+
+struct Activation;
+static std::string code_key(const std::shared_ptr<Activation> &act, const char *kind);
 
 struct Activation {
   std::string id, ns, name, kind;  // kind: app | action
@@ -56,7 +60,18 @@ struct Activation {
   std::condition_variable cv;
 };
 
-Engine::Engine(Store &store, std::string runtime_url) : store_(store), runtime_url_(std::move(runtime_url)) {
+// "ns/kind/name/VERSION-HASH": the agents keep one copy of each; versions never repeat, and the
+// hash of the content makes a key that names other files impossible even if they did.
+static std::string code_key(const std::shared_ptr<Activation> &act, const char *kind) {
+  std::string hash = get_string(act->doc, "code_hash").value_or("");
+  if (hash.empty())  // stored before documents carried their hash
+    hash = sha256_hex(act->kind == "app" ? dump_json(act->doc["files"]) : dump_json(act->doc["exec"]["code"]));
+  return act->ns + "/" + kind + "/" + act->name + "/" + std::to_string(get_int(act->doc, "version").value_or(1)) +
+         "-" + hash.substr(0, 16);
+}
+
+Engine::Engine(Store &store, std::string runtime_url, LimitRanges limits, Quotas quotas)
+    : store_(store), runtime_url_(std::move(runtime_url)), limits_(limits), quotas_(quotas) {
   watcher_ = std::thread([this] { watch_hosts(); });
 }
 
@@ -82,7 +97,13 @@ void Engine::watch_hosts() {
     }
     if (lost.empty()) continue;
     lk.unlock();
-    for (int h : lost) host_lost(h);
+    for (int h : lost) {
+      try {
+        host_lost(h);
+      } catch (const std::exception &e) {  // a notice that could not be built or sent: the next host
+        fprintf(stderr, "scad-server: telling instances about lost host %d failed: %s\n", h, e.what());
+      }
+    }
     lk.lock();
   }
 }
@@ -155,8 +176,16 @@ std::shared_ptr<HostAgent> Engine::host(int i) {
   return hosts_.at(size_t(i)).agent;
 }
 
-int Engine::place_memory(uint64_t size, int near, std::string *why) {
+int Engine::place_memory(const std::string &ns, uint64_t size, int near, std::string *why) {
   std::lock_guard<std::mutex> lk(mu_);
+  Usage &u = usage_[ns];
+  uint64_t counted = std::max(size, kElementMinBytes);
+  if (u.elements >= quotas_.elements || counted > quotas_.element_bytes - std::min(u.bytes, quotas_.element_bytes)) {
+    *why = "namespace '" + ns + "' is at its quota of memory elements (" + std::to_string(u.elements) + " of " +
+           std::to_string(quotas_.elements) + " elements, " + std::to_string(u.bytes) + " of " +
+           std::to_string(quotas_.element_bytes) + " bytes)";
+    return -1;
+  }
   auto free_of = [&](const HostState &h) {
     return h.agent->alive() && h.agent->pool_bytes() >= h.pool_used ? h.agent->pool_bytes() - h.pool_used : 0;
   };
@@ -172,12 +201,17 @@ int Engine::place_memory(uint64_t size, int near, std::string *why) {
     return -1;
   }
   hosts_[size_t(best)].pool_used += size;
+  u.elements++;
+  u.bytes += counted;
   return best;
 }
 
-void Engine::unplace_memory(int host, uint64_t size) {
+void Engine::unplace_memory(const std::string &ns, int host, uint64_t size) {
   std::lock_guard<std::mutex> lk(mu_);
   hosts_[size_t(host)].pool_used -= std::min(size, hosts_[size_t(host)].pool_used);
+  Usage &u = usage_[ns];
+  u.elements -= std::min<int64_t>(u.elements, 1);
+  u.bytes -= std::min(u.bytes, std::max(size, kElementMinBytes));
 }
 
 int Engine::place_compute(double cpu, int near) {
@@ -225,14 +259,21 @@ std::string Engine::start(std::shared_ptr<Activation> act, int64_t wait_ms, json
                  {"logs", json::array()},
                  {"annotations", json::array({{{"key", "kind"}, {"value", act->kind == "app" ? "scad:app" : "python:3"}},
                                               {{"key", "path"}, {"value", act->ns + "/" + act->name}}})}};
-  store_.put_activation(act->record);
   {
     std::lock_guard<std::mutex> lk(mu_);
+    Usage &u = usage_[act->ns];
+    if (u.activations >= quotas_.activations) {
+      *finished = false;
+      *record = {{"error", "namespace '" + act->ns + "' has its quota of " + std::to_string(quotas_.activations) +
+                               " activations in flight; try again when some have finished"}};
+      return "";
+    }
+    u.activations++;
     running_[act->id] = act;
   }
+  store_.put_activation(act->record);
   std::thread([this, act] {
-    if (act->kind == "app") run_app(act);
-    else run_action(act);
+    run(act);
     std::lock_guard<std::mutex> lk(mu_);
     running_.erase(act->id);
     cpu_cv_.notify_all();
@@ -267,12 +308,18 @@ std::string Engine::invoke_action(const std::string &ns, const json &action, con
   act->kind = "action";
   act->doc = action;
   act->params = json::object();
-  for (auto &p : action.value("parameters", json::array())) act->params[p["key"].get<std::string>()] = p["value"];
+  for (auto &p : action.value("parameters", json::array()))
+    if (auto key = get_string(p, "key")) act->params[*key] = p["value"];
   if (params.is_object()) act->params.update(params);
   return start(act, wait_ms, record, finished);
 }
 
 void Engine::finish(const std::shared_ptr<Activation> &act, const std::string &status, const json &result) {
+  {
+    // Before the caller can see the record: whoever it tells may invoke again at once.
+    std::lock_guard<std::mutex> lk(mu_);
+    usage_[act->ns].activations--;
+  }
   int64_t end = now_ms();
   std::lock_guard<std::mutex> lk(act->mu);
   act->record["end"] = end;
@@ -285,21 +332,54 @@ void Engine::finish(const std::shared_ptr<Activation> &act, const std::string &s
   act->record["annotations"].push_back({{"key", "initTime"}, {"value", act->init_ms}});
   act->record["annotations"].push_back({{"key", "starts"}, {"value", act->starts}});
   if (!act->wiring.empty()) act->record["annotations"].push_back({{"key", "wiring"}, {"value", act->wiring}});
-  store_.put_activation(act->record);
+  try {
+    store_.put_activation(act->record);
+  } catch (const std::exception &e) {  // the waiting caller still gets the record
+    fprintf(stderr, "scad-server: cannot store activation %s: %s\n", act->id.c_str(), e.what());
+  }
   act->done = true;
   act->cv.notify_all();
+}
+
+void Engine::run(const std::shared_ptr<Activation> &act) {
+  std::string what;
+  try {
+    if (act->kind == "app") run_app(act);
+    else run_action(act);
+    return;
+  } catch (const std::exception &e) {
+    what = e.what();
+  } catch (...) {
+    what = "unknown exception";
+  }
+  fprintf(stderr, "scad-server: activation %s failed inside the scheduler: %s\n", act->id.c_str(), what.c_str());
+  bool done;
+  {
+    std::lock_guard<std::mutex> lk(act->mu);
+    done = act->done;
+  }
+  if (!done) {
+    try {
+      finish(act, "whisk internal error",
+             {{"error", "the scheduler failed while running this activation: " + valid_utf8(what)}});
+    } catch (...) {  // finish stores nothing it cannot dump; still, never out of the thread
+    }
+  }
 }
 
 void Engine::run_action(const std::shared_ptr<Activation> &act) {
   ComputeSpec spec;
   spec.aid = act->ns + "-" + act->name + "-" + act->id.substr(0, 8);
+  spec.tenant = act->ns;
   spec.code = "action.py";
-  spec.code_key = act->ns + "/actions/" + act->name + "/" + std::to_string(act->doc.value("version", int64_t(1)));
+  spec.code_key = code_key(act, "actions");
   spec.code_files = {{"action.py", act->doc["exec"]["code"]}};
   spec.main = act->doc["exec"].value("main", "main");
   spec.args = act->params;
-  spec.timeout_ms = act->doc.value("limits", json::object()).value("timeout", int64_t(60000));
-  spec.memory = uint64_t(act->doc.value("limits", json::object()).value("memory", int64_t(256))) << 20;  // MB, as OpenWhisk
+  ActionLimits limits = effective_limits(act->doc, limits_);
+  spec.timeout_ms = limits.timeout_ms;
+  spec.memory = limits.memory_bytes;
+  spec.log_bytes = limits.log_bytes;
   int h = place_compute(1, -1);
   if (h < 0) {
     finish(act, "whisk internal error", {{"error", "no host with cpus is available to run the action"}});
@@ -323,7 +403,7 @@ void Engine::run_app(const std::shared_ptr<Activation> &act) {
     finish(act, "whisk internal error", {{"error", "the stored manifest is no longer valid: " + problems[0]}});
     return;
   }
-  act->code_key = act->ns + "/apps/" + act->name + "/" + std::to_string(act->doc.value("version", int64_t(1)));
+  act->code_key = code_key(act, "apps");
   act->code_files = act->doc["files"];
   const Manifest &m = act->manifest;
 
@@ -339,7 +419,7 @@ void Engine::run_app(const std::shared_ptr<Activation> &act) {
     }
     for (auto &p : placed) {
       host(p.host)->remove_element(p.id);
-      unplace_memory(p.host, p.size);
+      unplace_memory(act->ns, p.host, p.size);
     }
     std::lock_guard<std::mutex> lk(mu_);
     for (auto &t : act->tokens) tokens_.erase(t);
@@ -347,9 +427,9 @@ void Engine::run_app(const std::shared_ptr<Activation> &act) {
   for (auto &[name, d] : m.elements) {
     if (d.kind != "memory") continue;
     std::string id = act->id + "-" + name, why;
-    int h = place_memory(d.size, -1, &why);
+    int h = place_memory(act->ns, d.size, -1, &why);
     if (h >= 0 && host(h)->create_element(id, d.size, &why)) {
-      unplace_memory(h, d.size);
+      unplace_memory(act->ns, h, d.size);
       h = -1;
     }
     if (h < 0) {
@@ -385,85 +465,17 @@ void Engine::run_app(const std::shared_ptr<Activation> &act) {
         for (int i = 0; i < m.elements.at(n).parallelism; i++) runs.push_back({n, i, {}});
     std::vector<std::thread> threads;
     for (auto &r : runs) {
-      threads.emplace_back([&, rp = &r] {
-        const ElementDecl &d = m.elements.at(rp->element);
-        ComputeSpec spec;
-        spec.aid = act->id + "-" + rp->element + "-" + std::to_string(rp->instance);
-        spec.code = d.code;
-        spec.code_key = act->code_key;
-        spec.code_files = act->code_files;
-        spec.main = d.main;
-        spec.timeout_ms = d.timeout_ms;
-        spec.cpu = d.cpu;
-        spec.memory = d.memory;
-        spec.args = act->params;
-        spec.args["_instance"] = rp->instance;
-        spec.args["_parallelism"] = d.parallelism;
-        for (auto &p : m.parents.count(rp->element) ? m.parents.at(rp->element) : std::vector<std::string>{})
-          spec.args[p] = results.at(p);
-        // Next to the memory it reaches, when that host has cpus (then the transport is shm).
-        int near = -1;
-        if (!d.transports.empty()) {
-          std::lock_guard<std::mutex> lk(act->mu);
-          near = act->memory.at(d.transports.begin()->second.element).host;
-        }
-        int h = place_compute(d.cpu, near);
-        if (h < 0) {
+      json parents = json::object();
+      for (auto &p : m.parents.count(r.element) ? m.parents.at(r.element) : std::vector<std::string>{})
+        parents[p] = results.at(p);
+      threads.emplace_back([this, &act, rp = &r, parents = std::move(parents)] {
+        try {
+          rp->outcome = run_instance(act, rp->element, rp->instance, parents);
+        } catch (const std::exception &e) {
+          rp->outcome = ComputeOutcome{};
           rp->outcome.status = "whisk internal error";
-          rp->outcome.error = {{"type", "PlacementError"}, {"message", "no host with cpus is available"}};
-          return;
+          rp->outcome.error = {{"type", "InternalError"}, {"message", "the scheduler failed: " + valid_utf8(e.what())}};
         }
-        Activation::Instance me{rp->element, rp->instance, h, "", {}, {}};
-        for (auto &[tname, t] : d.transports) {
-          TransportGrant g;
-          std::string why;
-          Activation::Placed mem;
-          {
-            std::lock_guard<std::mutex> lk(act->mu);
-            mem = act->memory.at(t.element);
-          }
-          if (host(mem.host)->grant(mem.id, spec.aid, t.rights, tname, transport_between(mem.host, h), &g, &why)) {
-            rp->outcome.status = "whisk internal error";
-            rp->outcome.error = {{"type", "GrantError"}, {"message", why}};
-            return;
-          }
-          spec.transports.push_back(g);
-          me.memory.push_back(t.element);
-          me.grants.emplace_back(mem.host, g.grant_id);
-        }
-        spec.runtime_url = runtime_url_;
-        spec.runtime_token = me.token = random_hex(24);
-        {
-          std::lock_guard<std::mutex> lk(mu_);
-          tokens_[spec.runtime_token] = {act, spec.aid, h};
-        }
-        {
-          std::lock_guard<std::mutex> lk(act->mu);
-          act->tokens.push_back(spec.runtime_token);
-        }
-        acquire_cpu(h, d.cpu);
-        std::string host_id = host(h)->id();  // engine lock before, never inside, the activation's lock
-        bool skip;
-        {
-          std::lock_guard<std::mutex> lk(act->mu);
-          skip = act->failed;  // a peer failed while this one waited: the activation fails anyway
-          if (!skip) {
-            act->instances[spec.aid] = std::move(me);
-            if (!act->first_start_ms) act->first_start_ms = now_ms();
-            for (auto &tg : spec.transports) act->wiring[spec.aid + ":" + tg.durl] = host_id;
-          }
-        }
-        if (skip) {
-          release_cpu(h, d.cpu);
-          rp->outcome.status = "skipped";
-          rp->outcome.error = {{"type", "Skipped"}, {"message", "not started: a peer instance failed first"}};
-          return;
-        }
-        rp->outcome = host(h)->run_compute(spec);
-        release_cpu(h, d.cpu);
-        if (!rp->outcome.ok) instance_failed(act, spec.aid, rp->outcome);
-        std::lock_guard<std::mutex> lk(act->mu);
-        act->instances.erase(spec.aid);
       });
     }
     for (auto &t : threads) t.join();
@@ -472,7 +484,11 @@ void Engine::run_app(const std::shared_ptr<Activation> &act) {
       {
         std::lock_guard<std::mutex> lk(act->mu);
         if (!r.outcome.start.empty()) act->starts[r.outcome.start]++;
-        for (auto &line : r.outcome.logs) act->logs.push_back(line.substr(0, 25) + tag + " " + line.substr(25));
+        // "2024-01-01T00:00:00.000Z stderr: ..." gets the instance after its time stamp; a line
+        // from an agent that does not start with one gets it in front.
+        for (auto &line : r.outcome.logs)
+          act->logs.push_back(line.size() >= 25 && line[24] == ' ' ? line.substr(0, 25) + tag + " " + line.substr(25)
+                                                                  : tag + " " + line);
         act->init_ms = std::max(act->init_ms, r.outcome.init_ms);
       }
       if (!r.outcome.ok && r.outcome.status != "skipped" && failure.is_null()) {
@@ -505,6 +521,94 @@ void Engine::run_app(const std::shared_ptr<Activation> &act) {
   finish(act, "success", result);
 }
 
+ComputeOutcome Engine::run_instance(const std::shared_ptr<Activation> &act, const std::string &element, int instance,
+                                    const json &parents) {
+  const Manifest &m = act->manifest;
+  const ElementDecl &d = m.elements.at(element);
+  ComputeOutcome outcome;
+  auto fail = [&](const char *status, const char *type, const std::string &message) {
+    outcome.status = status;
+    outcome.error = {{"type", type}, {"message", message}};
+    return outcome;
+  };
+  ComputeSpec spec;
+  spec.aid = act->id + "-" + element + "-" + std::to_string(instance);
+  spec.tenant = act->ns;
+  spec.code = d.code;
+  spec.code_key = act->code_key;
+  spec.code_files = act->code_files;
+  spec.main = d.main;
+  spec.timeout_ms = d.timeout_ms;
+  spec.cpu = d.cpu;
+  spec.memory = d.memory;
+  spec.log_bytes = uint64_t(limits_.logs_mb.dflt) << 20;
+  spec.args = act->params;
+  spec.args["_instance"] = instance;
+  spec.args["_parallelism"] = d.parallelism;
+  for (auto &[p, r] : parents.items()) spec.args[p] = r;
+  // Next to the memory it reaches, when that host has cpus (then the transport is shm).
+  int near = -1;
+  if (!d.transports.empty()) {
+    std::lock_guard<std::mutex> lk(act->mu);
+    near = act->memory.at(d.transports.begin()->second.element).host;
+  }
+  int h = place_compute(d.cpu, near);
+  if (h < 0) return fail("whisk internal error", "PlacementError", "no host with cpus is available");
+  Activation::Instance me{element, instance, h, "", {}, {}};
+  for (auto &[tname, t] : d.transports) {
+    TransportGrant g;
+    std::string why;
+    Activation::Placed mem;
+    {
+      std::lock_guard<std::mutex> lk(act->mu);
+      mem = act->memory.at(t.element);
+    }
+    if (host(mem.host)->grant(mem.id, spec.aid, t.rights, tname, transport_between(mem.host, h), &g, &why))
+      return fail("whisk internal error", "GrantError", why);
+    spec.transports.push_back(g);
+    me.memory.push_back(t.element);
+    me.grants.emplace_back(mem.host, g.grant_id);
+  }
+  spec.runtime_url = runtime_url_;
+  spec.runtime_token = me.token = random_hex(24);
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    tokens_[spec.runtime_token] = {act, spec.aid, h};
+  }
+  {
+    std::lock_guard<std::mutex> lk(act->mu);
+    act->tokens.push_back(spec.runtime_token);
+  }
+  acquire_cpu(h, d.cpu);
+  // Given back however this function ends.
+  struct CpuHold {
+    Engine *e;
+    int host;
+    double cpu;
+    ~CpuHold() { e->release_cpu(host, cpu); }
+  } hold{this, h, d.cpu};
+  std::string host_id = host(h)->id();  // engine lock before, never inside, the activation's lock
+  {
+    std::lock_guard<std::mutex> lk(act->mu);
+    if (act->failed)  // a peer failed while this one waited: the activation fails anyway
+      return fail("skipped", "Skipped", "not started: a peer instance failed first");
+    act->instances[spec.aid] = std::move(me);
+    if (!act->first_start_ms) act->first_start_ms = now_ms();
+    for (auto &tg : spec.transports) act->wiring[spec.aid + ":" + tg.durl] = host_id;
+  }
+  outcome = host(h)->run_compute(spec);
+  if (!outcome.ok) instance_failed(act, spec.aid, outcome);
+  {
+    // The instance is over: its runtime token with it (what it invoked lives on until the
+    // activation ends or it is released, but nothing may create more in its name).
+    std::lock_guard<std::mutex> lk(mu_);
+    tokens_.erase(spec.runtime_token);
+  }
+  std::lock_guard<std::mutex> lk(act->mu);
+  act->instances.erase(spec.aid);
+  return outcome;
+}
+
 void Engine::instance_failed(const std::shared_ptr<Activation> &act, const std::string &aid, const ComputeOutcome &o) {
   Activation::Instance me;
   std::vector<std::pair<std::string, Activation::Instance>> peers;
@@ -532,7 +636,7 @@ void Engine::instance_failed(const std::shared_ptr<Activation> &act, const std::
     host(h)->revoke(grant, &why);  // an element already gone took its grants along
   for (auto &p : invoked) {
     host(p.host)->remove_element(p.id);
-    unplace_memory(p.host, p.size);
+    unplace_memory(act->ns, p.host, p.size);
   }
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -596,9 +700,9 @@ int Engine::runtime_invoke(const std::string &token, const std::string &aid, con
       return 409;
     }
   }
-  int h = place_memory(size, c.host, &why);
+  int h = place_memory(c.act->ns, size, c.host, &why);
   if (h >= 0 && host(h)->create_element(id, size, &why)) {
-    unplace_memory(h, size);
+    unplace_memory(c.act->ns, h, size);
     h = -1;
   }
   if (h < 0) {
@@ -608,7 +712,7 @@ int Engine::runtime_invoke(const std::string &token, const std::string &aid, con
   TransportGrant g;
   if (host(h)->grant(id, aid, 3, name, transport_between(h, c.host), &g, &why)) {
     host(h)->remove_element(id);
-    unplace_memory(h, size);
+    unplace_memory(c.act->ns, h, size);
     *reply = {{"error", why}};
     return 500;
   }
@@ -635,8 +739,17 @@ int Engine::runtime_release(const std::string &token, const std::string &aid, co
     c.act->runtime_elements.erase(it);
   }
   host(p.host)->remove_element(p.id);  // revokes the grant: the caller's connection closes at once
-  unplace_memory(p.host, p.size);
+  unplace_memory(c.act->ns, p.host, p.size);
   return 204;
+}
+
+void Engine::forget_code(const std::string &ns, const std::string &kind, const std::string &name) {
+  std::vector<std::shared_ptr<HostAgent>> all;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (auto &h : hosts_) all.push_back(h.agent);
+  }
+  for (auto &h : all) h->remove_code(ns + "/" + kind + "/" + name);
 }
 
 json Engine::elements(const std::string &ns) {

@@ -14,7 +14,9 @@
 
 #include "agent.h"
 #include "hosts.h"
+#include "action_limits.h"
 #include "manifest.h"
+#include "quotas.h"
 #include "store.h"
 
 namespace scad {
@@ -23,7 +25,7 @@ struct Activation;
 
 class Engine {
  public:
-  Engine(Store &store, std::string runtime_url);
+  Engine(Store &store, std::string runtime_url, LimitRanges limits = {}, Quotas quotas = {});
   ~Engine();
 
   // Hosts elements are placed on: the embedded agent and remote agents as they register.
@@ -32,22 +34,33 @@ class Engine {
   Capacity capacity();
 
   // Starts an activation; returns its id. Waits up to wait_ms for it to finish: then *record holds
-  // the finished record and *finished is true.
+  // the finished record and *finished is true. "" when the namespace has its quota of activations
+  // in flight (*record then holds {"error"}).
   std::string invoke_app(const std::string &ns, const json &app, const json &params, int64_t wait_ms,
                          json *record, bool *finished);
   std::string invoke_action(const std::string &ns, const json &action, const json &params, int64_t wait_ms,
                             json *record, bool *finished);
+  const Quotas &quotas() const { return quotas_; }
 
   // The runtime endpoint (docs/runtime-endpoint.md). Return an HTTP status and fill *reply.
   int runtime_invoke(const std::string &token, const std::string &aid, const json &body, json *reply);
   int runtime_release(const std::string &token, const std::string &aid, const std::string &name, json *reply);
+
+  // A deleted action or application: every host removes the code it kept of it.
+  void forget_code(const std::string &ns, const std::string &kind, const std::string &name);
 
   json elements(const std::string &ns);
   json host_info();
 
  private:
   std::string start(std::shared_ptr<Activation> act, int64_t wait_ms, json *record, bool *finished);
+  // The body of an activation's thread: runs it, and whatever goes wrong inside becomes a
+  // "whisk internal error" record (never an exception leaving the thread).
+  void run(const std::shared_ptr<Activation> &act);
   void run_app(const std::shared_ptr<Activation> &act);
+  // One compute instance of an application, on a thread of its own.
+  ComputeOutcome run_instance(const std::shared_ptr<Activation> &act, const std::string &element, int instance,
+                              const json &parents);
   void run_action(const std::shared_ptr<Activation> &act);
   void finish(const std::shared_ptr<Activation> &act, const std::string &status, const json &result);
   // A compute instance ended without a result (crash, timeout, exception): frees its grants, the
@@ -71,8 +84,9 @@ class Engine {
   std::condition_variable stop_cv_;
   // Placement. A memory element goes where the most pool is free (preferring `near`); a compute
   // element next to the memory it reaches when that host has cpus, else where most cpu is free.
-  int place_memory(uint64_t size, int near, std::string *why);
-  void unplace_memory(int host, uint64_t size);
+  // Both count against the namespace's quota of elements and bytes.
+  int place_memory(const std::string &ns, uint64_t size, int near, std::string *why);
+  void unplace_memory(const std::string &ns, int host, uint64_t size);
   int place_compute(double cpu, int near);
   // The transport between a memory element and a client: shm on one host, verbs where both hosts
   // have RDMA, tcp otherwise.
@@ -84,6 +98,13 @@ class Engine {
 
   Store &store_;
   std::string runtime_url_;
+  LimitRanges limits_;
+  Quotas quotas_;
+  struct Usage {
+    int64_t elements = 0, activations = 0;
+    uint64_t bytes = 0;
+  };
+  std::map<std::string, Usage> usage_;  // per namespace, under mu_
   std::mutex mu_;
   std::condition_variable cpu_cv_;
   std::vector<HostState> hosts_;

@@ -30,6 +30,8 @@ class HostAgent {
   virtual ComputeOutcome run_compute(const ComputeSpec &spec) = 0;
   // Hands a peer-failure notice to a running compute instance; nonzero if it no longer runs there.
   virtual int notify(const std::string &aid, const json &notice) = 0;
+  // Removes the code kept under "ns/kind/name" (all its versions); best effort.
+  virtual void remove_code(const std::string &prefix) = 0;
   virtual bool alive() const { return true; }
   // Whether its memory pool serves RDMA verbs.
   virtual bool rdma() const = 0;
@@ -54,6 +56,7 @@ class LocalHost : public HostAgent {
   int revoke(const std::string &grant_id, std::string *why) override { return a_.revoke(grant_id, why); }
   ComputeOutcome run_compute(const ComputeSpec &spec) override { return a_.run_compute(spec); }
   int notify(const std::string &aid, const json &notice) override { return a_.notify(aid, notice); }
+  void remove_code(const std::string &prefix) override { a_.remove_code(prefix); }
 
  private:
   Agent &a_;

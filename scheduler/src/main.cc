@@ -3,6 +3,8 @@
 //   scad-server [--home DIR] [--host 127.0.0.1] [--port 3233] [--python PATH] [--pythonpath P]
 //               [--pool 4GiB] [--cpus N] [--prewarm 2] [--max-warm 16] [--keep-alive 60000]
 //               [--cluster-token-file FILE] [--no-local-agent] [--verbs auto|off|KEY=VALUE,...]
+//               [--action-limits timeout=MIN:MAX[:DEFAULT],memory=...,logs=...]
+//               [--quotas elements=N,memory=SIZE,activations=N,instances=N]  (per namespace)
 // With a cluster token, scad-agent processes on other hosts register and take elements too; with
 // --no-local-agent this process only schedules.
 //
@@ -24,6 +26,7 @@
 #include "core/params.h"
 #include "engine.h"
 #include "hosts.h"
+#include "action_limits.h"
 #include "store.h"
 
 namespace {
@@ -32,7 +35,9 @@ namespace {
   std::cerr << "scad-server: " << why << "\n"
             << "usage: scad-server [--home DIR] [--host ADDR] [--port N] [--python PATH] [--pythonpath P]\n"
             << "                   [--pool SIZE] [--cpus N] [--prewarm N] [--max-warm N] [--keep-alive MS]\n"
-            << "                   [--cluster-token-file FILE] [--no-local-agent] [--verbs auto|off|KEY=VALUE,...] [--cgroup auto|off]\n";
+            << "                   [--cluster-token-file FILE] [--no-local-agent] [--verbs auto|off|KEY=VALUE,...] [--cgroup auto|off] [--sandbox auto|on|off]\n"
+            << "                   [--action-limits timeout=MIN:MAX[:DEFAULT],memory=...,logs=... (ms, MB, MB)]\n"
+            << "                   [--quotas elements=N,memory=SIZE,activations=N,instances=N]\n";
   exit(2);
 }
 
@@ -73,6 +78,8 @@ int main(int argc, char **argv) {
   scad::AgentOptions ao;
   std::string cluster_token_file;
   bool local_agent = true;
+  scad::LimitRanges limits;
+  scad::Quotas quotas;
   ao.python = "/usr/bin/python3";
   ao.cpus = double(std::max(1u, std::thread::hardware_concurrency()));
   for (int i = 1; i < argc; i++) {
@@ -92,8 +99,16 @@ int main(int argc, char **argv) {
     else if (a == "--no-local-agent") local_agent = false;
     else if (a == "--verbs") ao.verbs = value();
     else if (a == "--cgroup") ao.cgroup = value();
+    else if (a == "--sandbox") ao.sandbox = value();
     else if (a == "--max-warm") ao.max_warm = std::stoi(value());
     else if (a == "--keep-alive") ao.keep_alive_ms = std::stoll(value());
+    else if (a == "--quotas") {
+      std::string why;
+      if (!scad::parse_quotas(value(), &quotas, &why)) usage(why);
+    } else if (a == "--action-limits") {
+      std::string why;
+      if (!scad::parse_limit_ranges(value(), &limits, &why)) usage(why);
+    }
     else if (a == "--pool") {
       if (!libd::parse_size(value(), &ao.pool_bytes)) usage("--pool takes a size such as 4GiB");
     } else usage("unknown argument '" + a + "'");
@@ -134,9 +149,19 @@ int main(int argc, char **argv) {
     return 1;
   }
   std::string url = "http://" + host + ":" + std::to_string(bound);
-  scad::Engine engine(store, url);
+  // The runtime endpoint: same address, a port and a thread pool of its own.
+  httplib::Server runtime_srv;
+  runtime_srv.new_task_queue = [] { return new httplib::ThreadPool(16); };
+  int runtime_port = runtime_srv.bind_to_any_port(host);
+  if (runtime_port <= 0) {
+    std::cerr << "scad-server: cannot listen on " << host << " for the runtime endpoint\n";
+    return 1;
+  }
+  std::string runtime_url = "http://" + host + ":" + std::to_string(runtime_port);
+  scad::Engine engine(store, runtime_url, limits, quotas);
   if (local_agent) engine.add_host(std::make_shared<scad::LocalHost>(agent));
   scad::ApiOptions api;
+  api.limits = limits;
   if (!cluster_token_file.empty()) {
     std::getline(std::ifstream(cluster_token_file), api.cluster_token);
     if (api.cluster_token.size() < 16) {
@@ -145,24 +170,37 @@ int main(int argc, char **argv) {
     }
   }
   scad::install_routes(srv, store, engine, api);
+  scad::install_runtime_routes(runtime_srv, engine);
+  std::thread runtime_thread([&] { runtime_srv.listen_after_bind(); });
   for (auto &h : engine.host_info()) store.put_host(h);
   if (!write_wskprops(home, url, creds)) {
     std::cerr << "scad-server: " << home << "/wskprops has no AUTH and the key is only stored hashed; "
               << "remove " << home << "/scad.db to start afresh\n";
     return 1;
   }
-  std::ofstream(home + "/server.json") << "{\"pid\": " << getpid() << ", \"url\": \"" << url << "\"}\n";
+  std::ofstream(home + "/server.json") << "{\"pid\": " << getpid() << ", \"url\": \"" << url
+                                      << "\", \"runtime_url\": \"" << runtime_url << "\"}\n";
   std::cout << "scad: platform up at " << url << " (state in " << home << "; credentials in " << home
             << "/wskprops)" << (lost ? "; " + std::to_string(lost) + " unfinished activation(s) marked failed" : "")
+            << (!local_agent || agent.sandboxed() ? "" : "; compute processes NOT sandboxed: " + agent.sandbox_off_reason())
+            << (!local_agent || agent.limits() ? "" : "; no cgroup limits: " + agent.limits_off_reason())
             << std::endl;
 
+  // stop() does nothing to a server that has not begun to listen yet: a signal that comes right
+  // after the banner waits for that (bounded) before it stops the server.
+  auto stop_server = [](httplib::Server &s) {
+    for (int i = 0; i < 5000 && !s.is_running(); i++) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    s.stop();
+  };
   std::thread signals([&] {
     int sig;
     sigwait(&sigs, &sig);
-    srv.stop();
+    stop_server(srv);  // main then stops the runtime endpoint
   });
   signals.detach();
   srv.listen_after_bind();
+  stop_server(runtime_srv);
+  runtime_thread.join();
   unlink((home + "/server.json").c_str());
   return 0;
 }

@@ -3,41 +3,110 @@
 #include <yaml-cpp/yaml.h>
 
 #include <functional>
-#include <regex>
 
 #include "core/params.h"
+#include "safe_json.h"
 
 namespace scad {
 
 namespace {
 
-json yaml_to_json(const YAML::Node &n) {
+// Plain scalars that look like numbers become numbers. Checked by hand: std::regex recurses per
+// character, and a scalar of 100,000 digits overflowed the stack.
+bool is_integer_text(const std::string &s) {
+  size_t i = !s.empty() && s[0] == '-';
+  if (i == s.size()) return false;
+  for (; i < s.size(); i++)
+    if (s[i] < '0' || s[i] > '9') return false;
+  return true;
+}
+
+bool is_real_text(const std::string &s) {  // -?[0-9]*\.[0-9]+([eE][-+]?[0-9]+)?
+  size_t i = !s.empty() && s[0] == '-', n = s.size();
+  auto digits = [&] {
+    size_t from = i;
+    while (i < n && s[i] >= '0' && s[i] <= '9') i++;
+    return i - from;
+  };
+  digits();
+  if (i == n || s[i] != '.') return false;
+  i++;
+  if (!digits()) return false;
+  if (i < n && (s[i] == 'e' || s[i] == 'E')) {
+    i++;
+    if (i < n && (s[i] == '-' || s[i] == '+')) i++;
+    if (!digits()) return false;
+  }
+  return i == n;
+}
+
+// The JSON form of a YAML document, bounded: aliases make a small text expand into a huge tree
+// (389 bytes of nested anchors become millions of nodes), so the conversion counts what it makes.
+struct Conversion {
+  size_t nodes = 0, bytes = 0;
+  std::string problem;
+};
+constexpr size_t kMaxManifestNodes = 100000;
+constexpr size_t kMaxManifestBytes = 64u << 20;
+constexpr int kMaxManifestDepth = 64;
+
+// Hard bounds on what an element may ask for; the operator's and the hosts' own limits come on top.
+constexpr double kMinCpu = 0.01, kMaxCpu = 1024;
+constexpr uint64_t kMinComputeMemory = 16ull << 20, kMaxComputeMemory = 1ull << 40;
+constexpr int64_t kMinTimeoutMs = 100, kMaxTimeoutMs = 24ll * 3600 * 1000;
+
+json yaml_to_json(const YAML::Node &n, Conversion &c, int depth) {
+  if (!c.problem.empty()) return nullptr;
+  if (++c.nodes > kMaxManifestNodes || depth > kMaxManifestDepth) {
+    c.problem = depth > kMaxManifestDepth
+                    ? "it nests deeper than " + std::to_string(kMaxManifestDepth) + " levels"
+                    : "it expands to more than " + std::to_string(kMaxManifestNodes) + " values (aliases included)";
+    return nullptr;
+  }
   switch (n.Type()) {
     case YAML::NodeType::Map: {
       json o = json::object();
-      for (auto it = n.begin(); it != n.end(); ++it) o[it->first.as<std::string>()] = yaml_to_json(it->second);
+      for (auto it = n.begin(); it != n.end(); ++it) {
+        json key = yaml_to_json(it->first, c, depth + 1);
+        if (!c.problem.empty()) return nullptr;
+        o[key.is_string() ? key.get<std::string>() : dump_json(key)] = yaml_to_json(it->second, c, depth + 1);
+      }
       return o;
     }
     case YAML::NodeType::Sequence: {
       json a = json::array();
-      for (auto it = n.begin(); it != n.end(); ++it) a.push_back(yaml_to_json(*it));
+      for (auto it = n.begin(); it != n.end(); ++it) a.push_back(yaml_to_json(*it, c, depth + 1));
       return a;
     }
     case YAML::NodeType::Scalar: {
       const std::string &s = n.Scalar();
-      if (n.Tag() == "!") return s;  // quoted: a string, whatever it looks like
+      if ((c.bytes += s.size()) > kMaxManifestBytes) {
+        c.problem = "it expands to more than " + std::to_string(kMaxManifestBytes >> 20) + " MiB of text";
+        return nullptr;
+      }
+      if (n.Tag() == "!") return valid_utf8(s);  // quoted: a string, whatever it looks like
       if (s == "true" || s == "false") return s == "true";
       if (s == "null" || s == "~") return nullptr;
-      static const std::regex integer("-?[0-9]+"), real("-?[0-9]*\\.[0-9]+([eE][-+]?[0-9]+)?");
-      if (std::regex_match(s, integer)) {
+      if (is_integer_text(s) && s.size() <= 20) {
         try { return std::stoll(s); } catch (...) { return s; }
       }
-      if (std::regex_match(s, real)) return std::stod(s);
-      return s;
+      if (is_real_text(s) && s.size() <= 64) {
+        try { return std::stod(s); } catch (...) { return s; }
+      }
+      return valid_utf8(s);
     }
     default:
       return nullptr;
   }
+}
+
+// Names in manifests: a letter, then letters, digits, '_', '.', '-'; at most 64.
+bool is_ident(const std::string &s) {
+  auto letter = [](char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); };
+  if (s.empty() || s.size() > 64 || !letter(s[0])) return false;
+  for (char c : s)
+    if (!letter(c) && !(c >= '0' && c <= '9') && c != '_' && c != '.' && c != '-') return false;
+  return true;
 }
 
 std::string human(uint64_t b) {
@@ -63,7 +132,13 @@ bool read_size(const json &v, uint64_t *out) {
 bool manifest_to_json(const std::string &text, json *out, std::string *why) {
   try {
     YAML::Node root = YAML::Load(text);
-    *out = yaml_to_json(root);
+    Conversion c;
+    json doc = yaml_to_json(root, c, 0);
+    if (!c.problem.empty()) {
+      *why = "scad.yaml is refused: " + c.problem;
+      return false;
+    }
+    *out = std::move(doc);
     return true;
   } catch (const YAML::Exception &e) {
     *why = std::string("scad.yaml is not valid YAML or JSON: ") + e.what();
@@ -74,13 +149,12 @@ bool manifest_to_json(const std::string &text, json *out, std::string *why) {
 std::vector<std::string> validate_manifest(const json &doc, const std::set<std::string> &files, const Capacity &cap,
                                            Manifest *out) {
   std::vector<std::string> p;
-  static const std::regex ident("[a-zA-Z][a-zA-Z0-9_.-]{0,63}");
   Manifest m;
   if (!doc.is_object()) return {"the manifest must be a mapping with 'name' and 'elements'"};
   for (auto &[k, v] : doc.items())
     if (k != "name" && k != "elements" && k != "description")
       p.push_back("unknown top-level field '" + k + "' (known: name, elements, description)");
-  if (!doc.contains("name") || !doc["name"].is_string() || !std::regex_match(doc["name"].get<std::string>(), ident))
+  if (!doc.contains("name") || !doc["name"].is_string() || !is_ident(doc["name"].get<std::string>()))
     p.push_back("'name' must be a name of letters, digits, '_', '.', '-' (starting with a letter)");
   else
     m.name = doc["name"];
@@ -94,11 +168,11 @@ std::vector<std::string> validate_manifest(const json &doc, const std::set<std::
                                                        "transports", "dependents", "timeout", "description"};
   for (auto &[name, e] : doc["elements"].items()) {
     std::string where = "element '" + name + "'";
-    if (!std::regex_match(name, ident)) p.push_back(where + ": the name must be letters, digits, '_', '.', '-'");
+    if (!is_ident(name)) p.push_back(where + ": the name must be letters, digits, '_', '.', '-'");
     if (!e.is_object()) { p.push_back(where + ": must be a mapping with a 'kind'"); continue; }
     ElementDecl d;
     d.name = name;
-    d.kind = e.value("kind", "");
+    d.kind = get_string(e, "kind").value_or("");
     if (d.kind != "memory" && d.kind != "compute") {
       p.push_back(where + ": 'kind' must be 'memory' or 'compute'");
       continue;
@@ -117,17 +191,19 @@ std::vector<std::string> validate_manifest(const json &doc, const std::set<std::
         p.push_back(where + ": 'code' must name the file with its main function");
       else if (!files.count(d.code = e["code"].get<std::string>()))
         p.push_back(where + ": code file '" + d.code + "' is missing from the application's folder");
-      if (e.contains("main") && !(e["main"].is_string() && std::regex_match(e["main"].get<std::string>(), ident)))
+      if (e.contains("main") && !(e["main"].is_string() && is_ident(e["main"].get<std::string>())))
         p.push_back(where + ": 'main' must be a function name");
       else d.main = e.value("main", "main");
-      if (e.contains("cpu") && (!e["cpu"].is_number() || e["cpu"].get<double>() <= 0))
-        p.push_back(where + ": 'cpu' must be a positive number");
+      if (e.contains("cpu") && (!e["cpu"].is_number() || !(e["cpu"].get<double>() >= kMinCpu) ||
+                                e["cpu"].get<double>() > kMaxCpu))
+        p.push_back(where + ": 'cpu' must be a number of cores from 0.01 to 1024");
       else d.cpu = e.value("cpu", 1.0);
       if (cap.cpus && d.cpu > cap.cpus)
         p.push_back(where + ": cpu " + std::to_string(d.cpu) + " cannot be met: the largest host has " +
                     std::to_string(cap.cpus) + " cpus");
-      if (e.contains("memory") && !read_size(e["memory"], &d.memory))
-        p.push_back(where + ": 'memory' must be a size such as 256MiB");
+      if (e.contains("memory") && !(read_size(e["memory"], &d.memory) && d.memory >= kMinComputeMemory &&
+                                    d.memory <= kMaxComputeMemory))
+        p.push_back(where + ": 'memory' must be a size such as 256MiB, from 16MiB to 1TiB");
       if (cap.compute_memory && d.memory > cap.compute_memory)
         p.push_back(where + ": memory " + human(d.memory) + " cannot be met: the largest host has " +
                     human(cap.compute_memory));
@@ -136,10 +212,12 @@ std::vector<std::string> validate_manifest(const json &doc, const std::set<std::
         p.push_back(where + ": 'parallelism' must be an integer from 1 to 1024");
       else d.parallelism = int(e.value("parallelism", int64_t(1)));
       if (e.contains("timeout")) {
-        uint64_t ms;
-        if (!e["timeout"].is_number_integer() || (ms = e["timeout"].get<uint64_t>()) == 0)
-          p.push_back(where + ": 'timeout' must be milliseconds");
-        else d.timeout_ms = int64_t(ms);
+        int64_t most = cap.max_timeout_ms ? cap.max_timeout_ms : kMaxTimeoutMs;
+        auto ms = get_int(e, "timeout");
+        if (!ms || *ms < kMinTimeoutMs || *ms > most)
+          p.push_back(where + ": 'timeout' must be milliseconds from " + std::to_string(kMinTimeoutMs) + " to " +
+                      std::to_string(most));
+        else d.timeout_ms = *ms;
       }
       if (e.contains("transports")) {
         if (!e["transports"].is_object()) {
@@ -148,13 +226,13 @@ std::vector<std::string> validate_manifest(const json &doc, const std::set<std::
           for (auto &[tname, t] : e["transports"].items()) {
             std::string tw = where + ", transport '" + tname + "'";
             TransportDecl td;
-            if (!std::regex_match(tname, ident)) p.push_back(tw + ": the name must be letters, digits, '_', '.', '-'");
+            if (!is_ident(tname)) p.push_back(tw + ": the name must be letters, digits, '_', '.', '-'");
             if (!t.is_object() || !t.contains("element") || !t["element"].is_string()) {
               p.push_back(tw + ": must be {element: NAME, rights: r|w|rw}");
               continue;
             }
             td.element = t["element"];
-            std::string rights = t.value("rights", std::string("rw"));
+            std::string rights = t.contains("rights") ? get_string(t, "rights").value_or("?") : "rw";
             td.rights = rights == "r" ? 1 : rights == "w" ? 2 : rights == "rw" ? 3 : 0;
             if (!td.rights) p.push_back(tw + ": rights must be r, w or rw");
             for (auto &[k, v] : t.items())
@@ -227,6 +305,21 @@ std::vector<std::string> validate_manifest(const json &doc, const std::set<std::
   if (!any_compute) p.push_back("the application has no compute element to run");
   if (p.empty() && out) *out = std::move(m);
   return p;
+}
+
+int64_t widest_wave(const Manifest &m) {
+  std::map<std::string, int> level;
+  std::map<int, int64_t> width;
+  for (auto &n : m.order) {  // parents come first
+    int l = 0;
+    if (m.parents.count(n))
+      for (auto &p : m.parents.at(n)) l = std::max(l, level[p] + 1);
+    level[n] = l;
+    width[l] += m.elements.at(n).parallelism;
+  }
+  int64_t widest = 0;
+  for (auto &[l, w] : width) widest = std::max(widest, w);
+  return widest;
 }
 
 }  // namespace scad

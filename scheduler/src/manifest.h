@@ -44,11 +44,16 @@ struct Capacity {
   uint64_t memory_pool = 0;
   uint64_t compute_memory = 0;
   double cpus = 0;
+  int64_t max_timeout_ms = 0;  // the operator's longest timeout (0: only the hard bound of a day)
 };
 
 // Parses YAML or JSON text into its JSON form (plain YAML scalars become numbers/bools where they
 // look like them; quoted ones stay strings). false and *why on a syntax error.
 bool manifest_to_json(const std::string &text, json *out, std::string *why);
+// The most compute instances that run side by side: elements of one level of the DAG (all
+// parents done) start together, each with its parallelism.
+int64_t widest_wave(const Manifest &m);
+
 // Validates; `files` are the names shipped with the application. Empty problems means valid.
 std::vector<std::string> validate_manifest(const json &doc, const std::set<std::string> &files, const Capacity &cap,
                                            Manifest *out);

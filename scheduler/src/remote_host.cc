@@ -3,6 +3,7 @@
 #include <httplib.h>
 
 #include "agent_api.h"
+#include "safe_json.h"
 
 namespace scad {
 
@@ -27,12 +28,14 @@ static std::unique_ptr<httplib::Client> client(const std::string &url, const std
 
 static std::string error_of(const httplib::Result &res, const std::string &url) {
   if (!res) return "agent at " + url + " unreachable: " + httplib::to_string(res.error());
-  auto j = json::parse(res->body, nullptr, false);
-  return j.is_object() && j.contains("error") ? j["error"].get<std::string>() : "agent answered HTTP " + std::to_string(res->status);
+  json j;
+  std::string why;
+  auto error = parse_json(res->body, &j, &why) ? get_string(j, "error") : std::nullopt;
+  return error ? valid_utf8(*error) : "agent answered HTTP " + std::to_string(res->status);
 }
 
 int RemoteHost::create_element(const std::string &id, uint64_t size, std::string *why) {
-  auto res = client(url_, token_, 30)->Post("/agent/v1/elements", json{{"id", id}, {"size", size}}.dump(), "application/json");
+  auto res = client(url_, token_, 30)->Post("/agent/v1/elements", dump_json(json{{"id", id}, {"size", size}}), "application/json");
   if (res && res->status == 201) return 0;
   *why = error_of(res, url_);
   return -1;
@@ -43,17 +46,20 @@ void RemoteHost::remove_element(const std::string &id) { client(url_, token_, 30
 int RemoteHost::grant(const std::string &element, const std::string &client_id, unsigned rights,
                       const std::string &trans_name, const std::string &impl, TransportGrant *out, std::string *why) {
   json body = {{"element", element}, {"client", client_id}, {"rights", rights}, {"name", trans_name}, {"impl", impl}};
-  auto res = client(url_, token_, 30)->Post("/agent/v1/grants", body.dump(), "application/json");
+  auto res = client(url_, token_, 30)->Post("/agent/v1/grants", dump_json(body), "application/json");
   if (!res || res->status != 200) {
     *why = error_of(res, url_);
     return -1;
   }
-  auto j = json::parse(res->body, nullptr, false);
-  if (!j.is_object()) {
-    *why = "agent at " + url_ + " answered a grant that is not JSON";
+  json j;
+  std::string bad;
+  auto durl = parse_json(res->body, &j, &bad) ? get_string(j, "durl") : std::nullopt;
+  auto config = get_string(j, "config"), grant_id = get_string(j, "grant_id");
+  if (!durl || !config || !grant_id) {
+    *why = "agent at " + url_ + " answered a grant without string \"durl\", \"config\" and \"grant_id\"";
     return -1;
   }
-  *out = {j.value("durl", ""), j.value("config", ""), j.value("grant_id", "")};
+  *out = {*durl, *config, *grant_id};
   return 0;
 }
 
@@ -65,21 +71,25 @@ int RemoteHost::revoke(const std::string &grant_id, std::string *why) {
 }
 
 int RemoteHost::notify(const std::string &aid, const json &notice) {
-  auto res = client(url_, token_, 10)->Post("/agent/v1/notices", json{{"aid", aid}, {"notice", notice}}.dump(),
+  auto res = client(url_, token_, 10)->Post("/agent/v1/notices", dump_json(json{{"aid", aid}, {"notice", notice}}),
                                            "application/json");
   return res && res->status == 204 ? 0 : -1;
 }
 
+void RemoteHost::remove_code(const std::string &prefix) {
+  client(url_, token_, 10)->Post("/agent/v1/code/remove", dump_json(json{{"prefix", prefix}}), "application/json");
+}
+
 ComputeOutcome RemoteHost::run_compute(const ComputeSpec &spec) {
-  auto res = client(url_, token_, int(spec.timeout_ms / 1000) + 30)->Post("/agent/v1/run", to_json(spec).dump(), "application/json");
-  json j = res && res->status == 200 ? json::parse(res->body, nullptr, false) : json();
-  if (!j.is_object()) {
-    ComputeOutcome o;
-    o.status = "whisk internal error";
-    o.error = {{"type", "AgentError"}, {"message", "running on host '" + id_ + "' failed: " + error_of(res, url_)}};
-    return o;
-  }
-  return outcome_from_json(j);
+  auto res = client(url_, token_, int(spec.timeout_ms / 1000) + 30)->Post("/agent/v1/run", dump_json(to_json(spec)), "application/json");
+  json j;
+  std::string why = error_of(res, url_);
+  ComputeOutcome o;
+  if (res && res->status == 200 && parse_json(res->body, &j, &why) && outcome_from_json(j, &o, &why)) return o;
+  o = ComputeOutcome{};
+  o.status = "whisk internal error";
+  o.error = {{"type", "AgentError"}, {"message", "running on host '" + id_ + "' failed: " + why}};
+  return o;
 }
 
 }  // namespace scad

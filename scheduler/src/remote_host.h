@@ -29,6 +29,7 @@ class RemoteHost : public HostAgent {
   int revoke(const std::string &grant_id, std::string *why) override;
   ComputeOutcome run_compute(const ComputeSpec &spec) override;
   int notify(const std::string &aid, const json &notice) override;
+  void remove_code(const std::string &prefix) override;
 
  private:
   std::string id_, url_;

@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "proto/auth.h"
+#include "safe_json.h"
 
 namespace scad {
 
@@ -96,6 +97,8 @@ int Store::open(const std::string &path, std::string *why) {
                                               start INTEGER NOT NULL, finished INTEGER NOT NULL, record TEXT NOT NULL);
       CREATE INDEX IF NOT EXISTS activations_by_ns ON activations (namespace, start DESC);
       CREATE TABLE IF NOT EXISTS hosts (id TEXT PRIMARY KEY, doc TEXT NOT NULL, last_seen INTEGER NOT NULL);
+      CREATE TABLE IF NOT EXISTS versions (kind TEXT NOT NULL, namespace TEXT NOT NULL, name TEXT NOT NULL,
+                                           last INTEGER NOT NULL, PRIMARY KEY (kind, namespace, name));
     )");
   } catch (const std::exception &e) {
     *why = e.what();
@@ -134,7 +137,7 @@ void Store::put_doc(const std::string &table, const std::string &ns, const std::
   std::lock_guard<std::mutex> lk(mu_);
   Stmt q(db_, "INSERT INTO " + table + " (namespace, name, doc, updated) VALUES (?, ?, ?, ?) "
               "ON CONFLICT (namespace, name) DO UPDATE SET doc = excluded.doc, updated = excluded.updated");
-  q.bind(1, ns).bind(2, name).bind(3, doc.dump()).bind(4, now_ms()).step();
+  q.bind(1, ns).bind(2, name).bind(3, dump_json(doc)).bind(4, now_ms()).step();
 }
 
 std::optional<json> Store::get_doc(const std::string &table, const std::string &ns, const std::string &name) {
@@ -164,6 +167,28 @@ std::vector<json> Store::list_docs(const std::string &table, const std::string &
   return out;
 }
 
+int64_t Store::next_version(const std::string &table, const std::string &ns, const std::string &name) {
+  check_table(table);
+  std::lock_guard<std::mutex> lk(mu_);
+  // A document stored before this table existed counts with its own version.
+  int64_t stored = 0;
+  {
+    Stmt q(db_, "SELECT doc FROM " + table + " WHERE namespace = ? AND name = ?");
+    q.bind(1, ns).bind(2, name);
+    if (q.step()) {
+      json doc = json::parse(q.text(0), nullptr, false);
+      if (doc.is_object() && doc.contains("version") && doc["version"].is_number_integer())
+        stored = doc["version"].get<int64_t>();
+    }
+  }
+  Stmt up(db_, "INSERT INTO versions (kind, namespace, name, last) VALUES (?, ?, ?, ?) "
+               "ON CONFLICT (kind, namespace, name) DO UPDATE SET last = MAX(last, excluded.last - 1) + 1 "
+               "RETURNING last");
+  up.bind(1, table).bind(2, ns).bind(3, name).bind(4, stored + 1);
+  if (!up.step()) throw std::runtime_error("sqlite: no version returned");
+  return std::stoll(up.text(0));
+}
+
 void Store::put_activation(const json &r) {
   std::lock_guard<std::mutex> lk(mu_);
   Stmt q(db_, "INSERT INTO activations (id, namespace, name, start, finished, record) VALUES (?, ?, ?, ?, ?, ?) "
@@ -173,7 +198,7 @@ void Store::put_activation(const json &r) {
       .bind(3, r["name"].get<std::string>())
       .bind(4, r["start"].get<int64_t>())
       .bind(5, int64_t(r.value("end", int64_t(0)) != 0))
-      .bind(6, r.dump())
+      .bind(6, dump_json(r))
       .step();
 }
 
@@ -220,7 +245,7 @@ void Store::put_host(const json &host) {
   std::lock_guard<std::mutex> lk(mu_);
   Stmt q(db_, "INSERT INTO hosts (id, doc, last_seen) VALUES (?, ?, ?) "
               "ON CONFLICT (id) DO UPDATE SET doc = excluded.doc, last_seen = excluded.last_seen");
-  q.bind(1, host["id"].get<std::string>()).bind(2, host.dump()).bind(3, now_ms()).step();
+  q.bind(1, host["id"].get<std::string>()).bind(2, dump_json(host)).bind(3, now_ms()).step();
 }
 
 std::vector<json> Store::list_hosts() {

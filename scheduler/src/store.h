@@ -35,6 +35,11 @@ class Store {
   bool delete_doc(const std::string &table, const std::string &ns, const std::string &name);
   std::vector<json> list_docs(const std::string &table, const std::string &ns);
 
+  // The next version of a document: one more than any version it ever had, also across deletes
+  // (an application deleted and deployed again never reuses a version, so no agent can run old
+  // files under it).
+  int64_t next_version(const std::string &table, const std::string &ns, const std::string &name);
+
   // Activation records.
   void put_activation(const json &record);  // keyed by activationId
   std::optional<json> get_activation(const std::string &ns, const std::string &id);

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from scadtest import BUILD, ROOT, Platform, cluster_token, stop_processes
+from scadtest import BUILD, ROOT, Gate, Platform, cluster_token, stop_processes
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("ip"),
                                 reason="network namespaces need root and iproute2")
@@ -99,26 +99,25 @@ def in_ns(ns, platform, method, path, body=None):
     return json.loads(out.stdout)
 
 
-def deploy_and_invoke_with_fifo(platform, names, app, fifo_name):
-    """Deploys the app in folder `app`, makes a fifo and invokes the app (blocking) in a thread with
-    {"fifo": path}. Returns (fifo, thread, done); done["rec"] holds the activation once it ends."""
+def deploy_and_invoke_with_gate(platform, names, app):
+    """Deploys the app in folder `app`, opens a gate (scadtest.Gate) on the scheduler's bridge and
+    invokes the app (blocking) in a thread with {"gate": address}. Returns (gate, thread, done);
+    done["rec"] holds the activation once it ends."""
     files = {f.name: f.read_text() for f in app.glob("*.py")}
     status, body = in_ns(names["s"], platform, "PUT", f"/api/v1/namespaces/_/apps/{app.name}",
                          {"manifest": (app / "scad.yaml").read_text(), "files": files})
     assert status == 200, body
-    fifo = pathlib.Path(platform.home) / fifo_name
-    os.mkfifo(fifo)
+    gate = Gate(f"{NET}.1", netns=names["s"])
     done = {}
 
     def invoke():
         done["rec"] = in_ns(names["s"], platform, "POST", f"/api/v1/namespaces/_/apps/{app.name}?blocking=true",
-                            {"fifo": str(fifo)})[1]
-        os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))  # never leave a writer in the app blocked
+                            {"gate": gate.address})[1]
 
     import threading
     runner = threading.Thread(target=invoke)
     runner.start()
-    return fifo, runner, done
+    return gate, runner, done
 
 
 def test_compute_on_one_host_reaches_memory_on_another_over_tcp(hosts):
@@ -141,10 +140,13 @@ def test_a_crash_on_one_host_is_told_to_its_peer_and_frees_grants_on_the_other(h
     # over HTTP: the revoke goes to host-b, the notice to host-a.
     platform, names = hosts
     app = pathlib.Path(__file__).parents[1] / "platform" / "apps" / "peers"
-    fifo, runner, done = deploy_and_invoke_with_fifo(platform, names, app, "peers-go")
-    with open(fifo, "w"):  # instance 1 opens its end once it has the notice
+    gate, runner, done = deploy_and_invoke_with_gate(platform, names, app)
+    try:
+        gate.wait_arrivals(1)  # instance 1 connects once it has the notice
         status, els = in_ns(names["s"], platform, "GET", "/api/v1/namespaces/_/elements")
         assert [(e["name"], e["host"]) for e in els] == [("data", "host-b")], els
+    finally:
+        gate.close()
     runner.join(120)
     rec = done["rec"]
     assert "work#0" in rec["response"]["result"]["error"], rec["response"]
@@ -156,10 +158,10 @@ def test_a_host_that_dies_takes_its_memory_and_its_clients_are_told(hosts):
     # The compute instance runs on host-a, its memory element on host-b. host-b is killed (no
     # goodbye): once its heartbeats are missed the scheduler tells the instance which memory is gone.
     platform, names = hosts
-    fifo, runner, done = deploy_and_invoke_with_fifo(platform, names, pathlib.Path(__file__).parent / "lost",
-                                                     "lost-connected")
-    with open(fifo) as f:  # the instance has written to its memory on host-b
-        assert f.readline() == "connected\n"
+    gate, runner, done = deploy_and_invoke_with_gate(platform, names, pathlib.Path(__file__).parent / "lost")
+    conn, = gate.wait_arrivals(1)  # the instance has written to its memory on host-b
+    assert conn.makefile().readline() == "connected\n"
+    gate.close()
     agent_b = platform.agents["host-b"]
     agent_b.kill()
     agent_b.wait(10)

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import threading
 
-from scadtest import ROOT, Platform
+from scadtest import ROOT, Gate, Platform
 
 APPS = pathlib.Path(__file__).parent / "apps"
 DEMO = ROOT / "actions" / "sumsq"
@@ -32,21 +32,21 @@ def test_deploy_and_invoke_the_demo_dag(platform):
     status, elements = platform.call("GET", "/api/v1/namespaces/_/elements")
     assert elements == [], "memory elements are freed when the activation ends"
     status, only = platform.invoke("sumsq", {"n": 1000}, result=True)
-    assert status == 200 and only["verified"] and only["n"] == 1000
+    assert status == 200 and only["verified"] and only["n"] == 1000, only
 
 
 def test_non_blocking_invoke_returns_an_id_then_the_record(platform):
     platform.deploy(DEMO)
-    fifo = platform.home / "go"
-    os.mkfifo(fifo)
+    gate = Gate()
     platform.deploy(APPS / "slow")
-    status, body = platform.invoke("slow", {"fifo": str(fifo)}, blocking=False)
+    status, body = platform.invoke("slow", {"gate": gate.address}, blocking=False)
     assert status == 202 and set(body) == {"activationId"}
-    with open(fifo, "w"):    # blocks until the action opened its end: it is running now
-        status, running = platform.call("GET", f"/api/v1/namespaces/_/activations/{body['activationId']}")
-        assert running["response"]["status"] == "running"
-        status, els = platform.call("GET", "/api/v1/namespaces/_/elements")
-        assert [e["kind"] for e in els] == ["memory"]
+    gate.wait_arrivals(1)    # the action is running now
+    status, running = platform.call("GET", f"/api/v1/namespaces/_/activations/{body['activationId']}")
+    assert running["response"]["status"] == "running"
+    status, els = platform.call("GET", "/api/v1/namespaces/_/elements")
+    assert [e["kind"] for e in els] == ["memory"]
+    gate.close()
     status, listing = platform.call("GET", "/api/v1/namespaces/_/activations", params="?limit=5")
     assert body["activationId"] in [a["activationId"] for a in listing]
 
@@ -84,7 +84,11 @@ def test_authentication_and_namespaces(platform):
     assert oct(os.stat(platform.home / "wskprops").st_mode & 0o777) == "0o600"
     # The runtime endpoint refuses callers without a live token.
     req_status, body = platform.call("POST", "/v1/actions/anyone/elements", {"template": "t", "name": "n"}, auth="")
-    assert req_status == 401
+    assert req_status == 404, "the runtime endpoint has a listener of its own"
+    runtime = Platform.__new__(Platform)
+    runtime.url, runtime.auth = json.loads((platform.home / "server.json").read_text())["runtime_url"], ""
+    req_status, body = runtime.call("POST", "/v1/actions/anyone/elements", {"template": "t", "name": "n"})
+    assert req_status == 401 and "unknown or expired token" in body["error"]
 
 
 def test_a_crashing_compute_element_fails_the_activation_and_frees_everything(platform):
@@ -102,22 +106,23 @@ def test_a_crashing_compute_element_fails_the_activation_and_frees_everything(pl
 
 def test_a_crashed_instance_is_freed_at_once_and_its_peers_are_told(platform):
     # Two instances share `data`; #0 invokes a memory element of its own and is killed, #1 waits
-    # for the notice, then for the test (a FIFO) while the test looks at what is still allocated.
+    # for the notice, then for the test (a gate) while the test looks at what is still allocated.
     assert platform.deploy(APPS / "peers")[0] == 200
-    fifo = platform.home / "peers-go"
-    os.mkfifo(fifo)
+    gate = Gate()
     done = {}
 
     def invoke():
-        done["rec"] = platform.invoke("peers", {"fifo": str(fifo)})[1]
-        os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))  # never leave the writer below blocked
+        done["rec"] = platform.invoke("peers", {"gate": gate.address})[1]
 
     runner = threading.Thread(target=invoke)
     runner.start()
-    with open(fifo, "w"):  # #1 opens its end only once it has the notice
+    try:
+        gate.wait_arrivals(1)  # #1 connects only once it has the notice
         status, els = platform.call("GET", "/api/v1/namespaces/_/elements")
         assert "rec" not in done, done.get("rec")
         assert [e["name"] for e in els] == ["data"], "the crashed instance's own element is freed at once"
+    finally:
+        gate.close()
     runner.join(120)
     rec = done["rec"]
     assert rec["response"]["status"] == "action developer error"
@@ -134,12 +139,11 @@ def test_a_restarted_scheduler_keeps_apps_and_finished_activations(platform):
     platform.deploy(APPS / "slow")
     status, done = platform.invoke("sumsq", {"n": 1000})
     assert status == 200
-    fifo = platform.home / "hold"
-    os.mkfifo(fifo)
-    status, body = platform.invoke("slow", {"fifo": str(fifo)}, blocking=False)
-    writer = open(fifo, "w")      # the slow activation is now running
+    gate = Gate()
+    status, body = platform.invoke("slow", {"gate": gate.address}, blocking=False)
+    gate.wait_arrivals(1)          # the slow activation is now running
     platform.stop(signal.SIGKILL)  # a crash mid-way
-    writer.close()
+    gate.close()
     platform.start()
     assert "1 unfinished activation(s) marked failed" in platform.banner
     status, apps = platform.call("GET", "/api/v1/namespaces/_/apps")
@@ -219,3 +223,43 @@ def test_warm_processes_serve_only_their_own_action(platform):
     platform.invoke("crash")
     status, again = platform.invoke("crash")
     assert "warm" not in starts(again), "a crashed process is not reused"
+
+
+def test_a_runtime_token_dies_with_its_instance(platform):
+    # `first` ends, and `second` (the next wave, same activation) tries first's token.
+    assert platform.deploy(APPS / "stale")[0] == 200
+    status, rec = platform.invoke("stale")
+    assert status == 200, rec
+    result = rec["response"]["result"]
+    assert result["status"] == 401 and "unknown or expired token" in result["error"], result
+    assert platform.call("GET", "/api/v1/namespaces/_/elements")[1] == []
+
+
+def redeploy_cycle(platform, tmp_path):
+    app = tmp_path / "again"
+    app.mkdir(exist_ok=True)
+    (app / "scad.yaml").write_text("name: again\nelements:\n  say: {kind: compute, code: say.py}\n")
+    seen = []
+    for word in ("one", "two"):
+        (app / "say.py").write_text(f"def main(args, action): return {{'said': '{word}'}}\n")
+        status, doc = platform.deploy(app)
+        assert status == 200, doc
+        status, rec = platform.invoke("again")
+        assert status == 200, rec
+        seen.append((doc["version"], rec["response"]["result"]["said"]))
+        assert platform.call("DELETE", "/api/v1/namespaces/_/apps/again")[0] == 200
+    return seen
+
+
+def test_deleting_and_deploying_again_never_runs_old_code(platform, tmp_path):
+    # The warm process of version 1 is still there when the new version 1 would have come.
+    assert redeploy_cycle(platform, tmp_path) == [(1, "one"), (2, "two")]
+
+
+def test_code_kept_on_the_host_is_removed_with_its_application(tmp_path):
+    p = Platform(tmp_path / "home", extra=["--sandbox", "off"])  # unsandboxed, the agent keeps code on disk
+    try:
+        assert redeploy_cycle(p, tmp_path) == [(1, "one"), (2, "two")]
+        assert not (p.home / "code" / "guest" / "apps" / "again").exists()
+    finally:
+        p.stop()

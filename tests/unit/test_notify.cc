@@ -198,6 +198,21 @@ TEST_P(Lent, AGrantCoversExactlyItsRangeAndDirection) {
   std::string durl = "r;" + GetParam() + ";" + ro + ";timeout_ms,2000";
   ASSERT_EQ(0, libd_action_add_transport(a.get(), durl.c_str()));
   auto *t = libd_action_get_transport(a.get(), "r");
+  if (GetParam() == "shm") {
+    // A peer attached to the owner's process is not confined to a range by the kernel, as a
+    // mapped memfd is not: shm refuses a grant on part of an element, lent or not.
+    EXPECT_EQ(-EPERM, libd_transport_connect(t));
+    std::string whole = grant(p.srv, "buf", LIBD_RIGHT_READ, 0);
+    auto w = make_action("holder");
+    std::string wdurl = "w;shm;" + whole + ";timeout_ms,2000";
+    ASSERT_EQ(0, libd_action_add_transport(w.get(), wdurl.c_str()));
+    auto *wt = libd_action_get_transport(w.get(), "w");
+    char *wbuf = nullptr;
+    ASSERT_EQ(0, libd_trdma_reg(wt, 8192, reinterpret_cast<void **>(&wbuf)));
+    EXPECT_EQ(0, libd_trdma_read(wt, 8192, 0, wbuf)) << libd_last_error();
+    EXPECT_EQ(-EACCES, libd_trdma_write(wt, 8, 0, wbuf));
+    return;
+  }
   char *buf = nullptr;
   ASSERT_EQ(0, libd_trdma_reg(t, 4096, reinterpret_cast<void **>(&buf)));
   uint64_t size;

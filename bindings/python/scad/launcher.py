@@ -19,6 +19,7 @@ OpenWhisk container does; the agent reuses a process only for the same action.
 import contextlib
 import importlib.util
 import json
+import os
 import queue
 import sys
 import threading
@@ -57,6 +58,12 @@ def _load_module(code):
     return module
 
 
+def _text(s):
+    """s as valid UTF-8 text: an exception's message may hold lone surrogates (bytes decoded with
+    surrogateescape), which no JSON reader on the other side accepts."""
+    return s.encode("utf-8", "replace").decode("utf-8")
+
+
 def call_main(fn, args, action):
     """main(args, action) as Scad's actions take it; main(args) as plain OpenWhisk actions do."""
     import inspect
@@ -72,6 +79,49 @@ def call_main(fn, args, action):
 _current = {"aid": None, "action": None}  # the run in progress, for peer notices
 _early = {}  # aid -> notices that came just before their run's spec
 _current_lock = threading.Lock()
+
+
+CODE_ROOT = "/code"  # in the sandbox: where the launcher writes an action's code, read-only
+
+
+def _place_code(spec):
+    """In the sandbox the code comes in the spec ("files", relative "code", "code_key"): written
+    once per key under /code, read-only, while the launcher is still root; then the process
+    takes the tenant's uid ("uid"), for good, before any user code runs. Returns the code's path."""
+    key = spec["code_key"]
+    if not isinstance(key, str) or ".." in key or key.startswith("/"):
+        raise ValueError(f"bad code key {key!r}")
+    folder = os.path.join(CODE_ROOT, key)
+    if not os.path.isdir(folder):
+        for name, content in spec["files"].items():
+            if not isinstance(content, str) or ".." in name.split("/") or name.startswith("/") or not name:
+                raise ValueError(f"bad code file name {name!r}")
+            path = os.path.join(folder, name)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(content)
+            os.chmod(path, 0o444)
+        for dirpath, _, _ in os.walk(folder):
+            os.chmod(dirpath, 0o555)
+        for parent in _parents(folder):
+            os.chmod(parent, 0o555)
+    uid = spec.get("uid")
+    if uid is not None and os.getuid() != uid:
+        if os.getuid() != 0:
+            raise PermissionError(f"this process already runs as uid {os.getuid()}, not {uid}")
+        os.setgroups([])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
+    return os.path.join(folder, spec["code"])
+
+
+def _parents(folder):
+    out = []
+    while True:
+        folder = os.path.dirname(folder)
+        if len(folder) <= len(CODE_ROOT):
+            return out
+        out.append(folder)
 
 
 def run_action(spec, keep_module=False):
@@ -97,16 +147,18 @@ def run_action(spec, keep_module=False):
             _early.clear()  # any other aid's are from runs that are over
         for notice in [*spec.get("peer_failures", []), *early]:
             action.runtime._peer_failed(notice)
-        fn = load_main(spec["code"], spec.get("main", "main"), keep=keep_module)
+        code = _place_code(spec) if "files" in spec else spec["code"]
+        fn = load_main(code, spec.get("main", "main"), keep=keep_module)
         t1 = time.monotonic()
         timing["init_ms"] = int((t1 - t0) * 1000)
         result = call_main(fn, spec.get("args", {}), action)
         timing["run_ms"] = int((time.monotonic() - t1) * 1000)
-        json.dumps(result)  # the result must be JSON: say so here, not in the host
+        # The result must be JSON (no NaN, no lone surrogates): say so here, not in the host.
+        json.dumps(result, allow_nan=False, ensure_ascii=False).encode("utf-8")
         return {"ok": True, "result": result, **timing}
     except BaseException as e:  # noqa: BLE001 - a user's SystemExit or KeyboardInterrupt is an error result too
-        return {"ok": False, "error": {"type": type(e).__name__, "message": str(e),
-                                       "traceback": traceback.format_exc()}, **timing}
+        return {"ok": False, "error": {"type": _text(type(e).__name__), "message": _text(str(e)),
+                                       "traceback": _text(traceback.format_exc())}, **timing}
     finally:
         with _current_lock:
             _current.update(aid=None, action=None)
@@ -144,10 +196,21 @@ def _read_stdin(specs):
     specs.put(None)
 
 
+def _private_result_channel():
+    """The agent reads results on fd 1, and user code can write there too (os.write(1, ...), a
+    child process that inherits stdout). The launcher keeps a private duplicate for its results
+    and points fd 1 at stderr, so whatever user code writes to fd 1 ends up in its logs and can
+    never be taken for a result line. (os.dup's copy is not inherited by children.)"""
+    sys.stdout.flush()
+    fd = os.dup(1)
+    os.dup2(2, 1)
+    return os.fdopen(fd, "w", encoding="utf-8")
+
+
 def serve():
     """One spec per line in, one result per line out, until stdin closes. The run's output goes
     to stderr as it is written (so a crash loses none of it), followed by END_OF_RUN."""
-    out = sys.stdout
+    out = _private_result_channel()
     specs = queue.Queue()
     threading.Thread(target=_read_stdin, args=(specs,), daemon=True, name="scad-notices").start()
     for line in iter(specs.get, None):
@@ -174,9 +237,11 @@ def main():
     except ValueError as e:
         print(json.dumps({"ok": False, "error": {"type": "ValueError", "message": f"bad spec: {e}"}}))
         return 2
+    channel = _private_result_channel()
     with contextlib.redirect_stdout(sys.stderr):
         out = run_action(spec)
-    print(json.dumps(out), flush=True)
+    channel.write(json.dumps(out) + "\n")
+    channel.flush()
     return 0 if out["ok"] else 1
 
 

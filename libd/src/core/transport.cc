@@ -493,7 +493,12 @@ int Transport::notify(uint64_t value, int status) {
 }
 
 int Transport::serve_blocking() {
-  if (int rc = serve()) return rc;
+  if (int rc = serve()) {
+    // Stopped before this call got to serve (a thread that calls run may start after another
+    // has called stop): what it waits for has happened, so it returns as a stop during the run would.
+    std::lock_guard<std::mutex> lk(mu_);
+    return rc == -ESHUTDOWN && state_ == LIBD_STATE_TERMINATED ? 0 : rc;
+  }
   std::unique_lock<std::mutex> lk(mu_);
   cv_.wait(lk, [&] { return state_ == LIBD_STATE_TERMINATED || state_ == LIBD_STATE_INITD; });
   return 0;

@@ -15,6 +15,14 @@
 
 namespace libd::proto {
 
+std::string refusal_reason(int status) {
+  if (status == -EACCES)
+    return "the memory element refused the grant (unknown or revoked grant, wrong secret, or another client's grant)";
+  if (status == -EPERM)
+    return "the grant covers part of its element, and shm can only hand out whole elements: reach it over tcp";
+  return std::string("the memory element refused the connection: ") + libd_strerror(status);
+}
+
 int resolve(const std::string &host, const std::string &port, sockaddr_storage *out, socklen_t *len) {
   struct addrinfo hints = {}, *res = nullptr;
   hints.ai_socktype = SOCK_STREAM;
@@ -67,9 +75,7 @@ int connect_authenticated(const sockaddr *addr, socklen_t len, const Credentials
   if (decode_header(hdr, &h, &why) || h.opcode != kAuthOk)
     return fail(-EPROTO, "the memory element sent no valid answer: " + why);
   if (h.status != 0)
-    return fail(h.status, h.status == -EACCES
-                              ? "the memory element refused the grant (unknown or revoked grant, wrong secret, or another client's grant)"
-                              : std::string("the memory element refused the connection: ") + libd_strerror(h.status));
+    return fail(h.status, refusal_reason(h.status));
   std::string gbody(size_t(payload_length(h)), '\0');
   if (int rc = recv_exact(fd, gbody.data(), gbody.size(), deadline)) return io_fail(rc);
   if (decode_grant(gbody.data(), gbody.size(), grant, &why)) return fail(-EPROTO, why);

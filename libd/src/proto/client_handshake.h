@@ -20,6 +20,9 @@ struct Credentials {
 // host:port to an address; -EHOSTUNREACH with the resolver's reason.
 int resolve(const std::string &host, const std::string &port, sockaddr_storage *out, socklen_t *len);
 
+// Why a memory element answered AUTH with this (negative) status, in words for the user.
+std::string refusal_reason(int status);
+
 // Connects (non-blocking socket, TCP_NODELAY, keep-alive), answers the CHALLENGE and reads
 // AUTH_OK, all before the deadline. 0 with *fd and *grant set, or a negative errno with
 // libd_last_error saying what the memory element answered.

@@ -217,6 +217,14 @@ class MemoryServer::Conn : public FrameReader::Handler {
       close_after_writes_ = true;
       return 0;
     }
+    if (unix_ && (g.offset != 0 || (g.length != 0 && g.length != element_->size))) {
+      // shm hands the client the element's whole memfd: a grant on part of an element can be
+      // honoured only where the server checks every access (tcp, verbs).
+      r.status = -EPERM;
+      send_frame(r, {});
+      close_after_writes_ = true;
+      return 0;
+    }
     grant_ = g;
     authed_ = true;
     uv_timer_stop(&auth_timer_);
@@ -463,6 +471,9 @@ int MemoryServer::add_element(const std::string &name, uint64_t size) {
   e->size = size;
   e->memfd = memfd_create(("scad-" + name).c_str(), MFD_CLOEXEC);
   if (e->memfd < 0) return set_error(-errno, std::string("memfd_create: ") + strerror(errno));
+  // memfds are born mode 0777: anyone holding a read-only descriptor could reopen it writable
+  // through /proc/self/fd. 0600 leaves reopening to the server's own uid.
+  if (fchmod(e->memfd, 0600) != 0) return set_error(-errno, std::string("fchmod memfd: ") + strerror(errno));
   if (ftruncate(e->memfd, off_t(size)) != 0)
     return set_error(-ENOMEM, "element '" + name + "': cannot size memfd: " + strerror(errno));
   void *p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, e->memfd, 0);

@@ -25,6 +25,7 @@
 #include "io/ioloop.h"
 #include "io/sockio.h"
 #include "proto/auth.h"
+#include "proto/client_handshake.h"
 #include "proto/frame.h"
 
 namespace libd {
@@ -95,9 +96,7 @@ class ShmTransport : public Transport {
     }
     if (h.status != 0) {
       close_memfd();
-      return set_error(h.status, h.status == -EACCES
-                                     ? "the memory element refused the grant (unknown or revoked grant, wrong secret, or another client's grant)"
-                                     : std::string("the memory element refused: ") + libd_strerror(h.status));
+      return set_error(h.status, refusal_reason(h.status));
     }
     std::string gbody(size_t(payload_length(h)), '\0');
     GrantBody g;

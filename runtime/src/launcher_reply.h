@@ -1,0 +1,23 @@
+// The one line the Python launcher writes per run (scad.launcher): {"ok": true, "result": ...} or
+// {"ok": false, "error": {"type", "message", "traceback"}}, with "init_ms". The line comes from a
+// process that runs user code, so it is read as untrusted input: any other shape is refused here,
+// and nothing in it can make the agent throw.
+#pragma once
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace scad {
+
+struct LauncherReply {
+  bool ok = false;
+  nlohmann::json result;  // main's return value, when ok
+  nlohmann::json error;   // {"type": string, "message": string}, when not ok
+  std::string traceback;  // when not ok, if the launcher sent one
+  int64_t init_ms = 0;
+};
+
+// false, with *why, when the line is not a launcher reply.
+bool parse_launcher_reply(const std::string &line, LauncherReply *out, std::string *why);
+
+}  // namespace scad

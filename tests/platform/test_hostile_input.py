@@ -1,0 +1,275 @@
+"""Input that once crashed or stalled scad-server, sent to a real one: output that is not UTF-8,
+results forged on the launcher's pipe, limits of the wrong type or range, bodies and manifests
+nested or expanded past any reason, an agent that answers nonsense. Each must get a clear error
+(or a clean activation record), and the server must go on serving everyone else."""
+import base64
+import http.server
+import json
+import pathlib
+import socket
+import threading
+import urllib.error
+import urllib.request
+
+import pytest
+
+from scadtest import Gate, Platform, cluster_token
+
+ACTIONS = "/api/v1/namespaces/_/actions"
+
+
+def put_action(platform, name, code, **extra):
+    return platform.call("PUT", f"{ACTIONS}/{name}?overwrite=true",
+                         {"exec": {"kind": "python:3", "code": code}, **extra})
+
+
+def assert_alive(platform):
+    assert platform.proc.poll() is None, "scad-server died: " + platform.proc.stderr.read()
+    status, body = platform.call("GET", "/api/v1")
+    assert status == 200 and body["openwhisk_compatible"]
+
+
+NOT_UTF8 = '''
+import os, sys
+
+def main(args):
+    sys.stderr.buffer.write(b"err \\xff\\xfe end\\n")
+    sys.stderr.flush()
+    sys.stdout.buffer.write(b"out \\xc3\\x28 end\\n")
+    sys.stdout.flush()
+    os.write(1, b'{"ok": 1}\\n')     # straight to fd 1: never taken for the result
+    os.write(1, b'{"ok": false, "error": {"traceback": 7}}\\n')
+    return {"fine": True}
+'''
+
+
+def test_output_that_is_not_utf8_and_lines_on_fd1_end_up_in_the_logs(platform):
+    assert put_action(platform, "bytes", NOT_UTF8)[0] == 200
+    for _ in range(2):  # cold, then warm: the process stays healthy
+        status, rec = platform.call("POST", f"{ACTIONS}/bytes", {}, params="?blocking=true")
+        assert status == 200, rec
+        assert rec["response"]["result"] == {"fine": True}
+        logs = "\n".join(rec["logs"])
+        assert "err \ufffd\ufffd end" in logs and "out \ufffd( end" in logs
+        assert '{"ok": 1}' in logs and '"traceback": 7' in logs
+    status, listing = platform.call("GET", "/api/v1/namespaces/_/activations", params="?docs=true")
+    assert status == 200 and len(listing) == 2
+    assert_alive(platform)
+
+
+@pytest.mark.parametrize("limits, named", [
+    ({"timeout": "soon"}, "timeout"), (5, "limits must be an object"), ({"timeout": -1}, "timeout"),
+    ({"timeout": 10**15}, "timeout"), ({"timeout": 2**63}, "timeout"), ({"timeout": 99}, "timeout"),
+    ({"timeout": 1.5e3}, "timeout"), ({"memory": 4096}, "memory"), ({"logs": 11}, "logs"),
+    ({"concurrency": 0}, "concurrency"), ({"colour": 1}, "unknown limit 'colour'"),
+])
+def test_limits_are_checked_when_an_action_is_stored(platform, limits, named):
+    status, body = put_action(platform, "limited", "def main(a): return a", limits=limits)
+    assert status == 400 and named in body["error"], body
+    assert platform.call("GET", f"{ACTIONS}/limited")[0] == 404
+    assert_alive(platform)
+
+
+def test_valid_limits_are_stored_with_defaults_and_applied(platform):
+    code = "import time\ndef main(a):\n    time.sleep(a.get('s', 0))\n    return {'slept': a.get('s', 0)}\n"
+    status, body = put_action(platform, "sleepy", code, limits={"timeout": 500, "memory": 128})
+    assert status == 200, body
+    assert body["limits"] == {"timeout": 500, "memory": 128, "logs": 10, "concurrency": 1}
+    status, rec = platform.call("POST", f"{ACTIONS}/sleepy", {"s": 30}, params="?blocking=true")
+    assert status == 502 and rec["response"]["status"] == "action developer error"
+    assert "limit of 500 ms" in rec["response"]["result"]["error"]["message"]
+    assert rec["duration"] < 10000
+
+
+def test_the_logs_limit_truncates_with_a_note(platform):
+    code = "import sys\ndef main(a):\n    sys.stderr.write('x' * 100 + '\\n' * 0 + 'y' * (3 << 20))\n    return {}\n"
+    assert put_action(platform, "chatty", code, limits={"logs": 1})[0] == 200
+    status, rec = platform.call("POST", f"{ACTIONS}/chatty", {}, params="?blocking=true")
+    assert status == 200, rec
+    text = "\n".join(rec["logs"])
+    assert len(text) < (1 << 20) + 4096
+    assert "output limit of 1048576 bytes was reached" in text and str((3 << 20) + 100 - (1 << 20)) in text
+
+
+def test_deeply_nested_bodies_are_refused(platform):
+    deep = b"[" * 100000 + b"]" * 100000
+    for method, path in [("POST", f"{ACTIONS}/anything"), ("PUT", f"{ACTIONS}/nested"),
+                         ("PUT", "/api/v1/namespaces/_/apps/nested"), ("POST", "/api/v1/namespaces/_/apps/x")]:
+        status, body = platform.call(method, path, raw=deep)
+        assert status == 400 and "nests deeper than 128" in body["error"], (path, body)
+    # 128 levels are fine: the parameters reach the action and come back.
+    assert put_action(platform, "echo", "def main(a): return a")[0] == 200
+    nested = {"v": 1}
+    for _ in range(100):
+        nested = {"n": nested}
+    status, rec = platform.call("POST", f"{ACTIONS}/echo", nested, params="?blocking=true&result=true")
+    assert status == 200 and rec == nested
+    assert_alive(platform)
+
+
+def manifest(text):
+    return {"manifest": text, "files": {"a.py": "def main(a, action): return {}"}}
+
+
+def test_manifests_that_would_overflow_or_explode_are_refused(platform):
+    apps = "/api/v1/namespaces/_/apps"
+    digits = "1" * 100000
+    status, body = platform.call("PUT", f"{apps}/digits", manifest(
+        f"name: digits\nelements:\n  m: {{kind: memory, size: {digits}}}\n  a: {{kind: compute, code: a.py, timeout: {digits}}}\n"))
+    assert status == 400 and any("'size' must be a size" in p for p in body["problems"]), body
+    assert any("'timeout' must be milliseconds" in p for p in body["problems"]), body
+    status, body = platform.call("PUT", f"{apps}/deep", manifest("name: deep\nelements: " + "[" * 100000))
+    assert status == 400 and "scad.yaml" in body["error"], body
+    laughs = "name: lol\nelements:\n  a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"  a{i}: &a{i} [*a{i-1}, *a{i-1}, *a{i-1}, *a{i-1}, *a{i-1}, *a{i-1}, *a{i-1}, *a{i-1}, *a{i-1}, *a{i-1}]\n"
+        for i in range(1, 9))
+    status, body = platform.call("PUT", f"{apps}/lol", manifest(laughs))
+    assert status == 400 and "expands to more than 100000 values" in body["error"], body
+    status, body = platform.call("PUT", f"{apps}/{'n' * 100000}", manifest("name: x"))
+    assert status in (400, 414) and (status == 414 or "is not valid" in body["error"])
+    for cpu in ("1e-9", "-1", "100000"):
+        status, body = platform.call("PUT", f"{apps}/cpu", manifest(
+            f"name: cpu\nelements:\n  a: {{kind: compute, code: a.py, cpu: {cpu}}}\n"))
+        assert status == 400 and any("'cpu' must be a number of cores" in p for p in body["problems"]), (cpu, body)
+    assert_alive(platform)
+
+
+class EvilAgent(http.server.BaseHTTPRequestHandler):
+    """An agent that registers, then answers the scheduler with whatever `replies` says."""
+    replies = {}
+
+    def log_message(self, *args):
+        pass
+
+    def answer(self):
+        length = int(self.headers.get("Content-Length") or 0)
+        self.rfile.read(length)
+        status, body = self.replies.get((self.command, self.path.split("?")[0]), (404, b"{}"))
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_POST = do_DELETE = do_GET = answer
+
+
+@pytest.fixture
+def clustered(tmp_path):
+    token = cluster_token(tmp_path)
+    p = Platform(tmp_path / "home", extra=["--cluster-token-file", str(token)])
+    p.token = token.read_text().strip()
+    yield p
+    p.stop()
+
+
+def register(platform, agent_url):
+    req = urllib.request.Request(platform.url + "/api/v1/hosts/register", method="POST", data=json.dumps(
+        {"id": "evil", "url": agent_url, "cpus": 64, "pool": 1 << 40}).encode())
+    req.add_header("Authorization", "Bearer " + platform.token)
+    with urllib.request.urlopen(req, timeout=30) as r:
+        assert r.status == 200
+
+
+def test_an_agent_that_answers_nonsense_fails_the_activation_not_the_server(clustered, tmp_path):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), EvilAgent)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    app = tmp_path / "app"
+    app.mkdir()
+    # More memory than the local host's pool (1 GiB): it can only go to the agent.
+    (app / "scad.yaml").write_text("name: app\nelements:\n  data: {kind: memory, size: 2GiB}\n"
+                                   "  work: {kind: compute, code: work.py, transports: {data: {element: data}}}\n")
+    (app / "work.py").write_text("def main(args, action): return {'ran': True}\n")
+    register(clustered, url)
+    assert clustered.deploy(app)[0] == 200
+    good_grant = json.dumps({"durl": "data;tcp", "config": "host,127.0.0.1", "grant_id": "g1"}).encode()
+    cases = [
+        ({("POST", "/agent/v1/elements"): (409, b'{"error": 123}')}, "cannot place memory element"),
+        ({("POST", "/agent/v1/elements"): (201, b""), ("POST", "/agent/v1/grants"): (200, b'{"durl": 5}')},
+         "answered a grant without string"),
+        ({("POST", "/agent/v1/elements"): (201, b""), ("POST", "/agent/v1/grants"): (200, good_grant),
+          ("POST", "/agent/v1/run"): (200, b'{"ok": "yes"}')}, "needs a boolean"),
+        ({("POST", "/agent/v1/elements"): (201, b""), ("POST", "/agent/v1/grants"): (200, good_grant),
+          ("POST", "/agent/v1/run"): (200, b"[" * 100000)}, "nests deeper"),
+        ({("POST", "/agent/v1/elements"): (201, b""), ("POST", "/agent/v1/grants"): (200, good_grant),
+          ("POST", "/agent/v1/run"): (200, b'{"ok": true, "status": "success", "logs": [1, {"x": "\\u00ff"}], '
+                                            b'"result": {"r": 1}, "init_ms": "soon"}')}, None),
+    ]
+    try:
+        for replies, expected in cases:
+            EvilAgent.replies = replies
+            register(clustered, url)
+            status, rec = clustered.invoke("app")
+            if expected is None:  # an odd but well-formed outcome is taken, with its odd parts ignored
+                assert status == 200 and rec["response"]["result"] == {"r": 1}, (rec["response"], rec["logs"])
+                assert '{"x":"\u00ff"}' in rec["logs"][1] or '{"x":"ÿ"}' in "".join(rec["logs"]), rec["logs"]
+                continue
+            assert status == 500, (expected, rec)
+            assert rec["response"]["status"] == "whisk internal error"
+            assert expected in json.dumps(rec["response"]["result"]), (expected, rec["response"])
+            assert_alive(clustered)
+    finally:
+        server.shutdown()
+
+
+def test_the_built_in_host_cannot_be_replaced(clustered):
+    for body, why in [({"id": "local", "url": "http://127.0.0.1:9", "cpus": 512, "pool": 1 << 40}, "reserved"),
+                      ({"id": "../x", "url": "http://127.0.0.1:9", "cpus": 1, "pool": 1}, "not a name"),
+                      ({"id": "big", "url": "http://127.0.0.1:9", "cpus": 1e9, "pool": 1}, "cpus")]:
+        req = urllib.request.Request(clustered.url + "/api/v1/hosts/register", method="POST", data=json.dumps(body).encode())
+        req.add_header("Authorization", "Bearer " + clustered.token)
+        try:
+            urllib.request.urlopen(req, timeout=30)
+            raise AssertionError(f"{body} was accepted")
+        except urllib.error.HTTPError as e:
+            assert e.code == 400 and why in json.loads(e.read())["error"]
+    status, hosts = clustered.call("GET", "/api/v1/hosts")
+    assert [(h["id"], h["cpus"]) for h in hosts] == [("local", 2.0)]
+
+
+def test_slow_clients_of_the_api_cannot_keep_actions_from_the_runtime_endpoint(platform):
+    assert platform.deploy(pathlib.Path(__file__).parent / "apps" / "grower")[0] == 200
+    gate = Gate()
+    slow = []
+    stop = threading.Event()
+    try:
+        status, body = platform.invoke("grower", {"gate": gate.address}, blocking=False)
+        assert status == 202
+        conn, = gate.wait_arrivals(1)
+        host, port = platform.url.split("//")[1].split(":")
+        for _ in range(40):  # more than the API's threads, each a request that never ends
+            s = socket.create_connection((host, int(port)), timeout=10)
+            s.sendall(b"GET /api/v1 HTTP/1.1\r\nHost: x\r\n")
+            slow.append(s)
+
+        def trickle():  # a header line a second: no read timeout ever fires
+            while not stop.wait(1):
+                for s in slow:
+                    try:
+                        s.sendall(b"X-Slow: 1\r\n")
+                    except OSError:
+                        pass
+
+        threading.Thread(target=trickle, daemon=True).start()
+        conn.sendall(b"go\n")
+        conn.settimeout(30)
+        said = conn.makefile().readline()
+        assert said.startswith("ok "), said
+        assert int(said.split()[1]) < 5000, said
+    finally:
+        stop.set()
+        for s in slow:
+            s.close()
+        gate.close()
+
+
+def test_a_body_without_credentials_is_not_read(platform):
+    host, port = platform.url.split("//")[1].split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        # 60 MB announced, none sent: the answer must come from the headers alone.
+        s.sendall(b"PUT /api/v1/namespaces/_/apps/x HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Authorization: Basic bm9ib2R5Om5vdGhpbmc=\r\nContent-Length: 60000000\r\n\r\n")
+        reply = s.recv(4096).decode(errors="replace")
+        assert reply.startswith("HTTP/1.1 401"), reply
+        assert "authentication is invalid" in reply
+    assert_alive(platform)

@@ -1,0 +1,201 @@
+// The daemons' readers of untrusted input: JSON bodies and replies, launcher and agent replies,
+// action limits and manifests. Each case here once crashed scad-server or could have.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "action_limits.h"
+#include "agent_api.h"
+#include "launcher_reply.h"
+#include "manifest.h"
+#include "safe_json.h"
+
+namespace scad {
+namespace {
+
+using nlohmann::json;
+
+TEST(SafeJson, RefusesNestingPastTheLimitWithoutBuildingIt) {
+  json j;
+  std::string why;
+  std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  EXPECT_FALSE(parse_json(deep, &j, &why));
+  EXPECT_NE(why.find("nests deeper than 128"), std::string::npos) << why;
+  std::string at_limit = std::string(128, '[') + std::string(128, ']');
+  ASSERT_TRUE(parse_json(at_limit, &j, &why)) << why;
+  EXPECT_EQ(json_depth(j), 128);
+  std::string past = "{\"a\":" + std::string(128, '[') + std::string(128, ']') + "}";
+  EXPECT_FALSE(parse_json(past, &j, &why));
+  EXPECT_FALSE(parse_json(std::string(100000, '{'), &j, &why));  // unterminated and deep
+}
+
+TEST(SafeJson, SaysWhereTextIsNotJson) {
+  json j;
+  std::string why;
+  EXPECT_FALSE(parse_json("{not json", &j, &why));
+  EXPECT_NE(why.find("not JSON (at line 1, column 3"), std::string::npos) << why;
+  EXPECT_FALSE(parse_json("\"\xff\"", &j, &why));  // invalid UTF-8 inside a string is refused too
+  EXPECT_FALSE(parse_json("", &j, &why));
+}
+
+TEST(SafeJson, DumpsInvalidUtf8WithReplacement) {
+  json j = {{"log", std::string("a\xff\xfe" "b")}, {std::string("k\xc3"), 1}};
+  EXPECT_THROW(j.dump(), json::type_error);  // what used to end scad-server
+  std::string out = dump_json(j);
+  EXPECT_EQ(out, "{\"k\xEF\xBF\xBD\":1,\"log\":\"a\xEF\xBF\xBD\xEF\xBF\xBD" "b\"}");
+}
+
+TEST(SafeJson, ValidUtf8ReplacesEachBadByte) {
+  EXPECT_EQ(valid_utf8("plain"), "plain");
+  EXPECT_EQ(valid_utf8("\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80"), "\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80");  // é € 😀
+  const std::string R = "\xEF\xBF\xBD";
+  EXPECT_EQ(valid_utf8("\xff"), R);
+  EXPECT_EQ(valid_utf8("\xc0\xaf"), R + R);              // overlong '/'
+  EXPECT_EQ(valid_utf8("\xed\xa0\x80"), R + R + R);      // a surrogate
+  EXPECT_EQ(valid_utf8("\xf4\x90\x80\x80"), R + R + R + R);  // past U+10FFFF
+  EXPECT_EQ(valid_utf8("ab\xe2\x82"), "ab" + R + R);     // cut short
+  EXPECT_EQ(valid_utf8(std::string("a\0b", 3)), std::string("a\0b", 3));
+}
+
+TEST(SafeJson, TypedReadersNeverThrow) {
+  json j = json::parse(R"({"s": "x", "n": -1, "big": 18446744073709551615, "f": 1.5, "b": true})");
+  EXPECT_EQ(get_string(j, "s"), "x");
+  EXPECT_EQ(get_string(j, "n"), std::nullopt);
+  EXPECT_EQ(get_uint(j, "n"), std::nullopt);
+  EXPECT_EQ(get_int(j, "n"), -1);
+  EXPECT_EQ(get_int(j, "big"), std::nullopt);
+  EXPECT_EQ(get_uint(j, "big"), 18446744073709551615ull);
+  EXPECT_EQ(get_int(j, "f"), std::nullopt);
+  EXPECT_EQ(get_bool(j, "b"), true);
+  EXPECT_EQ(get_bool(json::array(), "b"), std::nullopt);
+  EXPECT_EQ(get_number(json(5), "n"), std::nullopt);
+}
+
+TEST(LauncherReply, OnlyTheLaunchersShapeIsTaken) {
+  LauncherReply r;
+  std::string why;
+  EXPECT_FALSE(parse_launcher_reply(R"({"ok": 1})", &r, &why));
+  EXPECT_FALSE(parse_launcher_reply(R"({"ok": "yes"})", &r, &why));
+  EXPECT_FALSE(parse_launcher_reply(R"({"ok": true})", &r, &why));  // no result
+  EXPECT_FALSE(parse_launcher_reply("[1]", &r, &why));
+  EXPECT_FALSE(parse_launcher_reply(std::string(50000, '[') , &r, &why));
+  ASSERT_TRUE(parse_launcher_reply(R"({"ok": true, "result": [1, 2], "init_ms": 7})", &r, &why)) << why;
+  EXPECT_TRUE(r.ok);
+  EXPECT_EQ(r.result, json::array({1, 2}));
+  EXPECT_EQ(r.init_ms, 7);
+  ASSERT_TRUE(parse_launcher_reply(R"({"ok": false, "error": {"type": "E", "message": "m", "traceback": 7}, "init_ms": "x"})",
+                                   &r, &why));
+  EXPECT_EQ(r.error, (json{{"type", "E"}, {"message", "m"}}));
+  EXPECT_EQ(r.traceback, "");
+  EXPECT_EQ(r.init_ms, 0);
+  ASSERT_TRUE(parse_launcher_reply(R"({"ok": false, "error": ["odd"]})", &r, &why));
+  EXPECT_EQ(r.error, (json{{"type", "Error"}, {"message", "[\"odd\"]"}}));
+}
+
+TEST(AgentReplies, AnOutcomeMustAgreeWithItself) {
+  ComputeOutcome o;
+  std::string why;
+  EXPECT_FALSE(outcome_from_json(json::parse(R"({"ok": "yes"})"), &o, &why));
+  EXPECT_FALSE(outcome_from_json(json::parse(R"({"ok": true, "status": "application error"})"), &o, &why));
+  EXPECT_FALSE(outcome_from_json(json::parse(R"({"ok": false, "status": "made up"})"), &o, &why));
+  EXPECT_FALSE(outcome_from_json(json(3), &o, &why));
+  ASSERT_TRUE(outcome_from_json(json::parse(R"({"ok": true, "status": "success", "result": 1,
+                                                "logs": ["a", 2], "init_ms": -5, "start": 9})"), &o, &why));
+  EXPECT_EQ(o.logs, (std::vector<std::string>{"a", "2"}));
+  EXPECT_EQ(o.init_ms, 0);
+  EXPECT_EQ(o.start, "");
+  ASSERT_TRUE(outcome_from_json(json::parse(R"({"ok": false, "status": "application error", "error": 5})"), &o, &why));
+  EXPECT_EQ(o.error["type"], "AgentError");
+}
+
+TEST(ActionLimits, StoredLimitsAreCheckedAgainstTheirRanges) {
+  LimitRanges r;
+  json out;
+  std::string why;
+  EXPECT_FALSE(validate_limits(json{{"timeout", "soon"}}, r, &out, &why));
+  EXPECT_NE(why.find("'timeout' must be an integer from 100 to 300000 ms"), std::string::npos) << why;
+  EXPECT_FALSE(validate_limits(json(5), r, &out, &why));
+  EXPECT_FALSE(validate_limits(json{{"timeout", -1}}, r, &out, &why));
+  EXPECT_FALSE(validate_limits(json{{"timeout", uint64_t(1) << 63}}, r, &out, &why));
+  EXPECT_FALSE(validate_limits(json{{"memory", 1e-9}}, r, &out, &why));
+  EXPECT_FALSE(validate_limits(json{{"size", 1}}, r, &out, &why));
+  ASSERT_TRUE(validate_limits(json{{"timeout", 100}, {"logs", 0}}, r, &out, &why)) << why;
+  EXPECT_EQ(out, (json{{"timeout", 100}, {"memory", 256}, {"logs", 0}, {"concurrency", 1}}));
+}
+
+TEST(ActionLimits, TheOperatorSetsTheRanges) {
+  LimitRanges r;
+  std::string why;
+  ASSERT_TRUE(parse_limit_ranges("timeout=1000:900000:120000,memory=64:2048", &r, &why)) << why;
+  EXPECT_EQ(r.timeout_ms.max, 900000);
+  EXPECT_EQ(r.timeout_ms.dflt, 120000);
+  EXPECT_EQ(r.memory_mb.min, 64);
+  EXPECT_EQ(r.memory_mb.dflt, 256);
+  EXPECT_FALSE(parse_limit_ranges("timeout=5:1", &r, &why));
+  EXPECT_FALSE(parse_limit_ranges("timeout=-1:5", &r, &why));
+  EXPECT_FALSE(parse_limit_ranges("speed=1:2", &r, &why));
+  EXPECT_FALSE(parse_limit_ranges("timeout", &r, &why));
+  EXPECT_FALSE(parse_limit_ranges("timeout=1:99999999999999999999", &r, &why));
+}
+
+TEST(ActionLimits, AStoredDocumentIsReadDefensively) {
+  LimitRanges r;
+  for (json doc : {json{{"limits", {{"timeout", "soon"}}}}, json{{"limits", 5}}, json(7), json::object(),
+                   json{{"limits", {{"timeout", -1}, {"memory", 1 << 30}}}}}) {
+    ActionLimits a = effective_limits(doc, r);
+    EXPECT_EQ(a.timeout_ms, 60000) << doc;
+    EXPECT_EQ(a.memory_bytes, 256ull << 20) << doc;
+  }
+  EXPECT_EQ(effective_limits(json{{"limits", {{"timeout", 500}}}}, r).timeout_ms, 500);
+}
+
+TEST(Manifest, HugeScalarsDeepNestingAndAliasBombsAreRefused) {
+  json doc;
+  std::string why;
+  std::string digits(100000, '7');
+  ASSERT_TRUE(manifest_to_json("name: x\nelements:\n  m: {kind: memory, size: " + digits + "}\n", &doc, &why)) << why;
+  EXPECT_EQ(doc["elements"]["m"]["size"], digits);  // too long to be a number: kept as text
+  auto problems = validate_manifest(doc, {}, Capacity{}, nullptr);
+  ASSERT_FALSE(problems.empty());
+  EXPECT_NE(problems[0].find("'size' must be a size"), std::string::npos) << problems[0];
+  EXPECT_FALSE(manifest_to_json("a: " + std::string(100000, '['), &doc, &why));
+  EXPECT_FALSE(manifest_to_json(std::string(70, '[') + std::string(70, ']'), &doc, &why));
+  EXPECT_NE(why.find("nests deeper than 64"), std::string::npos) << why;
+  std::string laughs = "a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n";
+  for (int i = 1; i < 9; i++) {
+    std::string prev = "*a" + std::to_string(i - 1);
+    laughs += "a" + std::to_string(i) + ": &a" + std::to_string(i) + " [";
+    for (int k = 0; k < 10; k++) laughs += (k ? ", " : "") + prev;
+    laughs += "]\n";
+  }
+  EXPECT_FALSE(manifest_to_json(laughs, &doc, &why));
+  EXPECT_NE(why.find("expands to more than 100000 values"), std::string::npos) << why;
+  ASSERT_TRUE(manifest_to_json("a: -12\nb: 1.5e3\nc: 12a\nd: '7'\ne: .5\nf: 99999999999999999999\n", &doc, &why));
+  EXPECT_EQ(doc, json::parse(R"({"a": -12, "b": 1500.0, "c": "12a", "d": "7", "e": 0.5, "f": "99999999999999999999"})"));
+}
+
+TEST(Manifest, LimitsAreClamped) {
+  auto problems_of = [](const std::string &element) {
+    json doc;
+    std::string why;
+    EXPECT_TRUE(manifest_to_json("name: x\nelements:\n  a: {kind: compute, code: a.py, " + element + "}\n", &doc, &why));
+    std::string all;
+    for (auto &p : validate_manifest(doc, {"a.py"}, Capacity{}, nullptr)) all += p + "\n";
+    return all;
+  };
+  EXPECT_NE(problems_of("cpu: 1e-9").find("'cpu' must be"), std::string::npos);
+  EXPECT_NE(problems_of("timeout: -1").find("'timeout' must be"), std::string::npos);
+  EXPECT_NE(problems_of("timeout: 1000000000000000").find("'timeout' must be"), std::string::npos);
+  EXPECT_NE(problems_of("memory: 1KiB").find("'memory' must be"), std::string::npos);
+  EXPECT_EQ(problems_of("cpu: 0.5, timeout: 1000, memory: 64MiB"), "");
+  // Fields of the wrong type are problems, not exceptions (found by fuzz_manifest).
+  json doc = json::parse(R"({"name": "x", "elements": {"m": {"kind": ["memory"]}, "a": {"kind": "compute",
+                            "code": "a.py", "transports": {"t": {"element": "m", "rights": 5}}}}})");
+  std::string all;
+  for (auto &p : validate_manifest(doc, {"a.py"}, Capacity{}, nullptr)) all += p + "\n";
+  EXPECT_NE(all.find("'kind' must be 'memory' or 'compute'"), std::string::npos) << all;
+  EXPECT_NE(all.find("rights must be r, w or rw"), std::string::npos) << all;
+}
+
+}  // namespace
+}  // namespace scad
