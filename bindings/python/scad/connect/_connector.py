@@ -8,23 +8,16 @@ from __future__ import annotations
 
 import os
 import socket
-import tempfile
 import threading
 import uuid
 from typing import Any, Optional
 
+from .. import _memserver
 from ._active import ReadOperation, WriteOperation
 from ._metadata import RdmaMetadata
 from ._passive import ReadableOperation, WritableOperation
 
 _TRANSPORTS = (None, "shm", "tcp", "verbs")
-
-
-def _has_rdma_device() -> bool:
-    try:
-        return bool(os.listdir("/sys/class/infiniband"))
-    except OSError:
-        return False
 
 
 class Connector:
@@ -52,7 +45,7 @@ class Connector:
         self.timeout = float(timeout)
         self.expires_in = float(expires_in)
         self._transport = transport
-        self._verbs = _has_rdma_device() if verbs is None else bool(verbs)
+        self._verbs = _memserver.has_rdma_device() if verbs is None else bool(verbs)
         self._lock = threading.Lock()
         self._action = None
         self._srv = None
@@ -108,31 +101,9 @@ class Connector:
     # ---- for the operations -------------------------------------------------------------
     def _server(self) -> Any:
         with self._lock:
-            if self._srv is not None:
-                return self._srv
-            from disagg import LibdAction
-
-            path = os.path.join(tempfile.gettempdir(), f"{self._name}.sock")
-            kind = "verbs_server" if self._verbs else "tcp_server"
-            action = LibdAction(self._name)
-            try:
-                action.add_transport(f"srv;{kind};size,0;host,{self._host};port,0;path,{path}")
-                srv = action.get_transport("srv", "rdma_server")
-                srv.serve(block=False)
-                where = dict(pair.split(",", 1) for pair in srv.message.split(";"))
-            except BaseException:
-                action.terminate()
-                raise
-            self._action, self._srv = action, srv
-            self._endpoint = {"host": where["host"], "port": int(where["port"]), "path": where["path"],
-                              "verbs": self._verbs}
-            return srv
+            if self._srv is None:
+                self._action, self._srv, self._endpoint = _memserver.start(self._name, self._host, self._verbs)
+            return self._srv
 
     def _choose_transport(self, md: RdmaMetadata) -> str:
-        if self._transport is not None:
-            return self._transport
-        if md.hostname == self._hostname and md.path and os.path.exists(md.path):
-            return "shm"
-        if md.verbs and _has_rdma_device():
-            return "verbs"
-        return "tcp"
+        return _memserver.choose_transport(self._transport, md.hostname, md.path, md.verbs)
