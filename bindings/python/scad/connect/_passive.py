@@ -20,7 +20,7 @@ from ._descriptor import Descriptor, as_list
 from ._errors import OperationCancelledError
 from ._metadata import RdmaMetadata, SerializedDescriptor
 from ._operation_kind import OperationKind, OperationStatus
-from ._waiter import wait_in_thread
+from .._waiter import wait_in_thread
 
 log = logging.getLogger("scad.connect")
 
