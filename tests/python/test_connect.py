@@ -3,14 +3,10 @@ exchange metadata over pipes, through this test, and move memory over shm or tcp
 import hashlib
 import json
 import os
-import select
-import signal
-import subprocess
-import sys
 
 import pytest
 
-from scadtest import BUILD, ROOT
+from peer_process import PeerProc
 
 PEER = os.path.join(os.path.dirname(__file__), "connect_peer.py")
 
@@ -29,57 +25,12 @@ ALL_IMPLS = IMPLS + (["verbs"] if os.environ.get("LIBD_REQUIRE_VERBS") or _has_r
 MiB = 1 << 20
 
 
-class PeerProc:
-    def __init__(self, transport):
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(BUILD / "python"), str(ROOT / "bindings" / "python")]),
-                   PEER_TRANSPORT=transport)
-        self.proc = subprocess.Popen([sys.executable, PEER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True, env=env)
-
-    def send(self, **msg):
-        self.proc.stdin.write(json.dumps(msg) + "\n")
-        self.proc.stdin.flush()
-
-    def recv(self, timeout=60):
-        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
-        assert ready, f"the peer did not answer within {timeout} s"
-        line = self.proc.stdout.readline()
-        assert line, f"the peer exited: {self.proc.stderr.read()}"
-        return json.loads(line)
-
-    def call(self, **msg):
-        """Sends a command, returns the answer; a wait's own timeout plus a margin bounds it."""
-        self.send(**msg)
-        return self.recv((msg.get("timeout") or 0) + 60)
-
-    def wait_stopped(self):
-        _, status = os.waitpid(self.proc.pid, os.WUNTRACED)
-        assert os.WIFSTOPPED(status), "the peer did not stop itself"
-
-    def resume(self):
-        os.kill(self.proc.pid, signal.SIGCONT)
-
-    def kill(self):
-        self.proc.kill()
-        self.proc.wait(10)
-
-    def close(self):
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGCONT)  # a stopped peer could not read its EOF
-            self.proc.stdin.close()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-
-
 @pytest.fixture
 def peers():
     made = []
 
     def make(transport):
-        p = PeerProc(transport)
+        p = PeerProc(PEER, transport)
         made.append(p)
         return p
 

@@ -12,6 +12,8 @@ import threading
 import time
 from typing import Any, List, Optional
 
+import numpy
+
 from ..connect import Descriptor
 from .._waiter import wait_in_thread
 from ._buffer import RdmaBuffer
@@ -19,6 +21,24 @@ from ._buffer import RdmaBuffer
 
 def _local(memory: Any) -> Descriptor:
     return memory if isinstance(memory, Descriptor) else Descriptor(memory)
+
+
+def _extent(d: Descriptor) -> Descriptor:
+    """The memory to register for d: the whole object a view is cut from, where there is one,
+    so that transfers into different parts of one array share one registration."""
+    obj, root = d.data, None
+    try:
+        if isinstance(obj, numpy.ndarray):
+            while isinstance(obj.base, numpy.ndarray):
+                obj = obj.base
+            root = Descriptor(obj) if obj is not d.data else None
+        elif isinstance(obj, memoryview) and obj.obj is not None:
+            root = Descriptor(obj.obj)
+    except (ValueError, TypeError):
+        root = None  # not contiguous, or not memory a descriptor takes: the view itself
+    if root is not None and root.ptr <= d.ptr and d.ptr + d.size <= root.ptr + root.size:
+        return root
+    return d
 
 
 class QueuePair:
@@ -88,8 +108,9 @@ class QueuePair:
             return
         if any(not op.done() for op in self._pending):
             raise RuntimeError("transfers on another local region are still running on this queue pair: wait() first")
-        self._t.reg_memory(d.ptr, d.size, keep=d)
-        self._reg, self._keep = (d.ptr, d.size), d
+        whole = _extent(d)
+        self._t.reg_memory(whole.ptr, whole.size, keep=whole)
+        self._reg, self._keep = (whole.ptr, whole.size), whole
 
     def _wait_all(self, timeout: Optional[float]) -> None:
         deadline = None if timeout is None else time.monotonic() + timeout
