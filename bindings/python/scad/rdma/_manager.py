@@ -121,6 +121,11 @@ class RdmaManager:
         self._forget_qp(buf.route)
 
     # ---- the peer's side ----------------------------------------------------------------
+    def release_queue_pair(self, remote: RdmaBuffer) -> None:
+        """Closes this process's queue pair to remote's route, if there is one (the owner's
+        grant stays). For a peer done with a buffer, even in the owner's own process."""
+        self._forget_qp(remote.route)
+
     async def request_queue_pair(self, remote: RdmaBuffer) -> QueuePair:
         """The queue pair to remote's route, connected (made on first use, then reused)."""
         qp = self._qps.get(remote.route)
