@@ -149,7 +149,11 @@ class ScadTensorTransport(_Base):
                 with self._lock:
                     self._receiving.setdefault(obj_id, []).append(qp)
                 qp.get(local.reshape(-1).view(numpy.uint8), buf)
-                await qp.wait(self._timeout)
+                try:
+                    await qp.wait(self._timeout)
+                except TimeoutError:
+                    qp.cancel()  # the target is not written after the caller was told it timed out
+                    raise
                 manager.release_queue_pair(buf)  # this side is done; the loan ends at garbage_collect
         finally:
             with self._lock:
