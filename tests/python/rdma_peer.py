@@ -10,10 +10,13 @@ Commands arrive as JSON lines on stdin, answers leave as JSON lines on stdout.
   peer:   {"cmd": "read", "buffer": json|pickle, "size": n, "offset": o} -> {"digest": ...} | error
           {"cmd": "write", "buffer": ..., "size": n, "seed": s, "offset": o} -> {"digest": ...} | error
           {"cmd": "qp", "buffer": ..., "size": n}  two gets through one queue pair -> {...}
+          {"cmd": "forget", "buffer": ...}  drop() in a peer: closes its queue pair -> {"ok": true}
+  both:   {"cmd": "usage"} -> {"fds": n, "objects": n}
 Errors come back as {"error": type name, "message": ...}.
 """
 import asyncio
 import base64
+import gc
 import hashlib
 import json
 import os
@@ -58,6 +61,7 @@ class Peer:
                     "regions": self.manager.regions()}
         if cmd == "drop":
             self.buffers[msg["index"]].drop()
+            self.buffers[msg["index"]] = None  # the test holds no dropped handle either
             return {"regions": self.manager.regions()}
         if cmd == "digest":
             return {"digest": digest(self.array[msg.get("start", 0):msg.get("stop", len(self.array))])}
@@ -82,6 +86,12 @@ class Peer:
             await qp.wait(20)
             first[:], second[:] = both[:msg["size"]], both[msg["size"]:]
             return {"same": same, "impl": qp.impl, "idle": qp.poll(), "digests": [digest(first), digest(second)]}
+        if cmd == "forget":
+            load(msg).drop()
+            return {"ok": True}
+        if cmd == "usage":
+            gc.collect()
+            return {"fds": len(os.listdir("/proc/self/fd")), "objects": len(gc.get_objects())}
         raise ValueError(f"unknown command {cmd!r}")
 
 

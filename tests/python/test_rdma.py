@@ -97,6 +97,28 @@ def test_a_queue_pair_is_one_per_route_and_reused(pair):
     assert r["same"] and r["idle"] and r["digests"] == [whole, whole]
 
 
+@pytest.mark.parametrize("pair", IMPLS, indirect=True)
+def test_buffers_made_used_and_dropped_in_a_loop_leak_nothing(pair):
+    owner, peer = pair
+    ok(owner.call(cmd="array", size=64 * KiB, seed=6))
+
+    def one(i):
+        made = ok(owner.call(cmd="buffer", start=0, stop=32 * KiB))
+        ok(peer.call(cmd="read", size=KiB, buffer=made["json"]))
+        ok(peer.call(cmd="forget", buffer=made["json"]))
+        assert ok(owner.call(cmd="drop", index=i))["regions"] == []
+
+    for i in range(50):  # warm-up
+        one(i)
+    before = [ok(owner.call(cmd="usage")), ok(peer.call(cmd="usage"))]
+    for i in range(50, 350):
+        one(i)
+    after = [ok(owner.call(cmd="usage")), ok(peer.call(cmd="usage"))]
+    for side, b, a in zip(("owner", "peer"), before, after):
+        assert a["fds"] == b["fds"], f"{side}: file descriptors {b} -> {a}"
+        assert a["objects"] - b["objects"] < 50, f"{side}: Python objects {b} -> {a}"
+
+
 @pytest.mark.parametrize("pair", [None], indirect=True)
 def test_an_owner_that_is_gone_is_an_error(pair):
     owner, peer = pair

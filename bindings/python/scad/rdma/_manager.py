@@ -59,7 +59,6 @@ class RdmaManager:
         self._endpoint: dict = {}
         self._cache = RegionCache()
         self._next = 0
-        self._client = None  # the action holding this process's queue pairs
         self._qps: Dict[tuple, QueuePair] = {}
         self._qp_locks: Dict[tuple, asyncio.Lock] = {}
 
@@ -132,25 +131,26 @@ class RdmaManager:
         if qp is not None:
             return qp
         impl = _memserver.choose_transport(self._transport, remote.hostname, remote.path, remote.verbs, remote.whole)
-        with self._lock:
-            if self._client is None:
-                from disagg import LibdAction
-                self._client = LibdAction(self.name)
-            self._next += 1
-            name = f"q{self._next}"
-            where = f"path,{remote.path}" if impl == "shm" else f"host,{remote.host};port,{remote.port}"
-            self._client.add_transport(f"{name};{impl};{where};grant,{remote.grant};secret,{remote._secret};"
-                                       f"timeout_ms,{self._timeout_ms}")
-            t = self._client.get_transport(name, "rdma")
+        from disagg import LibdAction
+
+        # An action per queue pair: closing it frees the connection entirely (an action keeps
+        # every transport it ever had until it is freed).
+        action = LibdAction(self.name)
+        where = f"path,{remote.path}" if impl == "shm" else f"host,{remote.host};port,{remote.port}"
+        action.add_transport(f"qp;{impl};{where};grant,{remote.grant};secret,{remote._secret};timeout_ms,{self._timeout_ms}")
+        t = action.get_transport("qp", "rdma")
         try:
             await wait_in_thread(t.connect)  # the owner checks the key now: a refusal is an error here
         except PermissionError as e:
-            t.terminate()
+            action.terminate()
             raise PermissionError(e.errno, f"the owner refused this buffer's key (dropped or expired): {e}") from None
         except ConnectionError as e:
-            t.terminate()
+            action.terminate()
             raise ConnectionError(e.errno, f"cannot reach the buffer's owner over {impl}: {e}") from None
-        return self._qps.setdefault(remote.route, QueuePair(t, remote.route, impl))
+        qp = self._qps.setdefault(remote.route, QueuePair(action, t, remote.route, impl))
+        if qp._t is not t:
+            action.terminate()  # another task connected the same route meanwhile: use that one
+        return qp
 
     async def transfer(self, remote: RdmaBuffer, memory: Any, offset: int, timeout: Optional[float], read: bool) -> None:
         qp = await self.request_queue_pair(remote)

@@ -42,7 +42,8 @@ def _extent(d: Descriptor) -> Descriptor:
 
 
 class QueuePair:
-    def __init__(self, transport: Any, route: tuple, impl: str) -> None:
+    def __init__(self, action: Any, transport: Any, route: tuple, impl: str) -> None:
+        self._action = action
         self._t = transport
         self.route = route
         self.impl = impl  # "shm", "tcp" or "verbs"
@@ -82,7 +83,7 @@ class QueuePair:
 
     def close(self) -> None:
         self.cancel()
-        self._t.terminate()
+        self._action.terminate()
 
     def __repr__(self) -> str:
         return f"QueuePair({self.impl}, pending={len(self._pending)})"
