@@ -85,3 +85,17 @@ cdef extern from "libd.h" nogil:
                                 uint64_t length, unsigned rights, char *out, size_t cap)
     int libd_trdma_server_revoke(libd_transport *trans, const char *grant_id)
     int libd_trdma_server_run(libd_transport *trans)
+
+    int libd_trdma_server_expose(libd_transport *trans, const char *element, void *base, uint64_t size)
+    int libd_trdma_server_withdraw(libd_transport *trans, const char *element)
+    ctypedef struct libd_grant_spec:
+        const char *element
+        const char *client
+        uint64_t offset
+        uint64_t length
+        unsigned rights
+        uint64_t ttl_ms
+    int libd_trdma_server_grant_ex(libd_transport *trans, const libd_grant_spec *spec, char *out, size_t cap)
+    int libd_trdma_server_wait_notify(libd_transport *trans, const char *grant_id, uint64_t *value, int *status,
+                                      int timeout_ms)
+    int libd_trdma_notify(libd_transport *trans, uint64_t value, int status)

@@ -402,6 +402,34 @@ cdef class LibdTransportRDMA(LibdTransport):
         self._size = size
         self.buf = memoryview(owner)[:size]
 
+    def reg_memory(self, uint64_t address, size_t size, keep=None):
+        """Registers the caller's own memory [address, address+size) in place: transfers read and
+        write it directly, nothing is copied. `keep` (the object owning the memory) is held as
+        long as the registration, so the memory outlives every operation on it. self.buf is None:
+        the caller already has its memory."""
+        cdef clibd.libd_transport *t = self._tr()
+        if size == 0 or address == 0:
+            raise ValueError("reg_memory: address and size must be non-zero")
+        cdef void *p = <void *><size_t>address
+        cdef int rc
+        with nogil:
+            rc = clibd.libd_trdma_reg(t, size, &p)
+        _check(rc, "reg_memory")
+        self._owner = keep
+        self._view = None
+        self._base = <char *><size_t>address
+        self._size = size
+        self.buf = None
+
+    def notify(self, uint64_t value, int status=0):
+        """Tells the memory's owner this holder finished (status 0) or gave up (a negative errno),
+        with a 64-bit value. Call it once the transfers it covers have completed."""
+        cdef clibd.libd_transport *t = self._tr()
+        cdef int rc
+        with nogil:
+            rc = clibd.libd_trdma_notify(t, value, status)
+        _check(rc, "notify")
+
     @property
     def size(self):
         return self._size
@@ -598,4 +626,63 @@ cdef class LibdTransportRDMAServer(LibdTransport):
         return out.decode()
 
     def revoke(self, grant_id):
-        _check(clibd.libd_trdma_server_revoke(self._tr(), _b(grant_id)), "revoke")
+        cdef clibd.libd_transport *t = self._tr()
+        bid = _b(grant_id)
+        cdef const char *c = bid
+        cdef int rc
+        with nogil:   # closing the grant's connections waits for the server's loop
+            rc = clibd.libd_trdma_server_revoke(t, c)
+        _check(rc, "revoke")
+
+    def expose(self, element, uint64_t address, uint64_t size):
+        """Serves the caller's memory [address, address+size) in place as element `element`
+        (a server started with size,0 serves only such memory). The caller keeps it valid until
+        withdraw(element) returns."""
+        cdef clibd.libd_transport *t = self._tr()
+        bel = _b(element)
+        _check(clibd.libd_trdma_server_expose(t, bel, <void *><size_t>address, size), "expose")
+
+    def withdraw(self, element):
+        """Stops serving `element`: its grants are revoked and their connections closed."""
+        cdef clibd.libd_transport *t = self._tr()
+        bel = _b(element)
+        cdef const char *c = bel
+        cdef int rc
+        with nogil:
+            rc = clibd.libd_trdma_server_withdraw(t, c)
+        _check(rc, "withdraw")
+
+    def grant_ex(self, element, client="*", uint64_t offset=0, uint64_t length=0, rights="rw", ttl=None):
+        """A grant on `element` for `client` ('*': whoever holds the configuration), expiring
+        after `ttl` seconds (None: until revoked). Returns the configuration to relay; it carries
+        the grant's secret."""
+        cdef clibd.libd_grant_spec spec
+        cdef char out[2048]
+        bel = _b(element)
+        bclient = _b(client)
+        spec.element = bel
+        spec.client = bclient
+        spec.offset = offset
+        spec.length = length
+        spec.rights = (1 if "r" in rights else 0) | (2 if "w" in rights else 0)
+        spec.ttl_ms = 0 if ttl is None else max(1, int(ttl * 1000))
+        _check(clibd.libd_trdma_server_grant_ex(self._tr(), &spec, out, sizeof(out)), "grant")
+        return out.decode()
+
+    def wait_notify(self, grant_id, timeout=None):
+        """Waits for a holder of `grant_id` to say it finished: returns (value, status), status 0
+        or the negative errno the holder gave up with. Raises TimeoutError (nothing within
+        `timeout` seconds), ConnectionError (the holder's connection closed without a word),
+        OSError(EKEYEXPIRED) (the grant expired), CancelledError (revoked or stopped meanwhile),
+        KeyError (no such grant)."""
+        cdef clibd.libd_transport *t = self._tr()
+        bid = _b(grant_id)
+        cdef const char *c = bid
+        cdef uint64_t value = 0
+        cdef int status = 0
+        cdef int ms = -1 if timeout is None else max(0, int(timeout * 1000))
+        cdef int rc
+        with nogil:
+            rc = clibd.libd_trdma_server_wait_notify(t, c, &value, &status, ms)
+        _check(rc, "wait_notify")
+        return value, status

@@ -17,7 +17,8 @@
  *   -EEXIST   duplicate transport name            -ENOBUFS  read/write before libd_trdma_reg
  *   -ERANGE   out of local or remote bounds       -EACCES   the grant does not allow it
  *   -ETIMEDOUT deadline passed                    -ECONNRESET / -ENOTCONN / -ECONNREFUSED peer gone
- *   -ESHUTDOWN transport terminated               -ECANCELED operation cancelled
+ *   -ESHUTDOWN transport terminated               -ECANCELED operation cancelled (or grant revoked)
+ *   -EKEYEXPIRED the grant expired
  *   -EOPNOTSUPP the transport does not implement the call
  */
 #ifndef LIBD_H
@@ -36,7 +37,7 @@ extern "C" {
 #endif
 
 #define LIBD_VERSION_MAJOR 1
-#define LIBD_VERSION_MINOR 0
+#define LIBD_VERSION_MINOR 1
 
 typedef struct libd_action libd_action;
 typedef struct libd_transport libd_transport;
@@ -198,6 +199,58 @@ int libd_trdma_server_revoke(libd_transport *trans, const char *grant_id);
  * also when it was stopped before this call began (so a thread that calls run and one that calls
  * stop need no ordering between them). */
 int libd_trdma_server_run(libd_transport *trans);
+
+/* ---- lent memory and completion notifications (since 1.1) ---------------------------------
+ *
+ * A process serves its own memory in place (nothing is copied) and learns when the peer it
+ * granted it to is done, without polling and without a message of its own:
+ *
+ *   owner:   serve a server transport with size,0; expose(buf); grant_ex(element, ttl) -> config;
+ *            relay config; wait_notify(grant) -> the holder's value and status; revoke; withdraw
+ *   holder:  config_transport(config); read/write ...; libd_trdma_notify(value, 0)
+ *
+ * The notification rides the holder's control connection to the owner (tcp: its data connection;
+ * shm: its unix socket; verbs: its idle tcp control connection), sent after the holder's own
+ * transfers completed, so it never overtakes data. On one host (shm) lent memory is reached by
+ * cross-memory attach (process_vm_readv/writev): same user only, as the kernel's ptrace rule says. */
+
+/* Serves [base, base+size) of the caller as memory element `element` of a serving server
+ * transport. The caller keeps the memory valid until libd_trdma_server_withdraw returns.
+ * -ENOTCONN not serving; -EEXIST name taken; -EINVAL NULL base or size 0. */
+int libd_trdma_server_expose(libd_transport *trans, const char *element, void *base, uint64_t size);
+/* Stops serving an element: its grants are revoked and their connections closed; tcp and verbs
+ * peers can no longer reach the memory once it returns. A shm peer attached to lent memory
+ * finishes the single transfer it may be running, then fails (-ECONNRESET). -ENOENT unknown. */
+int libd_trdma_server_withdraw(libd_transport *trans, const char *element);
+
+typedef struct libd_grant_spec {
+    const char *element;  /* NULL or "": the transport's own element */
+    const char *client;   /* the action id allowed to use it, or "*" */
+    uint64_t offset;      /* range inside the element */
+    uint64_t length;      /* 0: to the element's end */
+    unsigned rights;      /* LIBD_RIGHT_READ and/or LIBD_RIGHT_WRITE */
+    uint64_t ttl_ms;      /* 0: until revoked; else revoked (connections closed) after ttl_ms */
+} libd_grant_spec;
+/* As libd_trdma_server_grant, on any element and with an expiry. Returns the config's length.
+ * -ENOENT no such element; -ERANGE range outside it; -EINVAL bad client or rights. */
+int libd_trdma_server_grant_ex(libd_transport *trans, const libd_grant_spec *spec, char *out, size_t cap);
+/* Owner side: takes the oldest notification a holder of `grant_id` sent, waiting up to
+ * timeout_ms (< 0: until one of the ends below). 0 with *value and *status (0: done; < 0: the
+ * holder gave up with that errno). Otherwise:
+ *   -ETIMEDOUT    nothing within timeout_ms (the grant stays; wait again or revoke)
+ *   -ECONNRESET   a holder's connection closed without a notification (died or gave up);
+ *                 reported once per such connection
+ *   -EKEYEXPIRED  the grant expired (libd_trdma_server_revoke still frees its record)
+ *   -ECANCELED    the grant was revoked, or the server stopped, while waiting
+ *   -ENOENT       no such grant */
+int libd_trdma_server_wait_notify(libd_transport *trans, const char *grant_id, uint64_t *value, int *status,
+                                  int timeout_ms);
+/* Holder side: tells the owner this holder finished (status 0) or gave up (a negative errno),
+ * carrying a 64-bit value of the caller's choice. Call it after the transfers it covers have
+ * completed. It has no answer: 0 once the frame is handed to the connection, in order behind
+ * the transfers. Connects first if the transport is not READY (as a transfer would).
+ * -ECONNRESET / -ENOTCONN the owner is gone; -EINVAL status > 0; -EOPNOTSUPP local/fake. */
+int libd_trdma_notify(libd_transport *trans, uint64_t value, int status);
 
 #if defined(__GNUC__)
 #pragma GCC visibility pop

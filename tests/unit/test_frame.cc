@@ -132,3 +132,43 @@ TEST(Auth, MacDependsOnEveryInput) {
   EXPECT_EQ("\x01\xab", bytes);
   EXPECT_FALSE(from_hex("zz", &bytes));
 }
+
+TEST(Frame, NotifyCarriesAValueAndAStatusAndNoBody) {
+  Header h;
+  h.opcode = kNotify;
+  h.addr = 0xfedcba9876543210ull;
+  h.status = -ECANCELED;
+  char buf[kHeaderSize];
+  encode_header(h, buf);
+  Header back;
+  std::string why;
+  ASSERT_EQ(0, decode_header(buf, &back, &why)) << why;
+  EXPECT_EQ(kNotify, back.opcode);
+  EXPECT_EQ(h.addr, back.addr);
+  EXPECT_EQ(-ECANCELED, back.status);
+  EXPECT_EQ(0u, payload_length(back));
+  EXPECT_STREQ("NOTIFY", opcode_name(kNotify));
+  h.opcode = kNotify + 1;  // the last opcode is still the end of the table
+  encode_header(h, buf);
+  EXPECT_EQ(-EPROTO, decode_header(buf, &back, &why));
+}
+
+TEST(Auth, CrossMemoryGrantBodyRoundTrips) {
+  GrantBody g{1 << 20, 0, 1 << 20, 3}, back;
+  g.cma_pid = 4242;
+  g.cma_base = 0x7f0000001000ull;
+  std::string enc = encode_grant(g), why;
+  ASSERT_EQ(kGrantBodyCmaSize, enc.size());
+  ASSERT_EQ(0, decode_grant(enc.data(), enc.size(), &back, &why)) << why;
+  EXPECT_EQ(4242u, back.cma_pid);
+  EXPECT_EQ(g.cma_base, back.cma_base);
+  for (size_t n = kGrantBodySize + 1; n < enc.size(); n++) EXPECT_EQ(-EPROTO, decode_grant(enc.data(), n, &back, &why)) << n;
+  g.cma_base = UINT64_MAX - 10;  // the element would wrap the address space
+  enc = encode_grant(g);
+  EXPECT_EQ(-EPROTO, decode_grant(enc.data(), enc.size(), &back, &why));
+  GrantBody plain{4096, 0, 4096, 1};
+  enc = encode_grant(plain);
+  ASSERT_EQ(kGrantBodySize, enc.size());
+  ASSERT_EQ(0, decode_grant(enc.data(), enc.size(), &back, &why));
+  EXPECT_EQ(0u, back.cma_pid);
+}

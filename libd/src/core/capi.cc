@@ -248,4 +248,39 @@ int libd_trdma_server_revoke(libd_transport *t, const char *grant_id) {
   return T(t)->revoke(grant_id);
 }
 
+int libd_trdma_server_expose(libd_transport *t, const char *element, void *base, uint64_t size) {
+  CHECK_T(t);
+  if (!element || !*element) return set_error(-EINVAL, "expose: element name required");
+  return T(t)->expose(element, base, size);
+}
+int libd_trdma_server_withdraw(libd_transport *t, const char *element) {
+  CHECK_T(t);
+  if (!element) return set_error(-EINVAL, "NULL element");
+  return T(t)->withdraw(element);
+}
+int libd_trdma_server_grant_ex(libd_transport *t, const libd_grant_spec *spec, char *out, size_t cap) {
+  CHECK_T(t);
+  if (!spec || !spec->client) return set_error(-EINVAL, "grant: NULL spec or client");
+  libd::Transport::GrantSpec g;
+  g.element = spec->element ? spec->element : "";
+  g.client = spec->client;
+  g.offset = spec->offset;
+  g.length = spec->length;
+  g.rights = spec->rights;
+  g.ttl_ms = spec->ttl_ms;
+  std::string config;
+  if (int rc = T(t)->grant_spec(g, &config)) return rc;
+  return copy_out(config, out, cap, nullptr);
+}
+int libd_trdma_server_wait_notify(libd_transport *t, const char *grant_id, uint64_t *value, int *status,
+                                  int timeout_ms) {
+  CHECK_T(t);
+  if (!grant_id || !value || !status) return set_error(-EINVAL, "wait_notify: NULL argument");
+  return T(t)->wait_notify(grant_id, value, status, timeout_ms);
+}
+int libd_trdma_notify(libd_transport *t, uint64_t value, int status) {
+  CHECK_T(t);
+  return T(t)->notify(value, status);
+}
+
 }  // extern "C"

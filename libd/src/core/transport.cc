@@ -477,6 +477,21 @@ int Transport::run_nowait(OpKind kind, Segment seg) {
   return 0;
 }
 
+int Transport::notify(uint64_t value, int status) {
+  if (kind() != LIBD_KIND_RDMA) return unsupported("notify");
+  if (status > 0 || status < -4095) return set_error(-EINVAL, "notify: status must be 0 or a negative errno");
+  Deadline deadline = op_deadline();
+  for (;;) {
+    std::shared_lock<IoGate> io(io_mu_);
+    if (state_now_.load(std::memory_order_acquire) != LIBD_STATE_READY) {
+      io.unlock();
+      if (int rc = ensure_ready(deadline)) return rc;
+      continue;
+    }
+    return do_notify(value, status, io, deadline);
+  }
+}
+
 int Transport::serve_blocking() {
   if (int rc = serve()) {
     // Stopped before this call got to serve (a thread that calls run may start after another

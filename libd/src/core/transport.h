@@ -81,6 +81,9 @@ class Transport : public libd_transport {
   int run(OpKind kind, Segments segs);
   // run() only if it cannot wait (see libd_trdma_read_nowait); -EAGAIN otherwise.
   int run_nowait(OpKind kind, Segment seg);
+  // Tells the memory's owner this holder finished (status 0) or gave up (status < 0), after
+  // every transfer the caller already saw complete. Waits for READY like an operation.
+  int notify(uint64_t value, int status);
 
   // ---- rdma_server ----
   virtual int serve() { return unsupported("serve"); }
@@ -91,6 +94,28 @@ class Transport : public libd_transport {
     return unsupported("grant");
   }
   virtual int revoke(const std::string &grant_id) { (void)grant_id; return unsupported("revoke"); }
+  // Caller-owned memory served in place, grants with an element and an expiry, and the owner's
+  // side of notify() (see libd.h: libd_trdma_server_expose and what follows it).
+  virtual int expose(const std::string &element, void *base, uint64_t size) {
+    (void)element, (void)base, (void)size;
+    return unsupported("expose");
+  }
+  virtual int withdraw(const std::string &element) { (void)element; return unsupported("withdraw"); }
+  struct GrantSpec {
+    std::string element;  // "" : the transport's own element
+    std::string client;
+    uint64_t offset = 0, length = 0;
+    unsigned rights = 0;
+    uint64_t ttl_ms = 0;
+  };
+  virtual int grant_spec(const GrantSpec &spec, std::string *config) {
+    (void)spec, (void)config;
+    return unsupported("grant");
+  }
+  virtual int wait_notify(const std::string &grant_id, uint64_t *value, int *status, int timeout_ms) {
+    (void)grant_id, (void)value, (void)status, (void)timeout_ms;
+    return unsupported("wait_notify");
+  }
   int serve_blocking();
 
  protected:
@@ -124,6 +149,12 @@ class Transport : public libd_transport {
   // True if do_post completes every operation before returning, without waiting (a copy).
   virtual bool completes_inline() const { return false; }
   virtual void do_terminate() {}  // servers stop here
+  // Sends the notification on the connection to the owner. Called under the shared I/O lock,
+  // READY; the implementation may release `io` as do_run may.
+  virtual int do_notify(uint64_t value, int status, std::shared_lock<IoGate> &io, Deadline deadline) {
+    (void)value, (void)status, (void)io, (void)deadline;
+    return unsupported("notify");
+  }
 
   // For implementations: a failure found at run time (peer gone, protocol error).
   void fail(int err, const std::string &why);

@@ -56,15 +56,25 @@ std::string encode_grant(const GrantBody &g) {
   put(&s, g.offset, 8);
   put(&s, g.length, 8);
   put(&s, g.rights, 4);
+  if (g.cma_pid) {
+    put(&s, g.cma_pid, 4);
+    put(&s, g.cma_base, 8);
+  }
   return s;
 }
 
 int decode_grant(const char *p, size_t n, GrantBody *out, std::string *why) {
-  if (n != kGrantBodySize) { *why = "AUTH_OK body of wrong size"; return -EPROTO; }
+  if (n != kGrantBodySize && n != kGrantBodyCmaSize) { *why = "AUTH_OK body of wrong size"; return -EPROTO; }
   out->element_size = get(p, 8);
   out->offset = get(p + 8, 8);
   out->length = get(p + 16, 8);
   out->rights = uint32_t(get(p + 24, 4));
+  out->cma_pid = n == kGrantBodyCmaSize ? uint32_t(get(p + 28, 4)) : 0;
+  out->cma_base = n == kGrantBodyCmaSize ? get(p + 32, 8) : 0;
+  if (n == kGrantBodyCmaSize && (out->cma_pid == 0 || out->cma_base > UINT64_MAX - out->element_size)) {
+    *why = "AUTH_OK describes an impossible cross-memory grant";
+    return -EPROTO;
+  }
   if (out->offset > out->element_size || out->length > out->element_size - out->offset || out->rights > 3) {
     *why = "AUTH_OK describes an impossible grant";
     return -EPROTO;

@@ -23,8 +23,14 @@ struct GrantBody {  // AUTH_OK
   uint64_t offset = 0;
   uint64_t length = 0;
   uint32_t rights = 0;
+  // Only on a unix socket, for memory the owner's caller lent (no memfd to pass): the owner's
+  // process and the element's address there, for cross-memory attach (process_vm_readv/writev).
+  // The kernel's ptrace rule decides whether the peer may attach; these two numbers open nothing.
+  uint32_t cma_pid = 0;
+  uint64_t cma_base = 0;
 };
 constexpr size_t kGrantBodySize = 28;
+constexpr size_t kGrantBodyCmaSize = 40;  // with cma_pid and cma_base
 
 std::string encode_auth(const AuthBody &a);
 int decode_auth(const char *p, size_t n, AuthBody *out, std::string *why);

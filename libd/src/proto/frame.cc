@@ -41,6 +41,7 @@ const char *opcode_name(uint8_t op) {
     case kVerbsAccept: return "VERBS_ACCEPT";
     case kVerbsCmRequest: return "VERBS_CM_REQUEST";
     case kVerbsCmTicket: return "VERBS_CM_TICKET";
+    case kNotify: return "NOTIFY";
     default: return "?";
   }
 }
@@ -57,7 +58,7 @@ int decode_header(const char in[kHeaderSize], Header *out, std::string *why) {
   h.req_id = get(in + 8, 8);
   h.addr = get(in + 16, 8);
   h.size = get(in + 24, 8);
-  if (h.opcode < kChallenge || h.opcode > kVerbsCmTicket) {
+  if (h.opcode < kChallenge || h.opcode > kNotify) {
     *why = "unknown opcode " + std::to_string(h.opcode);
     return -EPROTO;
   }

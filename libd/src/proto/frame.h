@@ -18,6 +18,11 @@
 // authenticated connection; the verbs client then keeps the connection open, idle, as its
 // liveness channel, exactly as shm does. VERBS_CM_REQUEST / VERBS_CM_TICKET instead hand out a
 // one-shot ticket the client presents in its rdma_cm connection request (verbs/cm.h).
+// NOTIFY tells the memory's owner that the grant holder finished: addr carries the caller's
+// 64-bit value, status 0 (done) or the negative errno the holder gave up with. It travels on the
+// control connection of every transport (tcp's data connection, shm's unix socket, verbs' idle
+// tcp connection), after the holder saw its last transfer complete, so the owner never learns
+// "done" before the data is in place. It has no answer: the owner's loop records it per grant.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -47,6 +52,7 @@ enum Opcode : uint8_t {
   kVerbsAccept = 12,   // server -> client: status, and the server's record when 0
   kVerbsCmRequest = 13,  // client -> server after AUTH_OK: asks for an rdma_cm ticket (no body)
   kVerbsCmTicket = 14,   // server -> client: status; when 0 the cm port and ticket (verbs/cm.h)
+  kNotify = 15,          // client -> server after AUTH_OK: "done" (no body, no answer), see below
 };
 
 struct Header {

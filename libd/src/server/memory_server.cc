@@ -36,7 +36,7 @@ constexpr const char *kNoVerbs = "this memory server does not serve RDMA verbs (
 }  // namespace
 
 Element::~Element() {
-  if (base) munmap(base, size);
+  if (base && !lent) munmap(base, size);
   if (memfd >= 0) close(memfd);
 }
 
@@ -88,6 +88,7 @@ class MemoryServer::Conn : public FrameReader::Handler {
     srv_->conns_.erase(this);
     srv_->nconns_--;
     verbs_ep_.reset();  // the client's remote key dies with its connection: revocation is immediate
+    if (authed_ && !notified_) srv_->on_holder_lost(grant_.id);  // its owner must not wait forever
     if (!cm_ticket_.empty()) srv_->cm_tickets_.erase(cm_ticket_);
     uv_timer_stop(&auth_timer_);
     pending_closes_ = 2;
@@ -111,6 +112,8 @@ class MemoryServer::Conn : public FrameReader::Handler {
       case kRead:
       case kPing:
         return (authed_ && !unix_) ? 0 : -EPROTO;
+      case kNotify:
+        return (authed_ && h.size == 0) ? 0 : -EPROTO;
       case kVerbsConnect:
         if (!authed_ || unix_ || verbs_ep_ || got_verbs_) return -EPROTO;
         got_verbs_ = true;
@@ -143,6 +146,10 @@ class MemoryServer::Conn : public FrameReader::Handler {
       case kPing:
         r.opcode = kPong;
         send_frame(r, {});
+        return 0;
+      case kNotify:
+        notified_ = true;
+        srv_->on_notice(grant_.id, Notice{h.addr, h.status});
         return 0;
       case kWrite:
         r.opcode = kWriteResp;
@@ -222,8 +229,14 @@ class MemoryServer::Conn : public FrameReader::Handler {
     authed_ = true;
     uv_timer_stop(&auth_timer_);
     GrantBody body{element_->size, g.offset, g.length, g.rights};
+    if (unix_ && element_->lent) {
+      // Lent memory has no memfd: the peer attaches to this process (cross-memory attach).
+      body.cma_pid = uint32_t(getpid());
+      body.cma_base = uint64_t(uintptr_t(element_->base));
+    }
     std::string payload = encode_grant(body);
     r.size = payload.size();
+    if (unix_ && element_->lent) return send_raw(r, payload, -1);
     if (unix_) return send_fd(r, payload);
     send_frame(r, payload);
     return 0;
@@ -424,6 +437,7 @@ class MemoryServer::Conn : public FrameReader::Handler {
   std::string ctl_;
   bool got_auth_ = false, authed_ = false, closing_ = false, paused_ = false, close_after_writes_ = false;
   bool got_verbs_ = false, got_cm_request_ = false;
+  bool notified_ = false;  // the holder said it finished: its closing is not a loss
   std::string cm_ticket_;  // handed out, not yet presented
   std::unique_ptr<VerbsEndpoint> verbs_ep_;  // this client's queue pair and remote key
   bool in_read_ = false;       // answers are batched until the read is handled
@@ -469,14 +483,43 @@ int MemoryServer::add_element(const std::string &name, uint64_t size) {
   return 0;
 }
 
+int MemoryServer::add_lent_element(const std::string &name, char *base, uint64_t size) {
+  if (name.empty() || name.size() > 128) return set_error(-EINVAL, "element name must be 1..128 bytes");
+  if (!base || size == 0) return set_error(-EINVAL, "element '" + name + "': lent memory needs an address and a size > 0");
+  std::lock_guard<std::mutex> lk(mu_);
+  if (elements_.count(name)) return set_error(-EEXIST, "element '" + name + "' already exists");
+  auto e = std::make_shared<Element>();
+  e->name = name;
+  e->size = size;
+  e->base = base;
+  e->lent = true;
+  elements_[name] = e;
+  return 0;
+}
+
 int MemoryServer::remove_element(const std::string &name) {
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (!elements_.erase(name)) return set_error(-ENOENT, "no element '" + name + "'");
-    for (auto it = grants_.begin(); it != grants_.end();)
-      it = it->second.element == name ? grants_.erase(it) : std::next(it);
+    for (auto it = grants_.begin(); it != grants_.end();) {
+      if (it->second.element != name) { ++it; continue; }
+      drop_notices_locked(it->first);
+      it = grants_.erase(it);
+    }
   }
   close_conns_where([&](Conn *c) { return c->element() == name; });
+  loop_.run_sync([&] {
+    for (auto it = expiries_.begin(); it != expiries_.end();) {
+      bool gone;
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        gone = !grants_.count(it->first);
+      }
+      if (!gone) { ++it; continue; }
+      close_expiry(it->second);
+      it = expiries_.erase(it);
+    }
+  });
   return 0;
 }
 
@@ -505,17 +548,138 @@ int MemoryServer::grant(Grant *g) {
       return set_error(-EINVAL, "grant id may hold letters, digits, '-' and '_' only");
   if (g->id.size() > 64 || g->secret.size() < 32 || g->secret.size() > 256)
     return set_error(-EINVAL, "grant: id up to 64 bytes, secret 32..256 bytes");
+  if (grants_.count(g->id) || notices_.count(g->id)) return set_error(-EEXIST, "grant '" + g->id + "' already exists");
   grants_[g->id] = *g;
+  notices_[g->id] = Notices();
+  if (g->ttl_ms) {
+    std::string id = g->id;
+    uint64_t ttl = g->ttl_ms;
+    // Posted, not run here: grant() may be called on the loop thread (never in this code, but
+    // run_sync under mu_ would deadlock a loop callback that takes mu_).
+    loop_.post([this, id, ttl] {
+      {
+        std::lock_guard<std::mutex> lk2(mu_);
+        if (!grants_.count(id) || stopped_) return;  // revoked before the timer started
+      }
+      auto *e = new Expiry{{}, id, this};
+      uv_timer_init(loop_.loop(), &e->timer);
+      e->timer.data = e;
+      expiries_[id] = e;
+      uv_timer_start(&e->timer, [](uv_timer_t *t) {
+        auto *ex = static_cast<Expiry *>(t->data);
+        std::string gid = ex->grant_id;  // expire() frees ex
+        ex->srv->expire(gid);
+      }, ttl, 0);
+    });
+  }
   return 0;
 }
 
 int MemoryServer::revoke(const std::string &grant_id) {
   {
     std::lock_guard<std::mutex> lk(mu_);
-    if (!grants_.erase(grant_id)) return set_error(-ENOENT, "no grant '" + grant_id + "'");
+    bool had = grants_.erase(grant_id) > 0;
+    auto it = notices_.find(grant_id);
+    if ((it == notices_.end() || it->second.dropped) && !had) return set_error(-ENOENT, "no grant '" + grant_id + "'");
+    drop_notices_locked(grant_id);  // an expired grant's record goes here too
   }
   close_conns_where([&](Conn *c) { return c->grant_id() == grant_id; });
+  loop_.run_sync([&] {
+    auto it = expiries_.find(grant_id);
+    if (it == expiries_.end()) return;
+    close_expiry(it->second);
+    expiries_.erase(it);
+  });
   return 0;
+}
+
+void MemoryServer::close_expiry(Expiry *e) {
+  uv_close(reinterpret_cast<uv_handle_t *>(&e->timer), [](uv_handle_t *h) { delete static_cast<Expiry *>(h->data); });
+}
+
+void MemoryServer::drop_notices_locked(const std::string &grant_id) {
+  auto it = notices_.find(grant_id);
+  if (it == notices_.end()) return;
+  if (it->second.waiters > 0) {
+    it->second.ended = -ECANCELED;  // the last waiter, once told, erases it
+    it->second.dropped = true;
+  } else {
+    notices_.erase(it);
+  }
+  notices_cv_.notify_all();
+}
+
+void MemoryServer::expire(const std::string &grant_id) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    grants_.erase(grant_id);
+    end_notices_locked(grant_id, -EKEYEXPIRED);
+  }
+  close_conns_where([&](Conn *c) { return c->grant_id() == grant_id; });
+  auto it = expiries_.find(grant_id);
+  if (it != expiries_.end()) {
+    close_expiry(it->second);
+    expiries_.erase(it);
+  }
+}
+
+void MemoryServer::end_notices_locked(const std::string &grant_id, int err) {
+  auto it = notices_.find(grant_id);
+  if (it != notices_.end() && it->second.ended == 0) it->second.ended = err;
+  notices_cv_.notify_all();
+}
+
+void MemoryServer::on_notice(const std::string &grant_id, const Notice &n) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = notices_.find(grant_id);
+  if (it == notices_.end()) return;
+  it->second.queue.push_back(n);
+  notices_cv_.notify_all();
+}
+
+void MemoryServer::on_holder_lost(const std::string &grant_id) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = notices_.find(grant_id);
+  if (it == notices_.end() || it->second.ended) return;  // closed by revoke/expiry, not by the holder
+  it->second.lost++;
+  notices_cv_.notify_all();
+}
+
+int MemoryServer::wait_notify(const std::string &grant_id, Notice *out, int timeout_ms) {
+  std::unique_lock<std::mutex> lk(mu_);
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms < 0 ? 0 : timeout_ms);
+  auto first = notices_.find(grant_id);
+  if (first == notices_.end() || first->second.dropped)
+    return set_error(-ENOENT, "no grant '" + grant_id + "' (never granted, or revoked)");
+  first->second.waiters++;
+  // The record outlives this wait (map nodes are stable); a revoked one goes with its last waiter.
+  Notices &n = first->second;
+  auto leave = [&](int rc) {
+    if (--n.waiters == 0 && n.dropped) notices_.erase(grant_id);
+    return rc;
+  };
+  while (true) {
+    if (!n.queue.empty()) {
+      *out = n.queue.front();
+      n.queue.pop_front();
+      return leave(0);
+    }
+    if (n.lost > 0) {
+      n.lost--;
+      return leave(set_error(-ECONNRESET, "a holder of grant '" + grant_id +
+                                              "' closed its connection without saying it finished (it died or gave up)"));
+    }
+    if (n.ended == -EKEYEXPIRED) return leave(set_error(-EKEYEXPIRED, "grant '" + grant_id + "' expired"));
+    if (n.ended) return leave(set_error(n.ended, "grant '" + grant_id + "' was revoked or its server stopped"));
+    if (timeout_ms < 0) {
+      notices_cv_.wait(lk);
+    } else if (notices_cv_.wait_until(lk, deadline) == std::cv_status::timeout) {
+      // One last look: a notice that raced the deadline is still delivered.
+      if (!n.queue.empty() || n.lost > 0 || n.ended) continue;
+      return leave(set_error(-ETIMEDOUT, "no word from the holder of grant '" + grant_id + "' within " +
+                                             std::to_string(timeout_ms) + " ms"));
+    }
+  }
 }
 
 void MemoryServer::close_conns_where(const std::function<bool(Conn *)> &pred) {
@@ -686,7 +850,15 @@ void MemoryServer::stop() {
     tcp_listener_ = nullptr;
     unix_listener_ = nullptr;
     std::vector<Conn *> all(conns_.begin(), conns_.end());
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      for (auto &[id, n] : notices_) if (!n.ended) n.ended = -ECANCELED;  // the closings below are not losses
+      notices_cv_.notify_all();
+    }
     for (Conn *c : all) c->close();
+    for (auto &[id, t] : expiries_)
+      close_expiry(t);
+    expiries_.clear();
     cm_.reset();  // after the connections: their endpoints own identifiers on its channel
   });
   if (!unix_path_.empty()) unlink(unix_path_.c_str());

@@ -2,10 +2,18 @@
 // kernel and never reused for another owner) and serves them to grant holders over tcp (reads
 // and writes on the wire) and over a unix socket (the memfd handed over with SCM_RIGHTS, read-only
 // for read-only grants). One libuv loop serves every connection; no client can block another.
+//
+// An element can also be memory the caller lends (add_lent_element): served in place, never
+// copied. Its unix-socket clients then reach it by cross-memory attach instead of a memfd.
+// A grant may expire (ttl_ms): the loop revokes it then. A grant holder's NOTIFY (proto/frame.h)
+// is queued for the owner, who waits for it with wait_notify(); a holder's connection that
+// closes without one counts as a lost peer, so the owner's wait ends instead of hanging.
 #pragma once
 #include <rdma/rdma_cma.h>
 
 #include <atomic>
+#include <condition_variable>
+#include <deque>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -27,6 +35,7 @@ struct Element {
   uint64_t size = 0;
   int memfd = -1;
   char *base = nullptr;
+  bool lent = false;  // the caller's memory: never unmapped here
   ~Element();
 };
 
@@ -38,6 +47,13 @@ struct Grant {
   uint64_t offset = 0;
   uint64_t length = 0;
   unsigned rights = 0;
+  uint64_t ttl_ms = 0;  // 0: until revoked; else the loop revokes it this long after grant()
+};
+
+// What a grant's owner learns from its holders.
+struct Notice {
+  uint64_t value = 0;
+  int status = 0;  // 0: the holder finished; < 0: the errno it gave up with
 };
 
 class MemoryServer {
@@ -47,6 +63,9 @@ class MemoryServer {
 
   // Elements. -EEXIST, -EINVAL, -ENOMEM (memfd/mmap), -ENOSPC (over capacity).
   int add_element(const std::string &name, uint64_t size);
+  // Serves [base, base+size) of this process in place. The caller keeps it mapped until
+  // remove_element(name) returns. -EEXIST, -EINVAL.
+  int add_lent_element(const std::string &name, char *base, uint64_t size);
   int remove_element(const std::string &name);  // revokes its grants and closes their connections
   void set_capacity(uint64_t bytes) { capacity_ = bytes; }
   uint64_t used_bytes();
@@ -54,6 +73,11 @@ class MemoryServer {
   // Grants. If g->id / g->secret are empty they are generated. -ENOENT, -ERANGE, -EINVAL.
   int grant(Grant *g);
   int revoke(const std::string &grant_id);
+  // Takes the oldest notice of a grant, waiting up to timeout_ms (< 0: forever). 0 and *out;
+  // -ETIMEDOUT (the wait), -ECONNRESET (a holder's connection closed without a notice: the
+  // holder died or gave up; reported once per such connection), -EKEYEXPIRED (the grant
+  // expired), -ECANCELED (revoked or the server stopped while waiting), -ENOENT (no such grant).
+  int wait_notify(const std::string &grant_id, Notice *out, int timeout_ms);
 
   int listen_tcp(const std::string &host, uint16_t port, uint16_t *bound);
   int listen_unix(const std::string &path);
@@ -82,6 +106,31 @@ class MemoryServer {
   friend class Conn;
   std::shared_ptr<Element> find_element(const std::string &name);
   bool find_grant(const std::string &id, Grant *out);
+  // The loop records what the holders of a grant said (or that one vanished).
+  void on_notice(const std::string &grant_id, const Notice &n);
+  void on_holder_lost(const std::string &grant_id);
+  void expire(const std::string &grant_id);  // loop thread
+  void end_notices_locked(const std::string &grant_id, int err);
+
+  // Drops a grant's record; one still waited on stays, marked, until its last waiter leaves.
+  void drop_notices_locked(const std::string &grant_id);
+
+  struct Notices {
+    std::deque<Notice> queue;
+    int lost = 0;   // holders' connections closed without a notice, not yet reported
+    int ended = 0;  // -EKEYEXPIRED / -ECANCELED once the grant is over
+    int waiters = 0;
+    bool dropped = false;  // revoked while waited on: erased by the last waiter
+  };
+  std::map<std::string, Notices> notices_;  // under mu_, one per grant until revoked
+  std::condition_variable notices_cv_;
+  struct Expiry {
+    uv_timer_t timer;
+    std::string grant_id;
+    MemoryServer *srv;
+  };
+  void close_expiry(Expiry *e);             // loop thread
+  std::map<std::string, Expiry *> expiries_;  // loop thread
   void close_conns_where(const std::function<bool(Conn *)> &pred);
   void start_cm();  // loop thread
   void on_cm_request(rdma_cm_id *id, const std::string &ticket);

@@ -1,6 +1,7 @@
 // rdma_tcp_server (tcp_server), rdma_shm_server (shm_server) and rdma_uverbs_server
 // (verbs_server): a memory element served from this process — Scad's model of a memory element as an action that calls serve(). Keys:
-//   size   bytes of the element (required)
+//   size   bytes of the element (required; 0: no element of its own, only memory the caller
+//          lends with expose())
 //   host, port   tcp listener (tcp_server; default 127.0.0.1 and an ephemeral port)
 //   path   unix socket for shm clients (shm_server: required unless shm is 0; tcp_server: optional)
 //   dev, port_num, gid_index, mw   verbs_server: device selection; mw,0 forces per-grant
@@ -12,6 +13,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <memory>
+#include <mutex>
 
 #include "core/error.h"
 #include "core/transport.h"
@@ -29,21 +32,63 @@ class ServerTransport : public Transport {
 
   int grant(const std::string &client, uint64_t offset, uint64_t length, unsigned rights,
             std::string *config) override {
-    if (state() != LIBD_STATE_READY) return set_error(-ENOTCONN, "memory element '" + name() + "' is not serving; call serve() first");
+    auto srv = server();
+    if (state() != LIBD_STATE_READY || !srv) return set_error(-ENOTCONN, "memory element '" + name() + "' is not serving; call serve() first");
     Grant g;
     g.element = name();
     g.client = client;
     g.offset = offset;
     g.length = length;
     g.rights = rights;
-    if (int rc = server_->grant(&g)) return rc;
-    *config = server_->client_config(g);
+    if (int rc = srv->grant(&g)) return rc;
+    *config = srv->client_config(g);
     return 0;
   }
 
   int revoke(const std::string &grant_id) override {
-    if (!server_) return set_error(-ENOTCONN, "memory element '" + name() + "' is not serving");
-    return server_->revoke(grant_id);
+    auto srv = server();
+    if (!srv) return set_error(-ENOTCONN, "memory element '" + name() + "' is not serving");
+    return srv->revoke(grant_id);
+  }
+
+  // The server object is created by serve() and dropped by stop(); each call works on its own
+  // reference, so a concurrent stop() makes it fail cleanly instead of touching a freed server.
+  int expose(const std::string &element, void *base, uint64_t size) override {
+    std::shared_ptr<MemoryServer> srv;
+    if (int rc = serving(&srv)) return rc;
+    if (element == name()) return set_error(-EEXIST, "element '" + element + "' is the transport's own");
+    return srv->add_lent_element(element, static_cast<char *>(base), size);
+  }
+
+  int withdraw(const std::string &element) override {
+    auto srv = server();
+    if (!srv) return set_error(-ENOTCONN, "memory element '" + name() + "' is not serving");
+    return srv->remove_element(element);
+  }
+
+  int grant_spec(const GrantSpec &spec, std::string *config) override {
+    std::shared_ptr<MemoryServer> srv;
+    if (int rc = serving(&srv)) return rc;
+    Grant g;
+    g.element = spec.element.empty() ? name() : spec.element;
+    g.client = spec.client;
+    g.offset = spec.offset;
+    g.length = spec.length;
+    g.rights = spec.rights;
+    g.ttl_ms = spec.ttl_ms;
+    if (int rc = srv->grant(&g)) return rc;
+    *config = srv->client_config(g);
+    return 0;
+  }
+
+  int wait_notify(const std::string &grant_id, uint64_t *value, int *status, int timeout_ms) override {
+    auto srv = server();
+    if (!srv) return set_error(-ENOTCONN, "memory element '" + name() + "' is not serving");
+    Notice n;
+    if (int rc = srv->wait_notify(grant_id, &n, timeout_ms)) return rc;
+    *value = n.value;
+    *status = n.status;
+    return 0;
   }
 
  protected:
@@ -52,7 +97,7 @@ class ServerTransport : public Transport {
   int do_init() override {
     uint64_t size, port;
     if (int rc = params_.get_size("size", 0, &size)) return rc;
-    if (size == 0) return set_error(-EINVAL, "parameter 'size' is required (e.g. size,64MiB)");
+    // size,0 is a host for lent memory only (expose()).
     if (int rc = params_.get_u64("port", 0, &port)) return rc;
     if (port > 65535) return set_error(-EINVAL, "parameter 'port' must be 0..65535");
     if (!tcp_ && !params_.has("path")) return set_error(-EINVAL, "parameter 'path' (unix socket) is required");
@@ -63,20 +108,26 @@ class ServerTransport : public Transport {
     uint64_t size, port;
     params_.get_size("size", 0, &size);
     params_.get_u64("port", 0, &port);
-    server_ = std::make_unique<MemoryServer>();
-    if (int rc = server_->add_element(name(), size)) return rc;
+    {
+      std::lock_guard<std::mutex> lk(server_mu_);
+      server_ = std::make_shared<MemoryServer>();
+    }
+    auto srv = server();
+    if (size > 0) {
+      if (int rc = srv->add_element(name(), size)) return rc;
+    }
     std::string msg;
     if (verbs_) {
-      if (int rc = server_->enable_verbs(params_)) return rc;
+      if (int rc = srv->enable_verbs(params_)) return rc;
     }
     if (tcp_) {
       std::string host = params_.get_or("host", "127.0.0.1");
       uint16_t bound;
-      if (int rc = server_->listen_tcp(host, uint16_t(port), &bound)) return rc;
+      if (int rc = srv->listen_tcp(host, uint16_t(port), &bound)) return rc;
       msg += "host," + host + ";port," + std::to_string(bound);
     }
     if (params_.has("path")) {
-      if (int rc = server_->listen_unix(params_.get_or("path", ""))) return rc;
+      if (int rc = srv->listen_unix(params_.get_or("path", ""))) return rc;
       msg += std::string(msg.empty() ? "" : ";") + "path," + params_.get_or("path", "");
     }
     set_remote(0, size, LIBD_RIGHT_READ | LIBD_RIGHT_WRITE);
@@ -85,14 +136,33 @@ class ServerTransport : public Transport {
   }
 
   void do_disconnect() override {
-    if (server_) server_->stop();
-    server_.reset();
+    std::shared_ptr<MemoryServer> srv;
+    {
+      std::lock_guard<std::mutex> lk(server_mu_);
+      srv.swap(server_);
+    }
+    if (srv) srv->stop();
   }
 
  private:
+  // 0 and the server if serving; else -ENOTCONN with the error set.
+  int serving(std::shared_ptr<MemoryServer> *out) {
+    *out = server();
+    if (state() != LIBD_STATE_READY || !*out)
+      return set_error(-ENOTCONN, "memory element '" + name() + "' is not serving; call serve() first");
+    return 0;
+  }
+
   bool tcp_;
   bool verbs_;
-  std::unique_ptr<MemoryServer> server_;
+  // Shared: a thread inside wait_notify keeps the server alive while stop() drops it (its wait
+  // ends with -ECANCELED first). server_mu_ guards the pointer, not the server.
+  std::mutex server_mu_;
+  std::shared_ptr<MemoryServer> server_;
+  std::shared_ptr<MemoryServer> server() {
+    std::lock_guard<std::mutex> lk(server_mu_);
+    return server_;
+  }
 };
 
 }  // namespace

@@ -4,7 +4,14 @@
 // Reads and writes are bounds-checked memcpy. The socket stays open as a liveness channel: when
 // the server goes away or revokes the grant, the shared loop sees it and the transport moves to
 // ERROR. Config keys: path, grant, secret; optional timeout_ms.
+// Memory an owner lent from its own heap (MemoryServer::add_lent_element) has no memfd: AUTH_OK
+// then names the owner's process and address, and transfers are cross-memory attach
+// (process_vm_readv/writev, as NIXL's shared-memory path), still one system call per transfer
+// and no socket round trip. The kernel lets a process attach only where it could ptrace it
+// (same user; Yama may narrow it): the grant's bounds and rights are this library's checks.
+// NOTIFY (the holder finished) goes to the owner on the unix socket.
 #include <sys/mman.h>
+#include <sys/uio.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -101,6 +108,14 @@ class ShmTransport : public Transport {
       close_memfd();
       return set_error(-EPROTO, why);
     }
+    if (memfd < 0 && g.cma_pid) {
+      cma_pid_ = pid_t(g.cma_pid);
+      cma_base_ = g.cma_base;
+      if (int rc = probe_cma(g)) return rc;
+      set_remote(g.offset, g.length, g.rights);
+      start_watch(fd);
+      return 0;
+    }
     if (memfd < 0) return set_error(-EPROTO, "the memory element sent no memory descriptor");
     int prot = PROT_READ | ((g.rights & LIBD_RIGHT_WRITE) ? PROT_WRITE : 0);
     void *p = mmap(nullptr, g.element_size, prot, MAP_SHARED, memfd, 0);
@@ -109,7 +124,44 @@ class ShmTransport : public Transport {
     map_ = static_cast<char *>(p);
     map_size_ = g.element_size;
     set_remote(g.offset, g.length, g.rights);
+    start_watch(fd);
+    return 0;
+  }
 
+  // Attaching needs the kernel's leave: find out now, with a clear message, not at the first
+  // transfer. A zero-length call checks nothing, so read one byte the grant allows (or, for a
+  // write-only grant, write nothing and let the first transfer say it).
+  int probe_cma(const GrantBody &g) {
+    if (!(g.rights & LIBD_RIGHT_READ) || g.length == 0) return 0;
+    char b;
+    struct iovec l = {&b, 1}, r = {reinterpret_cast<void *>(uintptr_t(cma_base_ + g.offset)), 1};
+    if (process_vm_readv(cma_pid_, &l, 1, &r, 1, 0) == 1) return 0;
+    return cma_error(errno);
+  }
+
+  int cma_error(int e) {
+    if (e == EPERM || e == EACCES)
+      return set_error(-EACCES, "the kernel does not let this process attach to the memory's owner (pid " +
+                                    std::to_string(cma_pid_) + "): cross-memory attach needs the same user and ptrace leave (Yama ptrace_scope)");
+    if (e == ESRCH) return set_error(-ECONNRESET, "the memory's owner (pid " + std::to_string(cma_pid_) + ") is gone");
+    if (e == EFAULT) return set_error(-ECONNRESET, "the memory's owner no longer maps the lent memory (withdrawn)");
+    return set_error(-e, std::string("cross-memory attach: ") + strerror(e));
+  }
+
+  // One segment by cross-memory attach; the kernel may move less than asked, so loop.
+  int cma_copy(bool is_read, const Segment &s) {
+    uint64_t done = 0;
+    while (done < s.size) {
+      struct iovec l = {s.buf + done, size_t(s.size - done)};
+      struct iovec r = {reinterpret_cast<void *>(uintptr_t(cma_base_ + s.raddr + done)), size_t(s.size - done)};
+      ssize_t n = is_read ? process_vm_readv(cma_pid_, &l, 1, &r, 1, 0) : process_vm_writev(cma_pid_, &l, 1, &r, 1, 0);
+      if (n <= 0) return cma_error(n < 0 ? errno : EFAULT);
+      done += uint64_t(n);
+    }
+    return 0;
+  }
+
+  void start_watch(int fd) {
     alive_ = std::make_shared<std::atomic<bool>>(true);
     auto *w = new Watch();
     w->alive = alive_;
@@ -135,7 +187,6 @@ class ShmTransport : public Transport {
         }
       });
     });
-    return 0;
   }
 
   void do_disconnect() override {
@@ -151,7 +202,23 @@ class ShmTransport : public Transport {
     sock_ = -1;
     if (map_) munmap(map_, map_size_);
     map_ = nullptr;
+    cma_pid_ = 0;
     alive_.reset();
+  }
+
+  int do_notify(uint64_t value, int status, std::shared_lock<IoGate> &, Deadline deadline) override {
+    if (!alive_->load(std::memory_order_acquire))
+      return set_error(-ECONNRESET, "the memory element closed the connection (grant revoked or server gone)");
+    Header h;
+    h.opcode = kNotify;
+    h.addr = value;
+    h.status = status;
+    char hdr[kHeaderSize];
+    encode_header(h, hdr);
+    std::lock_guard<std::mutex> lk(notify_mu_);  // one frame at a time on the socket
+    if (int rc = send_all(sock_, hdr, kHeaderSize, deadline))
+      return set_error(rc == -ETIMEDOUT ? rc : -ECONNRESET, "cannot tell the memory's owner: " + std::string(strerror(-rc)));
+    return 0;
   }
 
   bool completes_inline() const override { return true; }
@@ -166,8 +233,18 @@ class ShmTransport : public Transport {
     }
     bool is_read = op->kind() == OpKind::Read;
     for (const auto &s : op->segments()) {
-      if (is_read) std::memcpy(s.buf, map_ + s.raddr, s.size);
-      else std::memcpy(map_ + s.raddr, s.buf, s.size);
+      if (cma_pid_) {
+        if (int rc = cma_copy(is_read, s)) {
+          std::string why = last_error();
+          if (rc == -ECONNRESET) fail(rc, why);
+          op->complete(rc, why);
+          return 0;
+        }
+      } else if (is_read) {
+        std::memcpy(s.buf, map_ + s.raddr, s.size);
+      } else {
+        std::memcpy(map_ + s.raddr, s.buf, s.size);
+      }
     }
     // A server that died during the copy leaves memory nobody will see again: say so.
     if (!alive_->load(std::memory_order_acquire)) {
@@ -180,6 +257,9 @@ class ShmTransport : public Transport {
   }
 
  private:
+  pid_t cma_pid_ = 0;       // lent memory: the owner's process, else 0 (memfd mapping)
+  uint64_t cma_base_ = 0;   // the element's address in the owner
+  std::mutex notify_mu_;
   int sock_ = -1;
   char *map_ = nullptr;
   uint64_t map_size_ = 0;

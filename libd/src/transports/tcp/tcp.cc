@@ -63,6 +63,12 @@ class TcpTransport : public Transport {
     return 0;
   }
 
+  int do_notify(uint64_t value, int status, std::shared_lock<IoGate> &io, Deadline) override {
+    auto conn = conn_;
+    io.unlock();
+    return conn->notify(value, status);
+  }
+
  private:
   std::shared_ptr<TcpConn> conn_;
 };

@@ -151,6 +151,25 @@ void TcpConn::cancel(Op *op) {
   maybe_finish_locked(st);
 }
 
+int TcpConn::notify(uint64_t value, int status) {
+  Lock lk(mu_);
+  if (closed_) return set_error(-ENOTCONN, "the connection to the memory element is closed (" + close_why_ + ")");
+  // A state with no operation and nothing to wait for: it only keeps the chunk's accounting
+  // (detached: nobody completes it).
+  auto st = std::make_shared<OpState>();
+  st->detached = true;
+  Header h;
+  h.opcode = kNotify;
+  h.addr = value;
+  h.status = status;
+  char hdr[kHeaderSize];
+  encode_header(h, hdr);
+  queue_locked(hdr, nullptr, 0, st);
+  if (!flush_locked()) want_loop_locked();
+  if (closed_) return set_error(close_err_, "the connection to the memory element is closed (" + close_why_ + ")");
+  return 0;
+}
+
 void TcpConn::close(int err, const std::string &why) {
   Lock lk(mu_);
   fail_locked(err, why, false);

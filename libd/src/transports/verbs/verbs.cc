@@ -114,6 +114,12 @@ class VerbsTransport : public Transport {
     return engine->finish_direct(seq, deadline, why);
   }
 
+  int do_notify(uint64_t value, int status, std::shared_lock<IoGate> &io, Deadline deadline) override {
+    auto engine = engine_;
+    io.unlock();
+    return engine->notify(value, status, deadline);
+  }
+
   void do_terminate() override {
     engine_.reset();
     local_.reset();

@@ -10,6 +10,8 @@
 
 #include "core/error.h"
 #include "io/ioloop.h"
+#include "io/sockio.h"
+#include "proto/frame.h"
 #include "verbs/qp.h"
 
 namespace libd::verbs {
@@ -82,6 +84,20 @@ void Engine::attach_cm(std::unique_ptr<CmLink> link) { cm_ = std::move(link); }
 void Engine::set_local(std::shared_ptr<Mr> mr) {
   std::lock_guard<std::mutex> lk(mu_);
   local_ = std::move(mr);
+}
+
+int Engine::notify(uint64_t value, int status, const Deadline &deadline) {
+  proto::Header h;
+  h.opcode = proto::kNotify;
+  h.addr = value;
+  h.status = status;
+  char hdr[proto::kHeaderSize];
+  proto::encode_header(h, hdr);
+  std::lock_guard<std::mutex> lk(notify_mu_);
+  if (control_fd_ < 0) return set_error(-ENOTCONN, "the verbs connection has no control connection");
+  if (int rc = send_all(control_fd_, hdr, proto::kHeaderSize, deadline))
+    return set_error(rc == -ETIMEDOUT ? rc : -ECONNRESET, std::string("cannot tell the memory's owner: ") + strerror(-rc));
+  return 0;
 }
 
 void Engine::start(int control_fd) {

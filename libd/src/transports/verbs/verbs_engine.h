@@ -104,6 +104,10 @@ class Engine : public OpDriver, public std::enable_shared_from_this<Engine> {
   // server is gone) on the shared loop; the engine closes control_fd when it is destroyed.
   void start(int control_fd);
 
+  // NOTIFY on the control connection (proto/frame.h): the owner learns this holder finished.
+  // The caller has seen its transfers complete; on RC that means they are placed at the peer.
+  int notify(uint64_t value, int status, const Deadline &deadline);
+
   void post(const std::shared_ptr<Op> &op);
   // Synchronous: polling mode spins here until done or the deadline; event mode = post().
   void run(const std::shared_ptr<Op> &op);
@@ -204,6 +208,7 @@ class Engine : public OpDriver, public std::enable_shared_from_this<Engine> {
   ibv_cq *cq_ = nullptr;
   ibv_qp *qp_ = nullptr;
   int control_fd_ = -1;
+  std::mutex notify_mu_;  // one NOTIFY at a time on control_fd_
   std::unique_ptr<CmLink> cm_;
   Watch *watch_ = nullptr;
   std::atomic<bool> armed_{false};

@@ -1,0 +1,48 @@
+"""The memory server a process runs to lend its own memory (scad.connect, scad.rdma).
+
+A libd server transport started with size,0: no element of its own, only memory exposed in place
+(libd_trdma_server_expose). It listens on tcp (peers on other hosts), on a unix socket (peers on
+this host: shm, by cross-memory attach) and takes RDMA verbs connections when this host has a
+device. Also where a peer decides how to reach such a server.
+"""
+import os
+import socket
+import tempfile
+
+
+def has_rdma_device() -> bool:
+    try:
+        return bool(os.listdir("/sys/class/infiniband"))
+    except OSError:
+        return False
+
+
+def start(name: str, host: str, verbs: bool):
+    """Starts a server for the action `name`: (action, server transport, endpoint dict with host,
+    port, path, verbs). The caller terminates the action to stop it."""
+    from disagg import LibdAction  # the binding is needed only once memory is lent
+
+    path = os.path.join(tempfile.gettempdir(), f"{name}.sock")
+    action = LibdAction(name)
+    try:
+        action.add_transport(f"srv;{'verbs_server' if verbs else 'tcp_server'};size,0;host,{host};port,0;path,{path}")
+        srv = action.get_transport("srv", "rdma_server")
+        srv.serve(block=False)
+        where = dict(pair.split(",", 1) for pair in srv.message.split(";"))
+    except BaseException:
+        action.terminate()
+        raise
+    return action, srv, {"host": where["host"], "port": int(where["port"]), "path": where["path"], "verbs": verbs}
+
+
+def choose_transport(forced, hostname: str, path: str, verbs: bool, whole: bool = True) -> str:
+    """How to reach a server: shm when it is on this host (its socket is here) and the grant
+    covers a whole element (shm hands out nothing smaller), verbs when both ends have a device,
+    else tcp."""
+    if forced is not None:
+        return forced
+    if whole and hostname == socket.gethostname() and path and os.path.exists(path):
+        return "shm"
+    if verbs and has_rdma_device():
+        return "verbs"
+    return "tcp"

@@ -1,0 +1,257 @@
+"""Active operations: this process reads or writes a peer's memory, as its metadata grants.
+
+Each remote descriptor is one libd transport (one grant = one connection), in an action of the
+operation's own, so ending the operation frees every connection and registration it made.
+The transport is chosen per metadata: shm when the owner is on this host (its unix socket is
+here), verbs when both ends have an RDMA device, else tcp. Once its transfers are complete the
+operation tells the owner with libd_trdma_notify; a cancelled or failed one tells it so too.
+"""
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import threading
+import time
+from typing import Any, Optional
+
+from ._descriptor import Descriptor, as_list
+from ._errors import OperationCancelledError
+from ._metadata import RdmaMetadata
+from ._operation_kind import OperationKind, OperationStatus
+from .._waiter import wait_in_thread
+
+log = logging.getLogger("scad.connect")
+
+_TERMINAL = (OperationStatus.COMPLETE, OperationStatus.CANCELLED, OperationStatus.ERRORED)
+
+_REFUSED = ("the owner refused this metadata: its operation has finished, was cancelled or expired, "
+            "or the record is not one it issued")
+
+
+def _parse(remote_metadata: Any) -> RdmaMetadata:
+    if isinstance(remote_metadata, RdmaMetadata):
+        return remote_metadata
+    if isinstance(remote_metadata, (str, bytes)):
+        return RdmaMetadata.from_json(remote_metadata)
+    if isinstance(remote_metadata, dict):
+        return RdmaMetadata.from_dict(remote_metadata)
+    raise TypeError(f"remote_metadata must be an RdmaMetadata (or its JSON), not {type(remote_metadata).__name__}")
+
+
+class ActiveOperation:
+    """Common to ReadOperation and WriteOperation."""
+
+    _kind = OperationKind.UNSPECIFIED
+
+    def __init__(self, connector: Any, remote_metadata: Any, local_descriptors: Any) -> None:
+        from disagg import LibdAction  # the binding is only needed once an operation runs
+
+        self._lock = threading.Lock()
+        self._status = OperationStatus.UNINITIALIZED
+        self._why, self._error = "", RuntimeError
+        self._action = None
+        self._connector = connector
+        md = _parse(remote_metadata)
+        if md.operation_kind != self._kind:
+            theirs = OperationKind(md.operation_kind)
+            use = "begin_read" if theirs is OperationKind.READ else "begin_write"
+            raise ValueError(f"{type(self).__name__} needs the metadata of a "
+                             f"{'readable' if self._kind is OperationKind.READ else 'writable'} operation; this one is "
+                             f"{'readable' if theirs is OperationKind.READ else 'writable'}: use connector.{use}()")
+        self._single = isinstance(local_descriptors, Descriptor)
+        self._descs = as_list(local_descriptors, "local_descriptors")
+        if len(self._descs) != len(md.descriptors):
+            raise ValueError(f"{len(self._descs)} local descriptor(s) for {len(md.descriptors)} remote one(s): "
+                             "they pair one to one")
+        for i, (local, remote) in enumerate(zip(self._descs, md.descriptors)):
+            if local.size != remote.size:
+                raise ValueError(f"descriptor {i}: local {local.size} bytes, remote {remote.size} bytes: sizes must match")
+            if self._kind is OperationKind.READ and local.readonly:
+                raise ValueError(f"descriptor {i} is read-only memory (bytes?): a read needs memory it may write")
+        self._value = int(md.notification_key, 16)
+        self.impl = connector._choose_transport(md)
+        self._action = LibdAction(connector.name)
+        self._transports = []
+        self._ops = []
+        timeout_ms = int(connector.timeout * 1000)
+        try:
+            for i, (local, remote) in enumerate(zip(self._descs, md.descriptors)):
+                local.register_memory(connector)
+                where = (f"path,{md.path}" if self.impl == "shm" else f"host,{md.host};port,{md.port}")
+                self._action.add_transport(f"d{i};{self.impl};{where};grant,{remote.grant};secret,{remote.secret};"
+                                           f"timeout_ms,{timeout_ms}")
+                t = self._action.get_transport(f"d{i}", "rdma")
+                t.reg_memory(local.ptr, local.size, keep=local)
+                self._transports.append(t)
+                # The first transfer connects (the owner checks the grant then) and starts.
+                op = t.read_async(local.size, 0, 0) if self._kind is OperationKind.READ else t.write_async(local.size, 0, 0)
+                self._ops.append(op)
+        except PermissionError as e:
+            self._fail_setup()
+            raise PermissionError(errno.EACCES, f"{_REFUSED} ({e})") from None
+        except ConnectionError as e:
+            self._fail_setup()
+            raise ConnectionError(e.errno, f"cannot reach the owner {md.owner!r} over {self.impl}: {e}") from None
+        except BaseException:
+            self._fail_setup()
+            raise
+        self._status = OperationStatus.IN_PROGRESS
+
+    # ---- Dynamo's surface ---------------------------------------------------------------
+    @property
+    def connector(self) -> Any:
+        return self._connector
+
+    @property
+    def operation_kind(self) -> OperationKind:
+        return self._kind
+
+    @property
+    def status(self) -> OperationStatus:
+        if self._status is OperationStatus.IN_PROGRESS and all(op.done() for op in self._ops):
+            self._drive(0)  # finished: tell the owner now
+        return self._status
+
+    async def wait_for_completion(self, timeout: Optional[float] = None) -> None:
+        """Returns once every transfer is done and the owner has been told. Raises TimeoutError
+        if `timeout` seconds pass first (the transfers go on: wait again or cancel),
+        ConnectionError if the owner vanished or cut the operation off (it cancelled, or the
+        operation expired), OperationCancelledError if this side cancelled it."""
+        if self._status is OperationStatus.IN_PROGRESS:
+            await wait_in_thread(self._drive, timeout)
+            if self._status is OperationStatus.IN_PROGRESS:
+                raise TimeoutError(f"the transfers did not finish within {timeout} s (they go on)")
+        self._raise_if_failed()
+
+    def cancel(self) -> None:
+        """Stops the transfers (once it returns libd no longer touches the local memory) and
+        tells the owner this side gave up. No effect once the operation has ended."""
+        with self._lock:
+            if self._status in _TERMINAL:
+                return
+            self._status = OperationStatus.CANCELLED
+            self._why = "cancelled by this side"
+        # The word goes first: cancelling an RDMA transfer in flight may close its connection
+        # (verbs), and the owner would then see a peer that vanished, not one that gave up.
+        self._tell_owner(-errno.ECANCELED)
+        for op in self._ops:
+            op.cancel()
+        self._release()
+
+    def results(self) -> list:
+        """The local descriptors, once the operation is complete."""
+        if self.status is not OperationStatus.COMPLETE:
+            raise RuntimeError(f"the operation is {self._status.name}, not COMPLETE")
+        return list(self._descs)
+
+    def __enter__(self) -> "ActiveOperation":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.cancel()
+
+    def __await__(self):
+        return self._ready().__await__()
+
+    async def _ready(self) -> "ActiveOperation":
+        return self
+
+    def __del__(self) -> None:
+        try:
+            if getattr(self, "_status", None) not in _TERMINAL and getattr(self, "_ops", None) is not None:
+                self.cancel()
+        except Exception:  # noqa: BLE001 - a finaliser never raises
+            log.debug("cancelling a dropped operation failed", exc_info=True)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(descriptors={len(self._descs)}, transport={self.impl}, status={self._status.name})"
+
+    # ---- the machinery ------------------------------------------------------------------
+    def _drive(self, timeout: Optional[float]) -> None:
+        """Waits for the transfers up to `timeout`, then finishes the operation. Runs in an
+        waiting thread too: it records, it never raises."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for op in self._ops:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                op.wait(left)
+            except TimeoutError as e:
+                if not op.done():
+                    return  # the wait ran out, not the transfer
+                self._finish_failed(e)
+                return
+            except Exception as e:  # noqa: BLE001 - recorded and raised by wait_for_completion
+                self._finish_failed(e)
+                return
+        with self._lock:
+            if self._status is not OperationStatus.IN_PROGRESS:
+                return
+        try:
+            for t in self._transports:
+                t.notify(self._value, 0)
+        except Exception as e:  # noqa: BLE001
+            self._end(OperationStatus.ERRORED, f"the transfers completed but the owner could not be told: {e}",
+                      ConnectionError)
+            return
+        self._end(OperationStatus.COMPLETE, "")
+
+    def _finish_failed(self, e: Exception) -> None:
+        if self._status is OperationStatus.CANCELLED:
+            return
+        if isinstance(e, ConnectionError):
+            why = f"the owner cut the transfer off (it cancelled, the operation expired, or it is gone): {e}"
+            kind = ConnectionError
+        elif isinstance(e, TimeoutError):
+            why, kind = f"the owner did not answer in time: {e}", TimeoutError
+        else:
+            why, kind = f"the transfer failed: {e}", type(e) if isinstance(e, OSError) else RuntimeError
+        code = getattr(e, "errno", None) or errno.EIO
+        self._tell_owner(-code)
+        self._end(OperationStatus.ERRORED, why, kind)
+
+    def _tell_owner(self, status: int) -> None:
+        """Best effort: an owner that is gone needs no word."""
+        for t in self._transports:
+            try:
+                t.notify(self._value, status)
+            except Exception:  # noqa: BLE001
+                pass
+
+    def _end(self, status: OperationStatus, why: str, error: type = OperationCancelledError) -> None:
+        with self._lock:
+            if self._status in _TERMINAL:
+                return
+            self._status = status
+            self._why = why
+            self._error = error
+        self._release()
+
+    def _raise_if_failed(self) -> None:
+        if self._status is OperationStatus.CANCELLED:
+            raise OperationCancelledError(f"{type(self).__name__}: {self._why}")
+        if self._status is OperationStatus.ERRORED:
+            raise self._error(f"{type(self).__name__}: {self._why}")
+
+    def _fail_setup(self) -> None:
+        for op in self._ops:
+            op.cancel()
+        self._status = OperationStatus.ERRORED
+        self._release()
+
+    def _release(self) -> None:
+        action, self._action = self._action, None
+        if action is not None:
+            action.terminate()  # closes every connection; the owner sees them go
+
+
+class ReadOperation(ActiveOperation):
+    """Reads a remote ReadableOperation's memory into local descriptors."""
+
+    _kind = OperationKind.READ
+
+
+class WriteOperation(ActiveOperation):
+    """Writes local descriptors into a remote WritableOperation's memory."""
+
+    _kind = OperationKind.WRITE

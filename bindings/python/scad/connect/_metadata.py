@@ -1,0 +1,129 @@
+"""RdmaMetadata: the record a passive operation hands its peer (over any channel), as JSON.
+
+It holds one grant per descriptor: the memory server's address, the grant's id and secret, the
+size, the direction (READ: the peer may read; WRITE: the peer may write), the notification key
+and an expiry. The owner's libd enforces all of it: the grant opens exactly that descriptor's
+bytes, in that direction, until the operation ends or the expiry passes. Nothing in it reaches
+other memory. The secret makes the record a bearer token: send it only to the intended peer,
+over a channel you trust; repr() and str() never show it.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._operation_kind import OperationKind
+
+VERSION = 1
+
+
+@dataclass(frozen=True)
+class SerializedDescriptor:
+    """One remote descriptor: its size, device, and the grant that opens exactly it."""
+
+    size: int
+    grant: str
+    secret: str = field(repr=False)
+    device: str = "cpu"
+
+
+@dataclass(frozen=True)
+class RdmaMetadata:
+    operation_kind: int
+    notification_key: str
+    owner: str        # the owning Connector's name
+    hostname: str     # the owner's host: a peer on the same host uses shared memory
+    host: str         # the owner's memory server: tcp address and port, unix socket
+    port: int
+    path: str
+    expires_at: float  # seconds since the epoch; the owner revokes the grants then
+    descriptors: tuple = ()
+    verbs: bool = False  # the owner's server also takes RDMA verbs connections
+    version: int = VERSION
+
+    # ---- JSON ---------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return {
+            "version": self.version,
+            "operation_kind": int(self.operation_kind),
+            "notification_key": self.notification_key,
+            "owner": self.owner,
+            "hostname": self.hostname,
+            "host": self.host,
+            "port": self.port,
+            "path": self.path,
+            "verbs": self.verbs,
+            "expires_at": self.expires_at,
+            "descriptors": [{"size": d.size, "device": d.device, "grant": d.grant, "secret": d.secret}
+                            for d in self.descriptors],
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), separators=(",", ":"))
+
+    # pydantic's names, for code written against dynamo.nixl_connect's pydantic model
+    def model_dump_json(self) -> str:
+        return self.to_json()
+
+    @classmethod
+    def model_validate_json(cls, text: str | bytes) -> "RdmaMetadata":
+        return cls.from_json(text)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> "RdmaMetadata":
+        try:
+            raw = json.loads(text)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"RdmaMetadata: not JSON ({e})") from None
+        return cls.from_dict(raw)
+
+    @classmethod
+    def from_dict(cls, raw: Any) -> "RdmaMetadata":
+        if not isinstance(raw, dict):
+            raise ValueError("RdmaMetadata: expected a JSON object")
+        if raw.get("version") != VERSION:
+            raise ValueError(f"RdmaMetadata: version {raw.get('version')!r} (this side reads {VERSION})")
+        want = {"version", "operation_kind", "notification_key", "owner", "hostname", "host", "port", "path",
+                "verbs", "expires_at", "descriptors"}
+        if set(raw) != want:
+            extra, missing = sorted(set(raw) - want), sorted(want - set(raw))
+            raise ValueError(f"RdmaMetadata: unexpected fields {extra}, missing {missing}")
+        kind = raw["operation_kind"]
+        if kind not in (OperationKind.READ, OperationKind.WRITE):
+            raise ValueError(f"RdmaMetadata: operation_kind {kind!r} is neither READ (1) nor WRITE (2)")
+        descs = raw["descriptors"]
+        if not isinstance(descs, list) or not descs:
+            raise ValueError("RdmaMetadata: no descriptors")
+        parsed = []
+        for d in descs:
+            if not isinstance(d, dict) or set(d) != {"size", "device", "grant", "secret"}:
+                raise ValueError("RdmaMetadata: a descriptor needs exactly size, device, grant and secret")
+            if not isinstance(d["size"], int) or d["size"] <= 0:
+                raise ValueError("RdmaMetadata: a descriptor's size must be a positive integer")
+            for key in ("grant", "secret"):
+                value = d[key]
+                # Both end up in a libd configuration string: its separators must not appear.
+                if not isinstance(value, str) or not value or any(c in value for c in ";,"):
+                    raise ValueError(f"RdmaMetadata: a descriptor's {key} is malformed")
+            parsed.append(SerializedDescriptor(size=d["size"], grant=d["grant"], secret=d["secret"], device=d["device"]))
+        for key, typ in (("notification_key", str), ("owner", str), ("hostname", str), ("host", str), ("port", int),
+                         ("path", str), ("verbs", bool), ("expires_at", (int, float))):
+            if not isinstance(raw[key], typ):
+                raise ValueError(f"RdmaMetadata: field {key!r} has the wrong type")
+        key = raw["notification_key"]
+        if len(key) != 16 or any(c not in "0123456789abcdef" for c in key):
+            raise ValueError("RdmaMetadata: notification_key must be 16 lower-case hex digits")
+        for key in ("host", "path"):
+            if any(c in raw[key] for c in ";,"):
+                raise ValueError(f"RdmaMetadata: field {key!r} is malformed")
+        return cls(operation_kind=kind, notification_key=raw["notification_key"], owner=raw["owner"],
+                   hostname=raw["hostname"], host=raw["host"], port=raw["port"], path=raw["path"],
+                   expires_at=float(raw["expires_at"]), descriptors=tuple(parsed), verbs=raw["verbs"])
+
+    def __repr__(self) -> str:
+        kind = OperationKind(self.operation_kind).name
+        return (f"RdmaMetadata({kind}, owner={self.owner!r}, hostname={self.hostname!r}, "
+                f"descriptors={[d.size for d in self.descriptors]}, expires_at={self.expires_at:.0f})")
+
+    __str__ = __repr__

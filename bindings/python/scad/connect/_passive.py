@@ -1,0 +1,243 @@
+"""Passive operations: this process's memory, opened to one peer for one transfer.
+
+The memory is served in place by the connector's libd memory server (expose: nothing copied),
+one grant per descriptor in the operation's direction, with an expiry. The peer's libd sends a
+NOTIFY on its connection once its transfers are done, and wait_for_completion() wakes on it (a
+thread blocked in libd, no polling). The operation ends - complete, cancelled, failed or dropped -
+by revoking its grants and withdrawing its memory: the metadata opens nothing afterwards.
+"""
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import threading
+import time
+from concurrent.futures import CancelledError as _LibdCancelled
+from typing import Any, Optional
+
+from ._descriptor import Descriptor, as_list
+from ._errors import OperationCancelledError
+from ._metadata import RdmaMetadata, SerializedDescriptor
+from ._operation_kind import OperationKind, OperationStatus
+from .._waiter import wait_in_thread
+
+log = logging.getLogger("scad.connect")
+
+_TERMINAL = (OperationStatus.COMPLETE, OperationStatus.CANCELLED, OperationStatus.ERRORED)
+
+
+def _config_value(config: str, key: str) -> str:
+    for pair in config.split(";"):
+        k, _, v = pair.partition(",")
+        if k == key:
+            return v
+    raise RuntimeError(f"libd's grant configuration has no {key!r}")  # libd's contract broke
+
+
+class PassiveOperation:
+    """Common to ReadableOperation and WritableOperation."""
+
+    _kind = OperationKind.UNSPECIFIED
+
+    def __init__(self, connector: Any, local_descriptors: Any, expires_in: Optional[float] = None) -> None:
+        self._lock = threading.Lock()
+        self._status = OperationStatus.UNINITIALIZED
+        self._why, self._error = "", RuntimeError
+        self._elements: list[str] = []
+        self._grants: list[str] = []
+        self._connector = connector
+        self._descs = as_list(local_descriptors, "local_descriptors")
+        self._single = isinstance(local_descriptors, Descriptor)
+        if self._kind is OperationKind.WRITE:
+            for d in self._descs:
+                if d.readonly:
+                    raise ValueError(f"{d!r} is read-only memory (bytes?): a writable operation needs memory the peer may write")
+        ttl = connector.expires_in if expires_in is None else float(expires_in)
+        if ttl <= 0:
+            raise ValueError("expires_in must be > 0 seconds")
+        server = connector._server()
+        self._server = server
+        self._key = os.urandom(8).hex()
+        self._value = int(self._key, 16)  # what the peer's NOTIFY carries back
+        self._pending: set[str] = set()  # grants whose holder has not said it finished
+        serialized = []
+        rights = "r" if self._kind is OperationKind.READ else "w"
+        try:
+            for i, d in enumerate(self._descs):
+                d.register_memory(connector)
+                element = f"op{self._key}-{i}"
+                server.expose(element, d.ptr, d.size)
+                self._elements.append(element)
+                config = server.grant_ex(element, "*", rights=rights, ttl=ttl)
+                grant = _config_value(config, "grant")
+                self._grants.append(grant)
+                serialized.append(SerializedDescriptor(size=d.size, grant=grant, secret=_config_value(config, "secret")))
+        except BaseException:
+            self._release()
+            raise
+        self._pending = set(self._grants)
+        self._metadata = RdmaMetadata(
+            operation_kind=int(self._kind), notification_key=self._key, owner=connector.name,
+            hostname=connector.hostname, host=connector._endpoint["host"], port=connector._endpoint["port"],
+            path=connector._endpoint["path"], expires_at=time.time() + ttl, descriptors=tuple(serialized),
+            verbs=connector._endpoint["verbs"])
+        self._status = OperationStatus.INITIALIZED
+
+    # ---- Dynamo's surface ---------------------------------------------------------------
+    @property
+    def connector(self) -> Any:
+        return self._connector
+
+    @property
+    def operation_kind(self) -> OperationKind:
+        return self._kind
+
+    @property
+    def status(self) -> OperationStatus:
+        """Looks (without waiting) whether the peer has said it finished."""
+        if self._status not in _TERMINAL:
+            self._collect(timeout=0)
+        return self._status
+
+    def metadata(self, hex_encode: bool = False) -> RdmaMetadata:
+        """The record to hand the peer. Refused once the operation has ended."""
+        if self._status in _TERMINAL:
+            raise RuntimeError(f"the operation is {self._status.name}: its metadata opens nothing any more")
+        return self._metadata
+
+    async def wait_for_completion(self, timeout: Optional[float] = None) -> None:
+        """Returns once the peer has finished its transfers (it told this side so). Raises
+        TimeoutError if `timeout` seconds pass first (the operation goes on: wait again or
+        cancel), ConnectionError if the peer vanished or its connection broke before it
+        finished, TimeoutError if the operation expired, OperationCancelledError if either side
+        cancelled it."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self._status not in _TERMINAL:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            await wait_in_thread(self._collect, left)
+            if self._status not in _TERMINAL and deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"the peer did not finish within {timeout} s (the operation goes on)")
+        self._raise_if_failed()
+
+    def cancel(self) -> None:
+        """Revokes the grants at once: a peer still transferring gets an error, not a hang.
+        No effect on an operation that has already ended."""
+        with self._lock:
+            if self._status in _TERMINAL:
+                return
+            self._status = OperationStatus.CANCELLED
+            self._why = "cancelled by this side"
+        self._release()
+
+    def __enter__(self) -> "PassiveOperation":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.cancel()  # leaving the block ends the operation; no effect once it completed
+
+    def __await__(self):
+        return self._ready().__await__()
+
+    async def _ready(self) -> "PassiveOperation":
+        return self
+
+    def __del__(self) -> None:
+        # A dropped operation must not leave its memory open. Never raises (a finaliser).
+        try:
+            if getattr(self, "_status", None) not in _TERMINAL and hasattr(self, "_lock"):
+                self.cancel()
+        except Exception:  # noqa: BLE001 - interpreter shutdown may have torn libd down
+            log.debug("cancelling a dropped operation failed", exc_info=True)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(descriptors={len(self._descs)}, status={self._status.name})"
+
+    # ---- the machinery ------------------------------------------------------------------
+    def _collect(self, timeout: Optional[float]) -> None:
+        """Takes what the peer said about each pending grant, waiting up to `timeout` (None:
+        until something happens). Runs in a waiting thread too: it never raises, it records."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for grant in list(self._pending):
+            if self._status in _TERMINAL:
+                return
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                value, status = self._server.wait_notify(grant, left)
+            except TimeoutError:
+                return
+            except _LibdCancelled:
+                self._end(OperationStatus.CANCELLED, "cancelled by this side")
+                return
+            except ConnectionError:
+                self._end(OperationStatus.ERRORED, "the peer's connection closed before it said it finished "
+                                                   "(the peer died, was cut off, or gave up)", ConnectionError)
+                return
+            except KeyError:
+                # The grant is gone: this side ended the operation meanwhile (status says how).
+                return
+            except OSError as e:
+                if e.errno == errno.EKEYEXPIRED:
+                    self._end(OperationStatus.ERRORED, "the operation expired before the peer finished", TimeoutError)
+                else:
+                    self._end(OperationStatus.ERRORED, f"waiting for the peer failed: {e}", OSError)
+                return
+            except Exception as e:  # noqa: BLE001 - nothing escapes the waiting thread unrecorded
+                self._end(OperationStatus.ERRORED, f"waiting for the peer failed: {e}", RuntimeError)
+                return
+            if value != self._value:
+                self._end(OperationStatus.ERRORED, "the peer sent a notification for another operation", RuntimeError)
+                return
+            if status != 0:
+                if -status == errno.ECANCELED:
+                    self._end(OperationStatus.CANCELLED, "the peer cancelled its transfer")
+                else:
+                    self._end(OperationStatus.ERRORED, f"the peer's transfer failed: {os.strerror(-status)}", ConnectionError)
+                return
+            self._pending.discard(grant)
+        if not self._pending:
+            self._end(OperationStatus.COMPLETE, "")
+
+    def _end(self, status: OperationStatus, why: str, error: type = OperationCancelledError) -> None:
+        with self._lock:
+            if self._status in _TERMINAL:
+                return
+            self._status = status
+            self._why = why
+            self._error = error
+        self._release()
+
+    def _raise_if_failed(self) -> None:
+        if self._status is OperationStatus.CANCELLED:
+            raise OperationCancelledError(f"{type(self).__name__}: {self._why}")
+        if self._status is OperationStatus.ERRORED:
+            raise self._error(f"{type(self).__name__}: {self._why}")
+
+    def _release(self) -> None:
+        """Revokes every grant and withdraws the memory; idempotent."""
+        elements, self._elements = self._elements, []
+        grants, self._grants = self._grants, []
+        # Already gone (KeyError) or the connector's server stopped (ConnectionError): stopping
+        # revoked everything, which is what this wanted.
+        for g in grants:
+            try:
+                self._server.revoke(g)
+            except (KeyError, ConnectionError):
+                pass
+        for e in elements:
+            try:
+                self._server.withdraw(e)
+            except (KeyError, ConnectionError):
+                pass
+
+
+class ReadableOperation(PassiveOperation):
+    """Local memory a remote ReadOperation may read, once."""
+
+    _kind = OperationKind.READ
+
+
+class WritableOperation(PassiveOperation):
+    """Local memory a remote WriteOperation may write, once."""
+
+    _kind = OperationKind.WRITE

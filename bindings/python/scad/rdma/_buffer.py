@@ -1,0 +1,94 @@
+"""RdmaBuffer: a light handle on a slice of another process's registered memory.
+
+It travels as JSON (to_json/from_json) or by pickle (which carries the same JSON, never code).
+It holds the owner's server address, the slice's place in its region, and the slice's scoped key
+(the id and secret of a grant on exactly that slice): whoever holds it may read and write those
+bytes until the owner drops it. repr() never shows the secret.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Optional
+
+VERSION = 1
+_FIELDS = {"version", "owner", "hostname", "host", "port", "path", "verbs", "grant", "secret", "offset", "size", "whole"}
+
+
+class RdmaBuffer:
+    def __init__(self, *, owner: str, hostname: str, host: str, port: int, path: str, verbs: bool, grant: str,
+                 secret: str, offset: int, size: int, whole: bool) -> None:
+        self.owner, self.hostname, self.host, self.port, self.path = owner, hostname, host, port, path
+        self.verbs, self.grant, self._secret = verbs, grant, secret
+        self.offset, self._size, self.whole = offset, size, whole
+
+    def size(self) -> int:
+        """Bytes in the slice."""
+        return self._size
+
+    @property
+    def route(self) -> tuple:
+        """What a queue pair to this buffer is bound to: its owner's server and its key."""
+        return (self.host, self.port, self.path, self.grant)
+
+    async def read_into(self, dst: Any, offset: int = 0, timeout: Optional[float] = 3.0) -> None:
+        """Copies this buffer's bytes [offset, offset+len(dst)) into dst (local memory: a numpy
+        array, bytearray, writable memoryview, CPU tensor or Descriptor). On timeout the transfer
+        is cancelled (dst is not written afterwards) and TimeoutError raised."""
+        from ._manager import RdmaManager
+        await RdmaManager.get().transfer(self, dst, offset, timeout, read=True)
+
+    async def write_from(self, src: Any, offset: int = 0, timeout: Optional[float] = 3.0) -> None:
+        """Copies src (local memory) into this buffer at offset."""
+        from ._manager import RdmaManager
+        await RdmaManager.get().transfer(self, src, offset, timeout, read=False)
+
+    def drop(self) -> None:
+        """In the owner: revokes the slice's key at once (peers holding it are cut off) and
+        releases its memory when the region has no buffer left. Elsewhere: closes this process's
+        queue pair to it; the owner's grant stays."""
+        from ._manager import RdmaManager
+        RdmaManager.get().drop(self)
+
+    # ---- serialisation ------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return {"version": VERSION, "owner": self.owner, "hostname": self.hostname, "host": self.host, "port": self.port,
+                "path": self.path, "verbs": self.verbs, "grant": self.grant, "secret": self._secret,
+                "offset": self.offset, "size": self._size, "whole": self.whole}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> "RdmaBuffer":
+        try:
+            raw = json.loads(text)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"RdmaBuffer: not JSON ({e})") from None
+        if not isinstance(raw, dict) or set(raw) != _FIELDS:
+            raise ValueError(f"RdmaBuffer: expected exactly the fields {sorted(_FIELDS)}")
+        if raw["version"] != VERSION:
+            raise ValueError(f"RdmaBuffer: version {raw['version']!r} (this side reads {VERSION})")
+        for key, typ in (("owner", str), ("hostname", str), ("host", str), ("port", int), ("path", str),
+                         ("verbs", bool), ("grant", str), ("secret", str), ("offset", int), ("size", int),
+                         ("whole", bool)):
+            if not isinstance(raw[key], typ):
+                raise ValueError(f"RdmaBuffer: field {key!r} has the wrong type")
+        for key in ("host", "path", "grant", "secret"):
+            if any(c in raw[key] for c in ";,"):  # they end up in a libd configuration string
+                raise ValueError(f"RdmaBuffer: field {key!r} is malformed")
+        if raw["offset"] < 0 or raw["size"] <= 0 or not raw["grant"] or not raw["secret"]:
+            raise ValueError("RdmaBuffer: offset, size, grant or secret out of range")
+        del raw["version"]
+        return cls(**raw)
+
+    def __reduce__(self):
+        return (RdmaBuffer.from_json, (self.to_json(),))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RdmaBuffer) and other.to_dict() == self.to_dict()
+
+    def __hash__(self) -> int:
+        return hash(self.route + (self.offset, self._size))
+
+    def __repr__(self) -> str:
+        return f"RdmaBuffer(owner={self.owner!r}, size={self._size}, offset={self.offset})"

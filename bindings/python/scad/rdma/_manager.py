@@ -1,0 +1,189 @@
+"""RdmaManager: the one object per process that owns its registrations and its connections.
+
+As the owner of memory it runs a lending memory server (scad/_memserver.py), keeps the
+registration cache (_regions.py) and hands out RdmaBuffers: slices of registered regions, each
+with a grant on exactly that slice. As a peer it keeps one QueuePair per route, reused.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import threading
+import uuid
+from typing import Any, Dict, Optional
+
+from .. import _memserver
+from ..connect import Descriptor
+from .._waiter import wait_in_thread
+from ._buffer import RdmaBuffer
+from ._queue_pair import QueuePair
+from ._regions import Region, RegionCache
+
+
+class RdmaManager:
+    _instance: Optional["RdmaManager"] = None
+    _instance_pid = 0
+    _instance_lock = threading.Lock()
+
+    @classmethod
+    def get(cls, *, host: Optional[str] = None, transport: Optional[str] = None,
+            timeout: float = 30.0) -> "RdmaManager":
+        """This process's manager, made on first use. host: the address its memory server
+        advertises (default $SCAD_RDMA_HOST, else 127.0.0.1); transport: force "shm", "tcp" or
+        "verbs" for its queue pairs; timeout: libd's per-transfer deadline in seconds. Options
+        are taken on first use only; asking for others later is an error."""
+        options = (host, transport, timeout)
+        with cls._instance_lock:
+            # A forked child does not inherit its parent's connections: it gets its own manager.
+            if cls._instance is None or cls._instance_pid != os.getpid():
+                cls._instance = cls(host=host, transport=transport, timeout=timeout)
+                cls._instance_pid = os.getpid()
+                cls._instance._options = options
+            elif options != (None, None, 30.0) and options != cls._instance._options:
+                raise ValueError("the RdmaManager of this process already exists with other options")
+            return cls._instance
+
+    def __init__(self, *, host: Optional[str], transport: Optional[str], timeout: float) -> None:
+        if transport not in (None, "shm", "tcp", "verbs"):
+            raise ValueError(f"transport must be 'shm', 'tcp', 'verbs' or None, not {transport!r}")
+        self.name = f"scad-rdma-{uuid.uuid4().hex[:16]}"
+        self.hostname = socket.gethostname()
+        self._host = host or os.environ.get("SCAD_RDMA_HOST", "127.0.0.1")
+        self._transport = transport
+        self._timeout_ms = int(timeout * 1000)
+        self._verbs = _memserver.has_rdma_device()
+        self._lock = threading.Lock()
+        self._server = None
+        self._server_action = None
+        self._endpoint: dict = {}
+        self._cache = RegionCache()
+        self._next = 0
+        self._qps: Dict[tuple, QueuePair] = {}
+        self._qp_locks: Dict[tuple, asyncio.Lock] = {}
+
+    # ---- the owner's side ---------------------------------------------------------------
+    def request_buffer(self, memory: Any, size: Optional[int] = None, *, ttl: Optional[float] = None) -> RdmaBuffer:
+        """An RdmaBuffer on local memory: request_buffer(obj) for a buffer-protocol object (numpy
+        array, bytearray, memoryview, CPU tensor), request_buffer(addr, size) for raw memory the
+        caller keeps valid until the buffer is dropped. The memory is served in place. ttl: seconds
+        until the key expires (default: until dropped)."""
+        if isinstance(memory, int):
+            if size is None:
+                raise TypeError("request_buffer(addr, size): size is required with an address")
+            d = Descriptor((memory, size, "cpu"))
+        else:
+            if size is not None:
+                raise TypeError("request_buffer(obj) takes the object's whole memory: slice the object instead")
+            d = memory if isinstance(memory, Descriptor) else Descriptor(memory)
+        with self._lock:
+            srv = self._serve_locked()
+            region = self._cache.find(d.ptr, d.size)
+            if region is None:
+                self._next += 1
+                region = Region(f"r{self._next}", d.ptr, d.size)
+                srv.expose(region.element, d.ptr, d.size)
+                self._cache.add(region)
+            try:
+                offset = d.ptr - region.start
+                config = srv.grant_ex(region.element, "*", offset=offset, length=d.size, rights="rw", ttl=ttl)
+            except BaseException:
+                if not region.holders:
+                    self._forget_locked(region)
+                raise
+            pairs = dict(p.split(",", 1) for p in config.split(";"))
+            region.holders[pairs["grant"]] = d.data if d.data is not None else d
+            ep = self._endpoint
+            return RdmaBuffer(owner=self.name, hostname=self.hostname, host=ep["host"], port=ep["port"], path=ep["path"],
+                              verbs=ep["verbs"], grant=pairs["grant"], secret=pairs["secret"], offset=offset,
+                              size=d.size, whole=(offset == 0 and d.size == region.size))
+
+    def regions(self) -> list:
+        """(address, size, buffers) of every registered region: for diagnostics and tests."""
+        with self._lock:
+            return [(r.start, r.size, len(r.holders)) for r in self._cache.regions()]
+
+    def drop(self, buf: RdmaBuffer) -> None:
+        if buf.owner == self.name:
+            with self._lock:
+                for region in self._cache.regions():
+                    if buf.grant in region.holders:
+                        del region.holders[buf.grant]
+                        try:
+                            self._server.revoke(buf.grant)
+                        except KeyError:
+                            pass  # expired and revoked already
+                        if not region.holders:
+                            self._forget_locked(region)
+                        return
+            return
+        self._forget_qp(buf.route)
+
+    # ---- the peer's side ----------------------------------------------------------------
+    def release_queue_pair(self, remote: RdmaBuffer) -> None:
+        """Closes this process's queue pair to remote's route, if there is one (the owner's
+        grant stays). For a peer done with a buffer, even in the owner's own process."""
+        self._forget_qp(remote.route)
+
+    async def request_queue_pair(self, remote: RdmaBuffer) -> QueuePair:
+        """The queue pair to remote's route, connected (made on first use, then reused)."""
+        qp = self._qps.get(remote.route)
+        if qp is not None:
+            return qp
+        impl = _memserver.choose_transport(self._transport, remote.hostname, remote.path, remote.verbs, remote.whole)
+        from disagg import LibdAction
+
+        # An action per queue pair: closing it frees the connection entirely (an action keeps
+        # every transport it ever had until it is freed).
+        action = LibdAction(self.name)
+        where = f"path,{remote.path}" if impl == "shm" else f"host,{remote.host};port,{remote.port}"
+        action.add_transport(f"qp;{impl};{where};grant,{remote.grant};secret,{remote._secret};timeout_ms,{self._timeout_ms}")
+        t = action.get_transport("qp", "rdma")
+        try:
+            await wait_in_thread(t.connect)  # the owner checks the key now: a refusal is an error here
+        except PermissionError as e:
+            action.terminate()
+            raise PermissionError(e.errno, f"the owner refused this buffer's key (dropped or expired): {e}") from None
+        except ConnectionError as e:
+            action.terminate()
+            raise ConnectionError(e.errno, f"cannot reach the buffer's owner over {impl}: {e}") from None
+        qp = self._qps.setdefault(remote.route, QueuePair(action, t, remote.route, impl))
+        if qp._t is not t:
+            action.terminate()  # another task connected the same route meanwhile: use that one
+        return qp
+
+    async def transfer(self, remote: RdmaBuffer, memory: Any, offset: int, timeout: Optional[float], read: bool) -> None:
+        qp = await self.request_queue_pair(remote)
+        lock = self._qp_locks.setdefault(remote.route, asyncio.Lock())
+        async with lock:  # one read_into/write_from at a time per route: one local region at a time
+            try:
+                (qp.get if read else qp.put)(memory, remote, offset)
+                await qp.wait(timeout)
+            except TimeoutError:
+                qp.cancel()  # the caller's memory is not written after it was told "timed out"
+                raise TimeoutError(f"the transfer did not finish within {timeout} s and was cancelled") from None
+            except (ConnectionError, PermissionError) as e:
+                # The connection is of no more use (the key was revoked, or the owner is gone):
+                # the next transfer connects afresh and gets the owner's answer.
+                self._forget_qp(remote.route)
+                raise type(e)(e.errno, f"the buffer's owner cut the transfer off (it dropped the buffer, or is "
+                                       f"gone): {e}") from None
+
+    # ---- internals ----------------------------------------------------------------------
+    def _serve_locked(self) -> Any:
+        if self._server is None:
+            self._server_action, self._server, self._endpoint = _memserver.start(self.name, self._host, self._verbs)
+        return self._server
+
+    def _forget_qp(self, route: tuple) -> None:
+        qp = self._qps.pop(route, None)
+        self._qp_locks.pop(route, None)
+        if qp is not None:
+            qp.close()
+
+    def _forget_locked(self, region: Region) -> None:
+        self._cache.remove(region)
+        try:
+            self._server.withdraw(region.element)
+        except KeyError:
+            pass

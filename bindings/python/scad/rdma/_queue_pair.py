@@ -1,0 +1,125 @@
+"""QueuePair: this process's connection to one remote buffer's route, reused for every transfer.
+
+A route is the owner's server and the buffer's key (libd authenticates a connection with one
+grant). get()/put() start a transfer and return at once; poll() says whether everything started
+has finished, wait() waits for it. A queue pair moves one local region at a time: libd registers
+one local buffer per connection, so switching to memory outside the current region while
+transfers run is refused (wait first).
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, List, Optional
+
+import numpy
+
+from ..connect import Descriptor
+from .._waiter import wait_in_thread
+from ._buffer import RdmaBuffer
+
+
+def _local(memory: Any) -> Descriptor:
+    return memory if isinstance(memory, Descriptor) else Descriptor(memory)
+
+
+def _extent(d: Descriptor) -> Descriptor:
+    """The memory to register for d: the whole object a view is cut from, where there is one,
+    so that transfers into different parts of one array share one registration."""
+    obj, root = d.data, None
+    try:
+        if isinstance(obj, numpy.ndarray):
+            while isinstance(obj.base, numpy.ndarray):
+                obj = obj.base
+            root = Descriptor(obj) if obj is not d.data else None
+        elif isinstance(obj, memoryview) and obj.obj is not None:
+            root = Descriptor(obj.obj)
+    except (ValueError, TypeError):
+        root = None  # not contiguous, or not memory a descriptor takes: the view itself
+    if root is not None and root.ptr <= d.ptr and d.ptr + d.size <= root.ptr + root.size:
+        return root
+    return d
+
+
+class QueuePair:
+    def __init__(self, action: Any, transport: Any, route: tuple, impl: str) -> None:
+        self._action = action
+        self._t = transport
+        self.route = route
+        self.impl = impl  # "shm", "tcp" or "verbs"
+        self._lock = threading.Lock()
+        self._pending: List[Any] = []
+        self._reg: Optional[tuple] = None  # (ptr, size) of the registered local region
+        self._keep: Any = None
+
+    def get(self, local: Any, remote: RdmaBuffer, offset: int = 0) -> None:
+        """Starts reading remote[offset:offset+len(local)] into local; returns at once."""
+        self._start(local, remote, offset, read=True)
+
+    def put(self, local: Any, remote: RdmaBuffer, offset: int = 0) -> None:
+        """Starts writing local into remote[offset:offset+len(local)]; returns at once."""
+        self._start(local, remote, offset, read=False)
+
+    def poll(self) -> bool:
+        """True once every transfer started has finished; raises the first one's error."""
+        with self._lock:
+            pending, self._pending = self._pending, [op for op in self._pending if not op.done()]
+        for op in pending:
+            if op.done():
+                op.wait(0)  # raises what it failed with
+        return not self._pending
+
+    async def wait(self, timeout: Optional[float] = None) -> None:
+        """Waits for every transfer started; TimeoutError if `timeout` seconds pass first (they
+        go on: wait again, or cancel())."""
+        await wait_in_thread(self._wait_all, timeout)
+
+    def cancel(self) -> None:
+        """Cancels every transfer started: once it returns, libd touches none of their memory."""
+        with self._lock:
+            pending, self._pending = self._pending, []
+        for op in pending:
+            op.cancel()
+
+    def close(self) -> None:
+        self.cancel()
+        self._action.terminate()
+
+    def __repr__(self) -> str:
+        return f"QueuePair({self.impl}, pending={len(self._pending)})"
+
+    # ---- the machinery ------------------------------------------------------------------
+    def _start(self, local: Any, remote: RdmaBuffer, offset: int, read: bool) -> None:
+        if remote.route != self.route:
+            raise ValueError("this queue pair leads to another buffer's route: use request_queue_pair(remote)")
+        d = _local(local)
+        if read and d.readonly:
+            raise ValueError("a read needs local memory it may write (bytes is read-only)")
+        if offset < 0 or offset + d.size > remote.size():
+            raise ValueError(f"[{offset}, +{d.size}) is outside the remote buffer of {remote.size()} bytes")
+        with self._lock:
+            self._register_locked(d)
+            local_off = d.ptr - self._reg[0]
+            raddr = remote.offset + offset
+            op = self._t.read_async(d.size, raddr, local_off) if read else self._t.write_async(d.size, raddr, local_off)
+            self._pending.append(op)
+
+    def _register_locked(self, d: Descriptor) -> None:
+        if self._reg and self._reg[0] <= d.ptr and d.ptr + d.size <= self._reg[0] + self._reg[1]:
+            return
+        if any(not op.done() for op in self._pending):
+            raise RuntimeError("transfers on another local region are still running on this queue pair: wait() first")
+        whole = _extent(d)
+        self._t.reg_memory(whole.ptr, whole.size, keep=whole)
+        self._reg, self._keep = (whole.ptr, whole.size), whole
+
+    def _wait_all(self, timeout: Optional[float]) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            pending = list(self._pending)
+        try:
+            for op in pending:
+                op.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        finally:
+            with self._lock:
+                self._pending = [op for op in self._pending if not op.done()]

@@ -1,0 +1,31 @@
+"""The metadata Ray's tensor transports exchange, with Ray's names, usable without Ray."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, List, Optional, Tuple
+
+try:  # with Ray installed, ours are Ray's classes, so Ray accepts them as they are
+    from ray.experimental.rdt.tensor_transport_manager import CommunicatorMetadata, TensorTransportMetadata
+except ImportError:  # pragma: no cover - depends on the environment
+    @dataclass
+    class CommunicatorMetadata:
+        """Metadata for the communicator (a one-sided transport needs none)."""
+
+    @dataclass
+    class TensorTransportMetadata:
+        """Shapes and dtypes of an object's tensors, and their device."""
+
+        tensor_meta: List[Tuple[Any, Any]]
+        tensor_device: Optional[str] = None
+
+
+@dataclass
+class ScadTransportMetadata(TensorTransportMetadata):
+    """Adds, per tensor, the RdmaBuffer (as JSON) through which the destination reads it."""
+
+    buffers: List[str] = field(default_factory=list)
+
+
+@dataclass
+class ScadCommunicatorMetadata(CommunicatorMetadata):
+    """Nothing to agree on: the destination reads the source's memory one-sidedly."""

@@ -1,0 +1,122 @@
+"""One side of a scad.connect transfer, as a real process the tests drive over a pipe.
+
+Commands arrive as JSON lines on stdin, answers leave as JSON lines on stdout (nothing else is
+printed there). Buffers are filled from a seed, and answers carry their SHA-256, so the test
+checks the bytes that arrived without moving them through the pipe.
+
+  {"cmd": "create", "kind": "read"|"write", "sizes": [...], "seed": n, "expires_in": s}
+        -> {"metadata": "<json>"}                  a passive operation (one at a time)
+  {"cmd": "begin", "kind": ..., "metadata": ..., "sizes": [...], "seed": n, "style": "await"|"direct",
+   "stop": bool}
+        -> {"ok": true} | {"error": ..., "message": ...}  an active operation; with stop the
+           process stops itself (SIGSTOP) right after answering, its transfers posted
+  {"cmd": "wait", "timeout": s} -> {"status": ..., "error": ..., "message": ..., "digests": [...]}
+  {"cmd": "cancel"} -> {"status": ...}
+  {"cmd": "status"} -> {"status": ...}
+  {"cmd": "usage"} -> {"fds": n, "rss_kib": n, "objects": n}   (objects: Python's, after a collection)
+"""
+import asyncio
+import ctypes
+import gc
+import hashlib
+import json
+import os
+import signal
+import sys
+
+import numpy
+
+from scad.connect import Connector, Descriptor, RdmaMetadata
+
+
+def no_huge_pages():
+    """Transparent huge pages make resident memory jump by 2 MiB at a time, which a leak test
+    would read as growth: this process does without them (PR_SET_THP_DISABLE)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(41, 1, 0, 0, 0)
+
+
+def buffers(sizes, seed):
+    rng = numpy.random.default_rng(seed)
+    return [rng.integers(0, 256, size=s, dtype=numpy.uint8) if seed is not None else numpy.zeros(s, numpy.uint8)
+            for s in sizes]
+
+
+def digests(bufs):
+    return [hashlib.sha256(b.tobytes()).hexdigest() for b in bufs]
+
+
+def usage():
+    fds = len(os.listdir("/proc/self/fd"))
+    with open("/proc/self/status") as f:
+        rss = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+    gc.collect()
+    return {"fds": fds, "rss_kib": rss, "objects": len(gc.get_objects())}
+
+
+class Peer:
+    def __init__(self):
+        self.connector = Connector(transport=os.environ.get("PEER_TRANSPORT") or None, timeout=20.0)
+        self.op = None
+        self.bufs = []
+
+    async def handle(self, msg):
+        cmd = msg["cmd"]
+        if cmd == "create":
+            self.bufs = buffers(msg["sizes"], msg.get("seed"))
+            descs = [Descriptor(b) for b in self.bufs]
+            make = self.connector.create_readable if msg["kind"] == "read" else self.connector.create_writable
+            self.op = make(descs if len(descs) > 1 else descs[0], expires_in=msg.get("expires_in"))
+            return {"metadata": self.op.metadata().to_json()}
+        if cmd == "begin":
+            self.bufs = buffers(msg["sizes"], msg.get("seed"))
+            descs = [Descriptor(b) for b in self.bufs]
+            local = descs if len(descs) > 1 else descs[0]
+            md = RdmaMetadata.from_json(msg["metadata"])
+            try:
+                if msg["kind"] == "read":
+                    op = self.connector.begin_read(md, local)
+                else:
+                    op = self.connector.begin_write(local, md)
+                self.op = await op if msg.get("style") == "await" else op
+            except Exception as e:  # reported to the test, which asserts on it
+                return {"error": type(e).__name__, "message": str(e)}
+            return {"ok": True, "transport": self.op.impl}
+        if cmd == "wait":
+            try:
+                await self.op.wait_for_completion(timeout=msg.get("timeout"))
+                error, message = None, ""
+            except Exception as e:
+                error, message = type(e).__name__, str(e)
+            return {"status": self.op.status.name, "error": error, "message": message, "digests": digests(self.bufs)}
+        if cmd == "cancel":
+            self.op.cancel()
+            return {"status": self.op.status.name}
+        if cmd == "drop":
+            self.op = None  # the finaliser must end an unfinished operation
+            return {"ok": True}
+        if cmd == "status":
+            return {"status": self.op.status.name}
+        if cmd == "usage":
+            return usage()
+        raise ValueError(f"unknown command {cmd!r}")
+
+
+async def main():
+    no_huge_pages()
+    peer = Peer()
+    loop = asyncio.get_running_loop()
+    while True:
+        line = await loop.run_in_executor(None, sys.stdin.readline)
+        if not line:
+            return
+        msg = json.loads(line)
+        reply = await peer.handle(msg)
+        sys.stdout.write(json.dumps(reply) + "\n")
+        sys.stdout.flush()
+        if msg.get("stop"):
+            os.kill(os.getpid(), signal.SIGSTOP)  # the test continues us (or kills us)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

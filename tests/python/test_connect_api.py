@@ -1,0 +1,120 @@
+"""scad.connect's objects on their own: descriptors over every kind of memory, the metadata record,
+argument checks. Transfers between processes are in test_connect.py."""
+import asyncio
+import ctypes
+import json
+
+import numpy
+import pytest
+
+from scad.connect import (Connector, Descriptor, Device, DeviceKind, OperationKind, OperationStatus, RdmaMetadata)
+
+
+def address_of(array):
+    return array.__array_interface__["data"][0]
+
+
+def test_descriptors_point_at_the_callers_memory_without_copying():
+    arr = numpy.arange(100, dtype=numpy.uint32)
+    d = Descriptor(arr)
+    assert (d.ptr, d.size, d.readonly) == (address_of(arr), 400, False)
+    assert d.device == Device("cpu") and d.device.kind is DeviceKind.HOST
+
+    raw = bytearray(b"x" * 64)
+    d = Descriptor(raw)
+    assert d.ptr == ctypes.addressof(ctypes.c_char.from_buffer(raw)) and d.size == 64 and not d.readonly
+
+    b = b"immutable"
+    d = Descriptor(b)
+    assert d.readonly and d.size == len(b)
+
+    view = memoryview(arr)[10:20]
+    d = Descriptor(view)
+    assert (d.ptr, d.size) == (address_of(arr) + 40, 40)
+
+    d = Descriptor((arr, "cpu"))
+    assert d.ptr == address_of(arr) and d.data is arr
+
+    d = Descriptor((address_of(arr), 400, Device((DeviceKind.HOST, 0)), arr))
+    assert (d.ptr, d.size, d.data) == (address_of(arr), 400, arr)
+
+
+def test_descriptors_refuse_what_cannot_be_moved_in_place():
+    with pytest.raises(ValueError, match="C-contiguous"):
+        Descriptor(numpy.zeros((4, 4))[:, 1])
+    with pytest.raises(ValueError, match="at least one byte"):
+        Descriptor(numpy.zeros(0))
+    with pytest.raises(NotImplementedError, match="host memory"):
+        Descriptor((numpy.zeros(4), "cuda:0"))
+    with pytest.raises(TypeError, match="Descriptor takes"):
+        Descriptor([1, 2, 3])
+    with pytest.raises(ValueError, match="non-null"):
+        Descriptor((0, 10, "cpu"))
+
+
+def test_a_torch_tensor_is_a_descriptor_too():
+    torch = pytest.importorskip("torch")
+    t = torch.arange(10, dtype=torch.float32)
+    d = Descriptor(t)
+    assert (d.ptr, d.size) == (t.data_ptr(), 40)
+
+
+def test_register_memory_is_idempotent_and_binds_one_connector():
+    a, b = Connector(), Connector()
+    d = Descriptor(numpy.zeros(8))
+    d.register_memory(a)
+    d.register_memory(a)
+    with pytest.raises(ValueError, match="another Connector"):
+        d.register_memory(b)
+    a.close()
+    b.close()
+
+
+def test_metadata_round_trips_hides_its_secrets_and_refuses_anything_else():
+    async def main():
+        with Connector() as c:
+            await c.initialize()
+            assert c.name.startswith("scad-connect-") and c.hostname
+            arr = numpy.zeros(1000, dtype=numpy.uint8)
+            with c.create_writable([Descriptor(arr), Descriptor(bytearray(10))], expires_in=30) as op:
+                assert op.status is OperationStatus.INITIALIZED
+                md = op.metadata()
+                text = md.to_json()
+                assert RdmaMetadata.from_json(text) == md
+                assert RdmaMetadata.model_validate_json(md.model_dump_json()) == md
+                assert md.operation_kind == OperationKind.WRITE
+                assert [d.size for d in md.descriptors] == [1000, 10]
+                for d in md.descriptors:
+                    assert d.secret not in repr(md) and d.secret not in str(md) and d.secret not in repr(d)
+                raw = json.loads(text)
+                for bad in (dict(raw, version=2), dict(raw, extra=1), {k: v for k, v in raw.items() if k != "port"},
+                            dict(raw, operation_kind=3), dict(raw, descriptors=[]),
+                            dict(raw, descriptors=[dict(raw["descriptors"][0], grant="g;host,evil")])):
+                    with pytest.raises(ValueError):
+                        RdmaMetadata.from_json(json.dumps(bad))
+                with pytest.raises(ValueError, match="not JSON"):
+                    RdmaMetadata.from_json(b"\x80\x04pickle")
+            assert op.status is OperationStatus.CANCELLED, "leaving the block ends an unfinished operation"
+            with pytest.raises(RuntimeError, match="opens nothing"):
+                op.metadata()
+    asyncio.run(main())
+
+
+def test_a_writable_needs_writable_memory_and_a_read_needs_writable_local_memory():
+    with Connector() as c:
+        with pytest.raises(ValueError, match="read-only"):
+            c.create_writable(Descriptor(b"constant"))
+        with c.create_readable(Descriptor(b"constant")) as op:  # bytes may be read by a peer
+            md = op.metadata()
+            with pytest.raises(ValueError, match="read-only"):
+                c.begin_read(md, Descriptor(b"12345678"))
+            with pytest.raises(ValueError, match="sizes must match"):
+                c.begin_read(md, Descriptor(bytearray(7)))
+            with pytest.raises(ValueError, match="pair one to one"):
+                c.begin_read(md, [Descriptor(bytearray(8)), Descriptor(bytearray(8))])
+            with pytest.raises(TypeError, match="RdmaMetadata"):
+                c.begin_read(42, Descriptor(bytearray(8)))
+        with pytest.raises(ValueError, match="empty"):
+            c.create_readable([])
+    with pytest.raises(ValueError, match="transport"):
+        Connector(transport="carrier-pigeon")

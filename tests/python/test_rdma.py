@@ -1,0 +1,180 @@
+"""scad.rdma between real processes (tests/python/rdma_peer.py): an owner lends slices of its memory
+as RdmaBuffers, a peer reads and writes them; plus the registration cache in one process."""
+import asyncio
+import ctypes
+import os
+import pickle
+
+import numpy
+import pytest
+
+from peer_process import PeerProc
+from scad.rdma import RdmaBuffer, RdmaManager
+from scad.rdma._regions import Region, RegionCache
+
+PEER = os.path.join(os.path.dirname(__file__), "rdma_peer.py")
+KiB = 1024
+
+
+def _has_rdma_device():
+    try:
+        return bool(os.listdir("/sys/class/infiniband"))
+    except OSError:
+        return False
+
+
+# None: the manager's own choice (shm on this host for a whole buffer, tcp for a slice of one).
+IMPLS = [None, "tcp"] + (["verbs"] if os.environ.get("LIBD_REQUIRE_VERBS") or _has_rdma_device() else [])
+
+
+@pytest.fixture
+def pair(request):
+    owner, peer = PeerProc(PEER, request.param), PeerProc(PEER, request.param)
+    yield owner, peer
+    owner.close()
+    peer.close()
+
+
+def ok(reply):
+    assert "error" not in reply, reply
+    return reply
+
+
+@pytest.mark.parametrize("pair", IMPLS, indirect=True)
+@pytest.mark.parametrize("carried", ["json", "pickle"])
+def test_a_peer_reads_and_writes_a_buffer_in_place(pair, carried):
+    owner, peer = pair
+    whole = ok(owner.call(cmd="array", size=256 * KiB, seed=1))["digest"]
+    made = ok(owner.call(cmd="buffer"))
+    buf = {"buffer": made[carried], "pickled": carried == "pickle"}
+    assert ok(peer.call(cmd="read", size=256 * KiB, **buf))["digest"] == whole
+    assert ok(peer.call(cmd="read", size=1000, offset=5000, **buf))["digest"] == \
+        ok(owner.call(cmd="digest", start=5000, stop=6000))["digest"]
+    wrote = ok(peer.call(cmd="write", size=4 * KiB, seed=9, offset=100 * KiB, **buf))["digest"]
+    assert ok(owner.call(cmd="digest", start=100 * KiB, stop=104 * KiB))["digest"] == wrote, "landed in the owner's array"
+
+
+@pytest.mark.parametrize("pair", IMPLS, indirect=True)
+def test_a_slice_reaches_exactly_its_bytes(pair):
+    owner, peer = pair
+    ok(owner.call(cmd="array", size=64 * KiB, seed=2))
+    ok(owner.call(cmd="buffer"))                                   # the whole array: one region
+    made = ok(owner.call(cmd="buffer", start=8 * KiB, stop=12 * KiB))
+    assert [r[1:] for r in made["regions"]] == [[64 * KiB, 2]], "a slice of a registered region reuses it"
+    buf = {"buffer": made["json"]}
+    assert ok(peer.call(cmd="read", size=4 * KiB, **buf))["digest"] == \
+        ok(owner.call(cmd="digest", start=8 * KiB, stop=12 * KiB))["digest"]
+    r = peer.call(cmd="read", size=4 * KiB, offset=1, **buf)
+    assert r["error"] == "ValueError" and "outside the remote buffer" in r["message"]
+    # A handle altered to claim more than its slice is refused by the owner's grant.
+    forged = RdmaBuffer.from_json(made["json"])
+    forged._size = 8 * KiB
+    r = peer.call(cmd="read", size=8 * KiB, buffer=forged.to_json())
+    assert "error" in r and r["error"] in ("ValueError", "OSError", "PermissionError"), r
+
+
+@pytest.mark.parametrize("pair", IMPLS, indirect=True)
+def test_dropping_revokes_and_the_last_drop_releases_the_region(pair):
+    owner, peer = pair
+    ok(owner.call(cmd="array", size=16 * KiB, seed=3))
+    first = ok(owner.call(cmd="buffer"))
+    ok(owner.call(cmd="buffer", start=0, stop=KiB))
+    assert ok(peer.call(cmd="read", size=16 * KiB, buffer=first["json"]))["digest"]
+    assert [r[2] for r in ok(owner.call(cmd="drop", index=0))["regions"]] == [1]
+    r = peer.call(cmd="read", size=16 * KiB, buffer=first["json"])  # its queue pair was cut off
+    assert r["error"] in ("ConnectionError", "PermissionError"), r
+    r = peer.call(cmd="read", size=16 * KiB, buffer=first["json"])  # and a new one is refused
+    assert r["error"] == "PermissionError" and "dropped or expired" in r["message"], r
+    assert ok(owner.call(cmd="drop", index=1))["regions"] == []
+
+
+@pytest.mark.parametrize("pair", IMPLS, indirect=True)
+def test_a_queue_pair_is_one_per_route_and_reused(pair):
+    owner, peer = pair
+    whole = ok(owner.call(cmd="array", size=32 * KiB, seed=4))["digest"]
+    made = ok(owner.call(cmd="buffer"))
+    r = ok(peer.call(cmd="qp", size=32 * KiB, buffer=made["json"]))
+    assert r["same"] and r["idle"] and r["digests"] == [whole, whole]
+
+
+@pytest.mark.parametrize("pair", IMPLS, indirect=True)
+def test_buffers_made_used_and_dropped_in_a_loop_leak_nothing(pair):
+    owner, peer = pair
+    ok(owner.call(cmd="array", size=64 * KiB, seed=6))
+
+    def one(i):
+        made = ok(owner.call(cmd="buffer", start=0, stop=32 * KiB))
+        ok(peer.call(cmd="read", size=KiB, buffer=made["json"]))
+        ok(peer.call(cmd="forget", buffer=made["json"]))
+        assert ok(owner.call(cmd="drop", index=i))["regions"] == []
+
+    for i in range(50):  # warm-up
+        one(i)
+    before = [ok(owner.call(cmd="usage")), ok(peer.call(cmd="usage"))]
+    for i in range(50, 350):
+        one(i)
+    after = [ok(owner.call(cmd="usage")), ok(peer.call(cmd="usage"))]
+    for side, b, a in zip(("owner", "peer"), before, after):
+        assert a["fds"] == b["fds"], f"{side}: file descriptors {b} -> {a}"
+        assert a["objects"] - b["objects"] < 50, f"{side}: Python objects {b} -> {a}"
+
+
+@pytest.mark.parametrize("pair", [None], indirect=True)
+def test_an_owner_that_is_gone_is_an_error(pair):
+    owner, peer = pair
+    ok(owner.call(cmd="array", size=KiB, seed=5))
+    made = ok(owner.call(cmd="buffer"))
+    owner.kill()
+    r = peer.call(cmd="read", size=KiB, buffer=made["json"])
+    assert r["error"] == "ConnectionError" and "cannot reach the buffer's owner" in r["message"], r
+
+
+def test_the_handle_is_data_and_hides_its_key():
+    buf = RdmaBuffer(owner="o", hostname="h", host="127.0.0.1", port=1, path="/tmp/x.sock", verbs=False,
+                     grant="g1", secret="s" * 64, offset=0, size=10, whole=True)
+    assert "s" * 64 not in repr(buf)
+    assert RdmaBuffer.from_json(buf.to_json()) == buf
+    assert pickle.loads(pickle.dumps(buf)) == buf
+    assert pickle.dumps(buf).count(b"RdmaBuffer") >= 1  # rebuilt from its JSON, by name
+    for bad in ('{"version": 2}', "[]", '{"x": 1}', buf.to_json().replace('"g1"', '"g;1"')):
+        with pytest.raises(ValueError):
+            RdmaBuffer.from_json(bad)
+    assert buf.size() == 10
+
+
+def test_the_cache_never_hands_out_a_stale_region():
+    cache = RegionCache()
+    a = Region("r1", 0x1000, 100)
+    cache.add(a)
+    assert cache.find(0x1000, 100) is a and cache.find(0x1010, 10) is a
+    assert cache.find(0x1000, 200) is None, "a larger request at the same address is a miss"
+    cache.remove(a)
+    assert cache.find(0x1000, 50) is None, "a forgotten region is never found again"
+    big, small = Region("r2", 0x1000, 200), Region("r3", 0x1040, 16)
+    cache.add(big)
+    cache.add(small)
+    assert cache.find(0x1040, 8) is small and cache.find(0x1000, 8) is big and cache.find(0x10f0, 32) is None
+
+
+def test_a_reused_address_range_is_registered_afresh_at_its_new_size():
+    # Real memory: the same addresses, first as 4 KiB, dropped, then as 8 KiB.
+    async def main():
+        manager = RdmaManager.get()
+        memory = ctypes.create_string_buffer(8 * KiB)
+        addr = ctypes.addressof(memory)
+        small = manager.request_buffer(addr, 4 * KiB)
+        assert [(r[0], r[1]) for r in manager.regions()] == [(addr, 4 * KiB)]
+        inner = manager.request_buffer(addr + KiB, KiB)
+        assert [r[2] for r in manager.regions()] == [2], "inside a live region: reused"
+        small.drop()
+        inner.drop()
+        assert manager.regions() == []
+        large = manager.request_buffer(addr, 8 * KiB)
+        assert [(r[0], r[1]) for r in manager.regions()] == [(addr, 8 * KiB)], "not the dropped 4 KiB region"
+        dst = numpy.zeros(8 * KiB, numpy.uint8)
+        memory.raw = bytes(range(256)) * 32
+        await large.read_into(dst)
+        assert dst.tobytes() == memory.raw
+        large.drop()
+        assert manager.regions() == []
+    asyncio.run(main())
