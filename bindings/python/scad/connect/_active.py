@@ -16,14 +16,12 @@ import time
 from typing import Any, Optional
 
 from ._descriptor import Descriptor, as_list
-from ._errors import OperationCancelledError
 from ._metadata import RdmaMetadata
-from ._operation_kind import OperationKind, OperationStatus
+from ._operation_kind import TERMINAL as _TERMINAL, Ending, OperationKind, OperationStatus
 from .._waiter import wait_in_thread
 
 log = logging.getLogger("scad.connect")
 
-_TERMINAL = (OperationStatus.COMPLETE, OperationStatus.CANCELLED, OperationStatus.ERRORED)
 
 _REFUSED = ("the owner refused this metadata: its operation has finished, was cancelled or expired, "
             "or the record is not one it issued")
@@ -39,7 +37,7 @@ def _parse(remote_metadata: Any) -> RdmaMetadata:
     raise TypeError(f"remote_metadata must be an RdmaMetadata (or its JSON), not {type(remote_metadata).__name__}")
 
 
-class ActiveOperation:
+class ActiveOperation(Ending):
     """Common to ReadOperation and WriteOperation."""
 
     _kind = OperationKind.UNSPECIFIED
@@ -217,21 +215,6 @@ class ActiveOperation:
                 t.notify(self._value, status)
             except Exception:  # noqa: BLE001
                 pass
-
-    def _end(self, status: OperationStatus, why: str, error: type = OperationCancelledError) -> None:
-        with self._lock:
-            if self._status in _TERMINAL:
-                return
-            self._status = status
-            self._why = why
-            self._error = error
-        self._release()
-
-    def _raise_if_failed(self) -> None:
-        if self._status is OperationStatus.CANCELLED:
-            raise OperationCancelledError(f"{type(self).__name__}: {self._why}")
-        if self._status is OperationStatus.ERRORED:
-            raise self._error(f"{type(self).__name__}: {self._why}")
 
     def _fail_setup(self) -> None:
         for op in self._ops:

@@ -1,5 +1,8 @@
-"""The kinds and states of an operation, with dynamo.nixl_connect's names and values."""
+"""The kinds and states of an operation, with dynamo.nixl_connect's names and values, and how an
+operation of either side ends."""
 from enum import IntEnum
+
+from ._errors import OperationCancelledError
 
 
 class OperationKind(IntEnum):
@@ -21,3 +24,27 @@ class OperationStatus(IntEnum):
 
     def __str__(self) -> str:
         return self.name
+
+
+TERMINAL = (OperationStatus.COMPLETE, OperationStatus.CANCELLED, OperationStatus.ERRORED)
+
+
+class Ending:
+    """How an operation ends, the same on both sides: the first end wins, and the operation's
+    resources are released once (the class provides _lock, _status and _release)."""
+
+    def _end(self, status: OperationStatus, why: str, error: type = OperationCancelledError) -> None:
+        with self._lock:
+            if self._status in TERMINAL:
+                return
+            self._status = status
+            self._why = why
+            self._error = error
+        self._release()
+
+    def _raise_if_failed(self) -> None:
+        if self._status is OperationStatus.CANCELLED:
+            raise OperationCancelledError(f"{type(self).__name__}: {self._why}")
+        if self._status is OperationStatus.ERRORED:
+            raise self._error(f"{type(self).__name__}: {self._why}")
+

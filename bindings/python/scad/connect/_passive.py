@@ -17,14 +17,12 @@ from concurrent.futures import CancelledError as _LibdCancelled
 from typing import Any, Optional
 
 from ._descriptor import Descriptor, as_list
-from ._errors import OperationCancelledError
 from ._metadata import RdmaMetadata, SerializedDescriptor
-from ._operation_kind import OperationKind, OperationStatus
+from ._operation_kind import TERMINAL as _TERMINAL, Ending, OperationKind, OperationStatus
 from .._waiter import wait_in_thread
 
 log = logging.getLogger("scad.connect")
 
-_TERMINAL = (OperationStatus.COMPLETE, OperationStatus.CANCELLED, OperationStatus.ERRORED)
 
 
 def _config_value(config: str, key: str) -> str:
@@ -35,7 +33,7 @@ def _config_value(config: str, key: str) -> str:
     raise RuntimeError(f"libd's grant configuration has no {key!r}")  # libd's contract broke
 
 
-class PassiveOperation:
+class PassiveOperation(Ending):
     """Common to ReadableOperation and WritableOperation."""
 
     _kind = OperationKind.UNSPECIFIED
@@ -197,21 +195,6 @@ class PassiveOperation:
             self._pending.discard(grant)
         if not self._pending:
             self._end(OperationStatus.COMPLETE, "")
-
-    def _end(self, status: OperationStatus, why: str, error: type = OperationCancelledError) -> None:
-        with self._lock:
-            if self._status in _TERMINAL:
-                return
-            self._status = status
-            self._why = why
-            self._error = error
-        self._release()
-
-    def _raise_if_failed(self) -> None:
-        if self._status is OperationStatus.CANCELLED:
-            raise OperationCancelledError(f"{type(self).__name__}: {self._why}")
-        if self._status is OperationStatus.ERRORED:
-            raise self._error(f"{type(self).__name__}: {self._why}")
 
     def _release(self) -> None:
         """Revokes every grant and withdraws the memory; idempotent."""
