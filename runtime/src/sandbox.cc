@@ -67,7 +67,7 @@ std::unique_ptr<Sandbox> Sandbox::open(const std::string &mode, const std::strin
   }
   std::unique_ptr<Sandbox> s(new Sandbox());
   for (const char *candidate : {"/usr/bin/bwrap", "/bin/bwrap"})
-    if (access(candidate, X_OK) == 0) s->bwrap_ = candidate;
+    if (s->bwrap_.empty() && access(candidate, X_OK) == 0) s->bwrap_ = candidate;
   if (s->bwrap_.empty()) {
     *why = "bubblewrap (bwrap) is not installed";
     return nullptr;
