@@ -15,6 +15,14 @@ uint64_t get(const char *p, int n) { return get_le(p, n); }
 
 }  // namespace
 
+void encode_notify(uint64_t value, int status, char out[kHeaderSize]) {
+  Header h;
+  h.opcode = kNotify;
+  h.addr = value;
+  h.status = status;
+  encode_header(h, out);
+}
+
 void encode_header(const Header &h, char out[kHeaderSize]) {
   put16(out, kMagic);
   out[2] = char(kVersion);

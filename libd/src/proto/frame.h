@@ -64,6 +64,9 @@ struct Header {
 };
 
 void encode_header(const Header &h, char out[kHeaderSize]);
+// The NOTIFY frame (a header alone): the initiator's "done" carrying `value`, or the negative
+// errno it gave up with in `status`.
+void encode_notify(uint64_t value, int status, char out[kHeaderSize]);
 // 0, or -EPROTO with *why (bad magic, version, opcode, or a size over the limits).
 int decode_header(const char in[kHeaderSize], Header *out, std::string *why);
 uint64_t payload_length(const Header &h);

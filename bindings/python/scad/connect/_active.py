@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 from ._descriptor import Descriptor, as_list
 from ._metadata import RdmaMetadata
-from ._operation_kind import TERMINAL as _TERMINAL, Ending, OperationKind, OperationStatus
+from ._operation_kind import TERMINAL as _TERMINAL, OperationBase, OperationKind, OperationStatus
 from .._waiter import wait_in_thread
 
 log = logging.getLogger("scad.connect")
@@ -37,7 +37,7 @@ def _parse(remote_metadata: Any) -> RdmaMetadata:
     raise TypeError(f"remote_metadata must be an RdmaMetadata (or its JSON), not {type(remote_metadata).__name__}")
 
 
-class ActiveOperation(Ending):
+class ActiveOperation(OperationBase):
     """Common to ReadOperation and WriteOperation."""
 
     _kind = OperationKind.UNSPECIFIED
@@ -97,14 +97,6 @@ class ActiveOperation(Ending):
         self._status = OperationStatus.IN_PROGRESS
 
     # ---- Dynamo's surface ---------------------------------------------------------------
-    @property
-    def connector(self) -> Any:
-        return self._connector
-
-    @property
-    def operation_kind(self) -> OperationKind:
-        return self._kind
-
     @property
     def status(self) -> OperationStatus:
         if self._status is OperationStatus.IN_PROGRESS and all(op.done() for op in self._ops):

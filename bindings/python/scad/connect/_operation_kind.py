@@ -29,9 +29,18 @@ class OperationStatus(IntEnum):
 TERMINAL = (OperationStatus.COMPLETE, OperationStatus.CANCELLED, OperationStatus.ERRORED)
 
 
-class Ending:
-    """How an operation ends, the same on both sides: the first end wins, and the operation's
-    resources are released once (the class provides _lock, _status and _release)."""
+class OperationBase:
+    """What both sides of an operation share: Dynamo's connector and kind, and how an operation
+    ends (the first end wins, and its resources are released once). The class provides
+    _connector, _kind, _lock, _status and _release."""
+
+    @property
+    def connector(self):
+        return self._connector
+
+    @property
+    def operation_kind(self) -> OperationKind:
+        return self._kind
 
     def _end(self, status: OperationStatus, why: str, error: type = OperationCancelledError) -> None:
         with self._lock:

@@ -18,7 +18,7 @@ from typing import Any, Optional
 
 from ._descriptor import Descriptor, as_list
 from ._metadata import RdmaMetadata, SerializedDescriptor
-from ._operation_kind import TERMINAL as _TERMINAL, Ending, OperationKind, OperationStatus
+from ._operation_kind import TERMINAL as _TERMINAL, OperationBase, OperationKind, OperationStatus
 from .._waiter import wait_in_thread
 
 log = logging.getLogger("scad.connect")
@@ -33,7 +33,7 @@ def _config_value(config: str, key: str) -> str:
     raise RuntimeError(f"libd's grant configuration has no {key!r}")  # libd's contract broke
 
 
-class PassiveOperation(Ending):
+class PassiveOperation(OperationBase):
     """Common to ReadableOperation and WritableOperation."""
 
     _kind = OperationKind.UNSPECIFIED
@@ -83,14 +83,6 @@ class PassiveOperation(Ending):
         self._status = OperationStatus.INITIALIZED
 
     # ---- Dynamo's surface ---------------------------------------------------------------
-    @property
-    def connector(self) -> Any:
-        return self._connector
-
-    @property
-    def operation_kind(self) -> OperationKind:
-        return self._kind
-
     @property
     def status(self) -> OperationStatus:
         """Looks (without waiting) whether the peer has said it finished."""

@@ -209,12 +209,8 @@ class ShmTransport : public Transport {
   int do_notify(uint64_t value, int status, std::shared_lock<IoGate> &, Deadline deadline) override {
     if (!alive_->load(std::memory_order_acquire))
       return set_error(-ECONNRESET, "the memory element closed the connection (grant revoked or server gone)");
-    Header h;
-    h.opcode = kNotify;
-    h.addr = value;
-    h.status = status;
     char hdr[kHeaderSize];
-    encode_header(h, hdr);
+    encode_notify(value, status, hdr);
     std::lock_guard<std::mutex> lk(notify_mu_);  // one frame at a time on the socket
     if (int rc = send_all(sock_, hdr, kHeaderSize, deadline))
       return set_error(rc == -ETIMEDOUT ? rc : -ECONNRESET, "cannot tell the memory's owner: " + std::string(strerror(-rc)));

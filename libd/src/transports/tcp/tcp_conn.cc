@@ -158,12 +158,8 @@ int TcpConn::notify(uint64_t value, int status) {
   // (detached: nobody completes it).
   auto st = std::make_shared<OpState>();
   st->detached = true;
-  Header h;
-  h.opcode = kNotify;
-  h.addr = value;
-  h.status = status;
   char hdr[kHeaderSize];
-  encode_header(h, hdr);
+  encode_notify(value, status, hdr);
   queue_locked(hdr, nullptr, 0, st);
   if (!flush_locked()) want_loop_locked();
   if (closed_) return set_error(close_err_, "the connection to the memory element is closed (" + close_why_ + ")");

@@ -87,12 +87,8 @@ void Engine::set_local(std::shared_ptr<Mr> mr) {
 }
 
 int Engine::notify(uint64_t value, int status, const Deadline &deadline) {
-  proto::Header h;
-  h.opcode = proto::kNotify;
-  h.addr = value;
-  h.status = status;
   char hdr[proto::kHeaderSize];
-  proto::encode_header(h, hdr);
+  proto::encode_notify(value, status, hdr);
   std::lock_guard<std::mutex> lk(notify_mu_);
   if (control_fd_ < 0) return set_error(-ENOTCONN, "the verbs connection has no control connection");
   if (int rc = send_all(control_fd_, hdr, proto::kHeaderSize, deadline))
