@@ -92,7 +92,7 @@ class RdmaManager:
                     self._forget_locked(region)
                 raise
             pairs = dict(p.split(",", 1) for p in config.split(";"))
-            region.holders[pairs["grant"]] = d.data if d.data is not None else d
+            self._cache.hold(region, pairs["grant"], d.data if d.data is not None else d)
             ep = self._endpoint
             return RdmaBuffer(owner=self.name, hostname=self.hostname, host=ep["host"], port=ep["port"], path=ep["path"],
                               verbs=ep["verbs"], grant=pairs["grant"], secret=pairs["secret"], offset=offset,
@@ -106,16 +106,14 @@ class RdmaManager:
     def drop(self, buf: RdmaBuffer) -> None:
         if buf.owner == self.name:
             with self._lock:
-                for region in self._cache.regions():
-                    if buf.grant in region.holders:
-                        del region.holders[buf.grant]
-                        try:
-                            self._server.revoke(buf.grant)
-                        except KeyError:
-                            pass  # expired and revoked already
-                        if not region.holders:
-                            self._forget_locked(region)
-                        return
+                region = self._cache.release(buf.grant)
+                if region is not None:
+                    try:
+                        self._server.revoke(buf.grant)
+                    except KeyError:
+                        pass  # expired and revoked already
+                    if not region.holders:
+                        self._forget_locked(region)
             return
         self._forget_qp(buf.route)
 

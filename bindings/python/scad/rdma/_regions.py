@@ -30,12 +30,18 @@ class RegionCache:
     def __init__(self) -> None:
         self._starts: List[int] = []   # sorted, parallel to _regions
         self._regions: List[Region] = []
+        self._largest = 0              # the largest size ever added: bounds how far back to look
+        self._by_grant: Dict[str, Region] = {}
 
     def find(self, addr: int, size: int) -> Optional[Region]:
         """A live region holding all of [addr, addr+size), the smallest such, or None."""
         best = None
-        # Only regions starting at or before addr can hold it (a process has few regions: a scan).
+        # Only regions starting at or before addr, and no further back than the largest region
+        # reaches, can hold it: a thousand regions cost a few steps, not a thousand.
+        lowest = addr + size - self._largest
         for i in range(bisect.bisect_right(self._starts, addr) - 1, -1, -1):
+            if self._starts[i] < lowest:
+                break
             r = self._regions[i]
             if r.contains(addr, size) and (best is None or r.size < best.size):
                 best = r
@@ -45,11 +51,27 @@ class RegionCache:
         i = bisect.bisect_right(self._starts, region.start)
         self._starts.insert(i, region.start)
         self._regions.insert(i, region)
+        self._largest = max(self._largest, region.size)
 
     def remove(self, region: Region) -> None:
-        i = self._regions.index(region)
+        i = bisect.bisect_left(self._starts, region.start)
+        while self._regions[i] is not region:
+            i += 1
         del self._starts[i]
         del self._regions[i]
+        for grant in list(region.holders):
+            self._by_grant.pop(grant, None)
+
+    def hold(self, region: Region, grant: str, owner: Any) -> None:
+        region.holders[grant] = owner
+        self._by_grant[grant] = region
+
+    def release(self, grant: str) -> Optional[Region]:
+        """Forgets the buffer with this grant; its region, or None if no such buffer."""
+        region = self._by_grant.pop(grant, None)
+        if region is not None:
+            del region.holders[grant]
+        return region
 
     def regions(self) -> List[Region]:
         return list(self._regions)
