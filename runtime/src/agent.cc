@@ -176,6 +176,13 @@ static std::string now_iso() {
   return out;
 }
 
+// Removes a folder and everything in it; nftw with FTW_PHYS never follows a link out of the
+// tree, and FTW_DEPTH removes files before their folders.
+static void remove_tree(const std::string &dir) {
+  nftw(dir.c_str(), [](const char *path, const struct stat *, int, struct FTW *) { return remove(path), 0; }, 16,
+       FTW_DEPTH | FTW_PHYS);
+}
+
 std::string Agent::materialize(const std::string &key, const json &files, std::string *why) {
   for (char c : key)
     if (!isalnum(static_cast<unsigned char>(c)) && c != '/' && c != '-' && c != '_' && c != '.' && c != '@') {
@@ -205,6 +212,7 @@ std::string Agent::materialize(const std::string &key, const json &files, std::s
   for (auto &[name, content] : files.items()) {
     if (name.empty() || name[0] == '/' || name.find("..") != std::string::npos || !content.is_string()) {
       *why = "bad file '" + name + "'";
+      remove_tree(fresh);
       return "";
     }
     std::string path = fresh + "/" + name;
@@ -215,12 +223,14 @@ std::string Agent::materialize(const std::string &key, const json &files, std::s
     if (fd >= 0) close(fd);
     if (!ok) {
       *why = "cannot write code file '" + name + "': " + strerror(errno);
+      remove_tree(fresh);
       return "";
     }
   }
   mkdirs(dir.substr(0, dir.rfind('/')));
   if (rename(fresh.c_str(), dir.c_str()) != 0) {
     *why = "cannot put code in place: " + std::string(strerror(errno));
+    remove_tree(fresh);
     return "";
   }
   return dir;
@@ -235,10 +245,7 @@ int Agent::remove_code(const std::string &prefix) {
   if (parts != 2 || prefix.find("..") != std::string::npos || prefix.front() == '/' || prefix.back() == '/')
     return -EINVAL;
   std::lock_guard<std::mutex> lk(code_mu_);
-  // nftw with FTW_PHYS never follows a link out of the tree; depth first, files before folders.
-  std::string dir = opts_.home + "/code/" + prefix;
-  nftw(dir.c_str(), [](const char *path, const struct stat *, int, struct FTW *) { return remove(path), 0; }, 16,
-       FTW_DEPTH | FTW_PHYS);
+  remove_tree(opts_.home + "/code/" + prefix);
   return 0;
 }
 
