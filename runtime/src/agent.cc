@@ -257,6 +257,13 @@ ComputeOutcome Agent::run_compute(const ComputeSpec &spec) {
                    {"transports", transports}, {"runtime_url", spec.runtime_url},
                    {"runtime_token", spec.runtime_token}};
   std::string code;  // names the action's code for the warm pool: one process per code and function
+  if (!spec.network && !sandbox_) {
+    o.status = "whisk internal error";
+    o.error = {{"type", "SandboxError"},
+               {"message", "this element asks for no network, and host '" + opts_.host_id +
+                               "' runs compute processes without a sandbox (" + sandbox_off_reason() + ")"}};
+    return o;
+  }
   if (sandbox_) {
     // The code travels with the spec; the launcher writes it read-only into the sandbox's /code
     // and switches to the tenant's uid before it runs any of it.
@@ -276,7 +283,7 @@ ComputeOutcome Agent::run_compute(const ComputeSpec &spec) {
     launcher["code"] = code;
   }
   // One process per action: the code file names the application version, plus the function.
-  auto w = workers_->acquire(code + "#" + spec.main, &o.start);
+  auto w = workers_->acquire(code + "#" + spec.main, &o.start, spec.network);
   auto t0 = std::chrono::steady_clock::now();
   std::string stamp = now_iso();
   if (!w) {

@@ -60,6 +60,7 @@ struct ComputeSpec {
   uint64_t memory = 256ull << 20;  // bytes (cgroup memory.max)
   uint64_t log_bytes = 10ull << 20;  // output kept in the activation's logs; the rest is dropped
   std::string tenant;                // the namespace it runs for: its sandbox's uid
+  bool network = true;               // false: a sandbox with a network namespace of its own
 };
 
 struct ComputeOutcome {

@@ -13,7 +13,7 @@ json to_json(const ComputeSpec &s) {
   return {{"aid", s.aid}, {"code", s.code}, {"code_key", s.code_key}, {"code_files", s.code_files},
           {"main", s.main}, {"args", s.args}, {"transports", t}, {"runtime_url", s.runtime_url},
           {"runtime_token", s.runtime_token}, {"timeout_ms", s.timeout_ms},
-          {"cpu", s.cpu}, {"memory", s.memory}, {"log_bytes", s.log_bytes}, {"tenant", s.tenant}};
+          {"cpu", s.cpu}, {"memory", s.memory}, {"log_bytes", s.log_bytes}, {"tenant", s.tenant}, {"network", s.network}};
 }
 
 ComputeSpec spec_from_json(const json &j) {
@@ -32,6 +32,7 @@ ComputeSpec spec_from_json(const json &j) {
   s.memory = j.value("memory", uint64_t(256) << 20);
   s.log_bytes = j.value("log_bytes", uint64_t(10) << 20);
   s.tenant = j.value("tenant", "");
+  s.network = j.value("network", true);
   return s;
 }
 

@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "agent.h"
+#include "flag_number.h"
 #include "agent_api.h"
 #include "core/params.h"
 #include "safe_json.h"
@@ -56,15 +57,22 @@ int main(int argc, char **argv) {
       if (i + 1 >= argc) usage(a + " needs a value");
       return argv[++i];
     };
+    auto number = [&](double lo, double hi, bool integer) {
+      double v = 0;
+      if (!scad::flag_number(value(), lo, hi, integer, &v))
+        usage(a + " takes " + (integer ? "a whole number" : "a number") + " from " + scad::format_number(lo) + " to " +
+              scad::format_number(hi));
+      return v;
+    };
     if (a == "--scheduler") scheduler = value();
     else if (a == "--address") ao.tcp_host = value();
     else if (a == "--token-file") token_file = value();
     else if (a == "--id") ao.host_id = value(), id_given = true;
-    else if (a == "--port") port = std::stoi(value());
+    else if (a == "--port") port = int(number(0, 65535, true));
     else if (a == "--home") home = value();
     else if (a == "--python") ao.python = value();
     else if (a == "--pythonpath") ao.pythonpath = value();
-    else if (a == "--cpus") ao.cpus = std::stod(value());
+    else if (a == "--cpus") ao.cpus = number(0.01, 1e6, false);
     else if (a == "--verbs") ao.verbs = value();
     else if (a == "--cgroup") ao.cgroup = value();
     else if (a == "--sandbox") ao.sandbox = value();

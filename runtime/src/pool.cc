@@ -41,7 +41,7 @@ WorkerPool::~WorkerPool() {
   maintainer_.join();
 }
 
-std::unique_ptr<Worker> WorkerPool::spawn() {
+std::unique_ptr<Worker> WorkerPool::spawn(bool network) {
   int in[2], out[2], err[2];
   if (pipe2(in, O_CLOEXEC) || pipe2(out, O_CLOEXEC) || pipe2(err, O_CLOEXEC)) return nullptr;
   posix_spawn_file_actions_t fa;
@@ -56,7 +56,7 @@ std::unique_ptr<Worker> WorkerPool::spawn() {
   for (auto &e : env) cenv.push_back(e.data());
   cenv.push_back(nullptr);
   std::vector<std::string> args = {o_.python, "-m", "scad.launcher", "--serve"};
-  if (o_.sandbox) args = o_.sandbox->command(args);
+  if (o_.sandbox) args = o_.sandbox->command(args, network);
   std::vector<char *> argv;
   for (auto &a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -78,7 +78,8 @@ std::unique_ptr<Worker> WorkerPool::spawn() {
   return w;
 }
 
-std::unique_ptr<Worker> WorkerPool::acquire(const std::string &key, std::string *how) {
+std::unique_ptr<Worker> WorkerPool::acquire(const std::string &plain_key, std::string *how, bool network) {
+  std::string key = network ? plain_key : plain_key + " (no network)";
   {
     std::lock_guard<std::mutex> lk(mu_);
     auto it = warm_.find(key);
@@ -88,7 +89,7 @@ std::unique_ptr<Worker> WorkerPool::acquire(const std::string &key, std::string 
       *how = "warm";
       return w;
     }
-    if (!fresh_.empty()) {
+    if (network && !fresh_.empty()) {
       auto w = std::move(fresh_.front());
       fresh_.pop_front();
       w->key = key;
@@ -98,15 +99,15 @@ std::unique_ptr<Worker> WorkerPool::acquire(const std::string &key, std::string 
     }
   }
   *how = "cold";
-  auto w = spawn_on_maintainer();
+  auto w = spawn_on_maintainer(network);
   if (w) w->key = key;
   cv_.notify_all();
   return w;
 }
 
-std::unique_ptr<Worker> WorkerPool::spawn_on_maintainer() {
-  std::promise<std::unique_ptr<Worker>> made;
-  auto result = made.get_future();
+std::unique_ptr<Worker> WorkerPool::spawn_on_maintainer(bool network) {
+  SpawnRequest made{{}, network};
+  auto result = made.made.get_future();
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (stopping_) return nullptr;
@@ -132,8 +133,8 @@ void WorkerPool::maintain() {
       auto *req = spawn_requests_.front();
       spawn_requests_.pop_front();
       lk.unlock();
-      auto w = spawn();  // outside the lock: spawning takes a moment
-      req->set_value(std::move(w));
+      auto w = spawn(req->network);  // outside the lock: spawning takes a moment
+      req->made.set_value(std::move(w));
       lk.lock();
     }
   };
@@ -153,7 +154,7 @@ void WorkerPool::maintain() {
       it = now - it->second->idle_since > std::chrono::milliseconds(o_.keep_alive_ms) ? warm_.erase(it) : std::next(it);
     cv_.wait_for(lk, std::chrono::milliseconds(std::max<int64_t>(100, o_.keep_alive_ms / 4)));
   }
-  for (auto *req : spawn_requests_) req->set_value(nullptr);
+  for (auto *req : spawn_requests_) req->made.set_value(nullptr);
   spawn_requests_.clear();
   fresh_.clear();
   warm_.clear();

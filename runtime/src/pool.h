@@ -58,7 +58,9 @@ class WorkerPool {
   explicit WorkerPool(WorkerOptions o);
   ~WorkerPool();
   // A process for `key`: warm if one is idle, else pre-warmed, else newly started. *how says which.
-  std::unique_ptr<Worker> acquire(const std::string &key, std::string *how);
+  // Without `network` (a sandbox only), one started without network: never a pre-warmed one, and
+  // warm only for the same key without network.
+  std::unique_ptr<Worker> acquire(const std::string &key, std::string *how, bool network = true);
   // Gives it back after a run; unhealthy ones are ended.
   void release(std::unique_ptr<Worker> w, bool healthy);
   // Sends one spec line and waits for the result line. The run's output past max_output bytes is
@@ -69,11 +71,11 @@ class WorkerPool {
   const WorkerOptions &options() const { return o_; }
 
  private:
-  std::unique_ptr<Worker> spawn();
+  std::unique_ptr<Worker> spawn(bool network = true);
   // Every process is started by the maintainer thread, which lives as long as the pool: a sandbox
   // dies with the thread that started it (bubblewrap's --die-with-parent is PR_SET_PDEATHSIG,
   // which follows the parent thread), and a caller's thread may end while its process stays warm.
-  std::unique_ptr<Worker> spawn_on_maintainer();
+  std::unique_ptr<Worker> spawn_on_maintainer(bool network);
   void maintain();  // starts processes asked for, tops up the pre-warmed pool, ends idle ones
 
   WorkerOptions o_;
@@ -82,7 +84,11 @@ class WorkerPool {
   bool stopping_ = false;
   std::deque<std::unique_ptr<Worker>> fresh_;
   std::multimap<std::string, std::unique_ptr<Worker>> warm_;
-  std::deque<std::promise<std::unique_ptr<Worker>> *> spawn_requests_;
+  struct SpawnRequest {
+    std::promise<std::unique_ptr<Worker>> made;
+    bool network;
+  };
+  std::deque<SpawnRequest *> spawn_requests_;
   std::thread maintainer_;
 };
 

@@ -140,8 +140,9 @@ std::unique_ptr<Sandbox> Sandbox::open(const std::string &mode, const std::strin
   return s;
 }
 
-std::vector<std::string> Sandbox::command(const std::vector<std::string> &argv) const {
+std::vector<std::string> Sandbox::command(const std::vector<std::string> &argv, bool network) const {
   std::vector<std::string> out = args_;
+  if (!network) out.push_back("--unshare-net");
   out.push_back("--");
   out.insert(out.end(), argv.begin(), argv.end());
   return out;

@@ -28,8 +28,9 @@ class Sandbox {
                                        const std::string &pythonpath, const std::string &socket, std::string *why,
                                        bool *required);
 
-  // The command line that runs argv inside a fresh sandbox.
-  std::vector<std::string> command(const std::vector<std::string> &argv) const;
+  // The command line that runs argv inside a fresh sandbox; without `network`, in a network
+  // namespace of its own too (only loopback: the memory pool's socket still works, tcp does not).
+  std::vector<std::string> command(const std::vector<std::string> &argv, bool network = true) const;
   // Whether the launcher switches to the tenant's uid (the agent runs as root).
   bool switches_uid() const { return as_root_; }
 

@@ -144,6 +144,25 @@ void internal_error(const httplib::Request &, httplib::Response &res, std::excep
   error(res, 500, "internal error: " + valid_utf8(what));
 }
 
+// The public API's routes: each tells the connection guard when its handling begins (the body is
+// read by then), so the time a handler takes is the server's and never counts against the client.
+struct Routes {
+  httplib::Server &srv;
+  ConnectionGuard *guard;
+
+  httplib::Server::Handler timed(httplib::Server::Handler h) const {
+    if (!guard) return h;
+    return [g = guard, h = std::move(h)](const httplib::Request &req, httplib::Response &res) {
+      g->handling(req);
+      h(req, res);
+    };
+  }
+  void Get(const std::string &p, httplib::Server::Handler h) { srv.Get(p, timed(std::move(h))); }
+  void Post(const std::string &p, httplib::Server::Handler h) { srv.Post(p, timed(std::move(h))); }
+  void Put(const std::string &p, httplib::Server::Handler h) { srv.Put(p, timed(std::move(h))); }
+  void Delete(const std::string &p, httplib::Server::Handler h) { srv.Delete(p, timed(std::move(h))); }
+};
+
 }  // namespace
 
 void install_routes(httplib::Server &srv, Store &store, Engine &engine, ApiOptions opts) {
@@ -151,7 +170,12 @@ void install_routes(httplib::Server &srv, Store &store, Engine &engine, ApiOptio
   // Credentials before the body: a request that carries one (up to max_body) is authenticated
   // from its headers before a byte of it is read, so strangers cannot make the server read
   // 64 MiB each. (The pre-routing handler runs before httplib reads the content.)
-  srv.set_pre_routing_handler([&store](const httplib::Request &req, httplib::Response &res) {
+  if (opts.guard)
+    srv.set_post_routing_handler([guard = opts.guard](const httplib::Request &req, httplib::Response &res) {
+      guard->response_ready(req, res);
+    });
+  srv.set_pre_routing_handler([&store, guard = opts.guard](const httplib::Request &req, httplib::Response &res) {
+    if (guard) guard->headers_read(req);
     bool has_body = req.has_header("Content-Length") && req.get_header_value("Content-Length") != "0";
     bool chunked = req.get_header_value("Transfer-Encoding").find("chunked") != std::string::npos;
     if ((!has_body && !chunked) || req.path.rfind("/api/v1/namespaces/", 0) != 0) return httplib::Server::HandlerResponse::Unhandled;
@@ -159,6 +183,7 @@ void install_routes(httplib::Server &srv, Store &store, Engine &engine, ApiOptio
     res.set_header("Connection", "close");  // the unread body must not be taken for a request
     return httplib::Server::HandlerResponse::Handled;
   });
+  Routes routes{srv, opts.guard};
   const std::string NS = "/api/v1/namespaces/([^/]+)";
 
   // POST to an action or an application: the same OpenWhisk semantics for both. A blocking invoke
@@ -191,24 +216,24 @@ void install_routes(httplib::Server &srv, Store &store, Engine &engine, ApiOptio
     };
   };
 
-  srv.Get("/api/v1", [](const httplib::Request &, httplib::Response &res) {
+  routes.Get("/api/v1", [](const httplib::Request &, httplib::Response &res) {
     reply(res, 200, {{"description", "Scad: a serverless runtime for disaggregated applications"},
                      {"api_paths", {"/api/v1"}}, {"openwhisk_compatible", true}});
   });
-  srv.Get("/api/v1/namespaces", [&, opts](const httplib::Request &req, httplib::Response &res) {
+  routes.Get("/api/v1/namespaces", [&, opts](const httplib::Request &req, httplib::Response &res) {
     std::string ns = authenticate(store, req, res);
     if (!ns.empty()) reply(res, 200, json::array({ns}));
   });
 
   // ---- OpenWhisk actions ----
-  srv.Get(NS + "/actions", [&, opts](const httplib::Request &req, httplib::Response &res) {
+  routes.Get(NS + "/actions", [&, opts](const httplib::Request &req, httplib::Response &res) {
     std::string ns = authorize(store, req, res, req.matches[1]);
     if (ns.empty()) return;
     json out = json::array();
     for (auto &d : store.list_docs("actions", ns)) out.push_back(action_view(d));
     reply(res, 200, out);
   });
-  srv.Put(NS + "/actions/([^/]+)", [&, opts](const httplib::Request &req, httplib::Response &res) {
+  routes.Put(NS + "/actions/([^/]+)", [&, opts](const httplib::Request &req, httplib::Response &res) {
     std::string ns = authorize(store, req, res, req.matches[1]), name = req.matches[2];
     json body;
     if (ns.empty() || !check_name(res, "action", name) || !parse_body(req, res, &body, false)) return;
@@ -258,7 +283,7 @@ void install_routes(httplib::Server &srv, Store &store, Engine &engine, ApiOptio
     store.put_doc("actions", ns, name, doc);
     reply(res, 200, action_view(doc));
   });
-  srv.Get(NS + "/actions/([^/]+)", [&, opts](const httplib::Request &req, httplib::Response &res) {
+  routes.Get(NS + "/actions/([^/]+)", [&, opts](const httplib::Request &req, httplib::Response &res) {
     std::string ns = authorize(store, req, res, req.matches[1]);
     if (ns.empty()) return;
     auto doc = store.get_doc("actions", ns, req.matches[2]);
@@ -267,7 +292,7 @@ void install_routes(httplib::Server &srv, Store &store, Engine &engine, ApiOptio
     if (req.get_param_value("code") != "false") v["exec"]["code"] = (*doc)["exec"]["code"];
     reply(res, 200, v);
   });
-  srv.Delete(NS + "/actions/([^/]+)", [&, opts](const httplib::Request &req, httplib::Response &res) {
+  routes.Delete(NS + "/actions/([^/]+)", [&, opts](const httplib::Request &req, httplib::Response &res) {
     std::string ns = authorize(store, req, res, req.matches[1]);
     if (ns.empty()) return;
     auto doc = store.get_doc("actions", ns, req.matches[2]);
@@ -275,10 +300,10 @@ void install_routes(httplib::Server &srv, Store &store, Engine &engine, ApiOptio
     engine.forget_code(ns, "actions", req.matches[2]);
     reply(res, 200, action_view(*doc));
   });
-  srv.Post(NS + "/actions/([^/]+)", invoke_route("actions"));
+  routes.Post(NS + "/actions/([^/]+)", invoke_route("actions"));
 
   // ---- activations ----
-  srv.Get(NS + "/activations", [&, opts](const httplib::Request &req, httplib::Response &res) {
+  routes.Get(NS + "/activations", [&, opts](const httplib::Request &req, httplib::Response &res) {
     std::string ns = authorize(store, req, res, req.matches[1]);
     if (ns.empty()) return;
     auto list = store.list_activations(ns, req.get_param_value("name"), int_param(req, "limit", 30, 200),
@@ -294,7 +319,7 @@ void install_routes(httplib::Server &srv, Store &store, Engine &engine, ApiOptio
     }
     reply(res, 200, out);
   });
-  srv.Get(NS + "/activations/([^/]+)(/logs|/result)?", [&, opts](const httplib::Request &req, httplib::Response &res) {
+  routes.Get(NS + "/activations/([^/]+)(/logs|/result)?", [&, opts](const httplib::Request &req, httplib::Response &res) {
     std::string ns = authorize(store, req, res, req.matches[1]);
     if (ns.empty()) return;
     auto r = store.get_activation(ns, req.matches[2]);
@@ -306,14 +331,14 @@ void install_routes(httplib::Server &srv, Store &store, Engine &engine, ApiOptio
   });
 
   // ---- applications ----
-  srv.Get(NS + "/apps", [&, opts](const httplib::Request &req, httplib::Response &res) {
+  routes.Get(NS + "/apps", [&, opts](const httplib::Request &req, httplib::Response &res) {
     std::string ns = authorize(store, req, res, req.matches[1]);
     if (ns.empty()) return;
     json out = json::array();
     for (auto &d : store.list_docs("apps", ns)) out.push_back(app_view(d));
     reply(res, 200, out);
   });
-  srv.Put(NS + "/apps/([^/]+)", [&, opts](const httplib::Request &req, httplib::Response &res) {
+  routes.Put(NS + "/apps/([^/]+)", [&, opts](const httplib::Request &req, httplib::Response &res) {
     std::string ns = authorize(store, req, res, req.matches[1]), name = req.matches[2];
     json body;
     if (ns.empty() || !check_name(res, "application", name) || !parse_body(req, res, &body, false)) return;
@@ -349,28 +374,28 @@ void install_routes(httplib::Server &srv, Store &store, Engine &engine, ApiOptio
     store.put_doc("apps", ns, name, doc);
     reply(res, 200, app_view(doc));
   });
-  srv.Get(NS + "/apps/([^/]+)", [&, opts](const httplib::Request &req, httplib::Response &res) {
+  routes.Get(NS + "/apps/([^/]+)", [&, opts](const httplib::Request &req, httplib::Response &res) {
     std::string ns = authorize(store, req, res, req.matches[1]);
     if (ns.empty()) return;
     auto doc = store.get_doc("apps", ns, req.matches[2]);
     if (!doc) return error(res, 404, "The requested resource does not exist.");
     reply(res, 200, app_view(*doc));
   });
-  srv.Delete(NS + "/apps/([^/]+)", [&, opts](const httplib::Request &req, httplib::Response &res) {
+  routes.Delete(NS + "/apps/([^/]+)", [&, opts](const httplib::Request &req, httplib::Response &res) {
     std::string ns = authorize(store, req, res, req.matches[1]);
     if (ns.empty()) return;
     if (!store.delete_doc("apps", ns, req.matches[2])) return error(res, 404, "The requested resource does not exist.");
     engine.forget_code(ns, "apps", req.matches[2]);
     reply(res, 200, {{"deleted", req.matches[2].str()}});
   });
-  srv.Post(NS + "/apps/([^/]+)", invoke_route("apps"));
+  routes.Post(NS + "/apps/([^/]+)", invoke_route("apps"));
 
   // ---- elements and hosts ----
-  srv.Get(NS + "/elements", [&, opts](const httplib::Request &req, httplib::Response &res) {
+  routes.Get(NS + "/elements", [&, opts](const httplib::Request &req, httplib::Response &res) {
     std::string ns = authorize(store, req, res, req.matches[1]);
     if (!ns.empty()) reply(res, 200, engine.elements(ns));
   });
-  srv.Get("/api/v1/hosts", [&, opts](const httplib::Request &req, httplib::Response &res) {
+  routes.Get("/api/v1/hosts", [&, opts](const httplib::Request &req, httplib::Response &res) {
     if (authenticate(store, req, res).empty()) return;
     reply(res, 200, engine.host_info());
   });
@@ -379,7 +404,7 @@ void install_routes(httplib::Server &srv, Store &store, Engine &engine, ApiOptio
   auto hosts = std::make_shared<std::map<std::string, std::shared_ptr<RemoteHost>>>();
   auto hosts_mu = std::make_shared<std::mutex>();
   auto keys = opts.host_keys.empty() ? nullptr : std::make_shared<HostKeys>(opts.host_keys);
-  srv.Post("/api/v1/hosts/register", [&, opts, hosts, hosts_mu, keys](const httplib::Request &req, httplib::Response &res) {
+  routes.Post("/api/v1/hosts/register", [&, opts, hosts, hosts_mu, keys](const httplib::Request &req, httplib::Response &res) {
     std::string h = req.get_header_value("Authorization");
     std::string bearer = h.rfind("Bearer ", 0) == 0 ? h.substr(7) : "";
     bool cluster = !opts.cluster_token.empty() && libd::proto::macs_equal(bearer, opts.cluster_token);

@@ -4,8 +4,9 @@
 #pragma once
 #include <httplib.h>
 
-#include "engine.h"
 #include "action_limits.h"
+#include "connection_guard.h"
+#include "engine.h"
 #include "store.h"
 
 namespace scad {
@@ -17,6 +18,7 @@ struct ApiOptions {
   std::string cluster_token;         // what agents of other hosts present; "" = none may register
   std::string host_keys;             // a file of per-host keys (host_keys.h); then each host presents its own
   LimitRanges limits;                // what an action's limits may be (scad-server --action-limits)
+  ConnectionGuard *guard = nullptr;  // times requests and caps connections per client, when set
 };
 
 void install_routes(httplib::Server &srv, Store &store, Engine &engine, ApiOptions opts);

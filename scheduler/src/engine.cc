@@ -563,6 +563,16 @@ ComputeOutcome Engine::run_instance(const std::shared_ptr<Activation> &act, cons
   }
   int h = place_compute(d.cpu, near);
   if (h < 0) return fail("whisk internal error", "PlacementError", "no host with cpus is available");
+  if (!d.network) {
+    // Without network only the memory pool's socket is in reach: every element it uses must be on
+    // the host it runs on (then its transports are shm).
+    std::lock_guard<std::mutex> lk(act->mu);
+    for (auto &[tname, t] : d.transports)
+      if (act->memory.at(t.element).host != h)
+        return fail("whisk internal error", "PlacementError",
+                    "element '" + element + "' has no network (network: false) and memory element '" + t.element +
+                        "' is on another host than the one with cpus for it");
+  }
   Activation::Instance me{element, instance, h, "", {}, {}};
   for (auto &[tname, t] : d.transports) {
     TransportGrant g;
@@ -578,7 +588,8 @@ ComputeOutcome Engine::run_instance(const std::shared_ptr<Activation> &act, cons
     me.memory.push_back(t.element);
     me.grants.emplace_back(mem.host, g.grant_id);
   }
-  spec.runtime_url = runtime_url_;
+  spec.network = d.network;
+  if (d.network) spec.runtime_url = runtime_url_;  // out of reach without network
   spec.runtime_token = me.token = random_hex(24);
   {
     std::lock_guard<std::mutex> lk(mu_);

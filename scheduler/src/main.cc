@@ -6,6 +6,7 @@
 //               [--namespace NAME]...   (more tenants: credentials in DIR/namespaces/NAME.wskprops)
 //               [--action-limits timeout=MIN:MAX[:DEFAULT],memory=...,logs=...]
 //               [--quotas elements=N,memory=SIZE,activations=N,instances=N]  (per namespace)
+//               [--connection-limits deadline=MS,per-client=N,body-rate=BYTES_PER_S]  (the public API)
 // With a cluster token, scad-agent processes on other hosts register and take elements too; with
 // --no-local-agent this process only schedules.
 //
@@ -24,6 +25,7 @@
 #include <vector>
 
 #include "agent.h"
+#include "flag_number.h"
 #include "api.h"
 #include "core/params.h"
 #include "engine.h"
@@ -39,7 +41,8 @@ namespace {
             << "                   [--pool SIZE] [--cpus N] [--prewarm N] [--max-warm N] [--keep-alive MS]\n"
             << "                   [--cluster-token-file FILE] [--host-keys FILE] [--no-local-agent] [--verbs auto|off|KEY=VALUE,...] [--cgroup auto|off] [--sandbox auto|on|off]\n"
             << "                   [--action-limits timeout=MIN:MAX[:DEFAULT],memory=...,logs=... (ms, MB, MB)]\n"
-            << "                   [--quotas elements=N,memory=SIZE,activations=N,instances=N] [--namespace NAME]...\n";
+            << "                   [--quotas elements=N,memory=SIZE,activations=N,instances=N] [--namespace NAME]...\n"
+            << "                   [--connection-limits deadline=MS,per-client=N,body-rate=BYTES_PER_S]\n";
   exit(2);
 }
 
@@ -83,6 +86,7 @@ int main(int argc, char **argv) {
   bool local_agent = true;
   scad::LimitRanges limits;
   scad::Quotas quotas;
+  scad::ConnectionLimits connection_limits;
   ao.python = "/usr/bin/python3";
   ao.cpus = double(std::max(1u, std::thread::hardware_concurrency()));
   for (int i = 1; i < argc; i++) {
@@ -91,13 +95,20 @@ int main(int argc, char **argv) {
       if (i + 1 >= argc) usage(a + " needs a value");
       return argv[++i];
     };
+    auto number = [&](double lo, double hi, bool integer) {
+      double v = 0;
+      if (!scad::flag_number(value(), lo, hi, integer, &v))
+        usage(a + " takes " + (integer ? "a whole number" : "a number") + " from " + scad::format_number(lo) + " to " +
+              scad::format_number(hi));
+      return v;
+    };
     if (a == "--home") home = value();
     else if (a == "--host") host = value();
-    else if (a == "--port") port = std::stoi(value());
+    else if (a == "--port") port = int(number(0, 65535, true));
     else if (a == "--python") ao.python = value();
     else if (a == "--pythonpath") ao.pythonpath = value();
-    else if (a == "--cpus") ao.cpus = std::stod(value());
-    else if (a == "--prewarm") ao.prewarm = std::stoi(value());
+    else if (a == "--cpus") ao.cpus = number(0.01, 1e6, false);
+    else if (a == "--prewarm") ao.prewarm = int(number(0, 1024, true));
     else if (a == "--cluster-token-file") cluster_token_file = value();
     else if (a == "--host-keys") host_keys = value();
     else if (a == "--namespace") {
@@ -111,11 +122,14 @@ int main(int argc, char **argv) {
     else if (a == "--verbs") ao.verbs = value();
     else if (a == "--cgroup") ao.cgroup = value();
     else if (a == "--sandbox") ao.sandbox = value();
-    else if (a == "--max-warm") ao.max_warm = std::stoi(value());
-    else if (a == "--keep-alive") ao.keep_alive_ms = std::stoll(value());
+    else if (a == "--max-warm") ao.max_warm = int(number(0, 100000, true));
+    else if (a == "--keep-alive") ao.keep_alive_ms = int64_t(number(0, 86400000, true));
     else if (a == "--quotas") {
       std::string why;
       if (!scad::parse_quotas(value(), &quotas, &why)) usage(why);
+    } else if (a == "--connection-limits") {
+      std::string why;
+      if (!scad::parse_connection_limits(value(), &connection_limits, &why)) usage(why);
     } else if (a == "--action-limits") {
       std::string why;
       if (!scad::parse_limit_ranges(value(), &limits, &why)) usage(why);
@@ -171,8 +185,14 @@ int main(int argc, char **argv) {
   std::string runtime_url = "http://" + host + ":" + std::to_string(runtime_port);
   scad::Engine engine(store, runtime_url, limits, quotas);
   if (local_agent) engine.add_host(std::make_shared<scad::LocalHost>(agent));
+  // Slow or greedy clients of the public API (a header line every few seconds, or hundreds of
+  // connections) are cut off before they hold the server's threads.
+  scad::ConnectionGuard guard(bound, connection_limits);
+  scad::widen_listen_backlog(bound);
+  scad::widen_listen_backlog(runtime_port);
   scad::ApiOptions api;
   api.limits = limits;
+  api.guard = &guard;
   api.host_keys = host_keys;
   if (!cluster_token_file.empty()) {
     std::getline(std::ifstream(cluster_token_file), api.cluster_token);

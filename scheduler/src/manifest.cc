@@ -165,7 +165,8 @@ std::vector<std::string> validate_manifest(const json &doc, const std::set<std::
 
   static const std::set<std::string> memory_fields = {"kind", "size", "description"};
   static const std::set<std::string> compute_fields = {"kind", "code", "main", "cpu", "memory", "parallelism",
-                                                       "transports", "dependents", "timeout", "description"};
+                                                       "transports", "dependents", "timeout", "description",
+                                                       "network"};
   for (auto &[name, e] : doc["elements"].items()) {
     std::string where = "element '" + name + "'";
     if (!is_ident(name)) p.push_back(where + ": the name must be letters, digits, '_', '.', '-'");
@@ -218,6 +219,10 @@ std::vector<std::string> validate_manifest(const json &doc, const std::set<std::
           p.push_back(where + ": 'timeout' must be milliseconds from " + std::to_string(kMinTimeoutMs) + " to " +
                       std::to_string(most));
         else d.timeout_ms = *ms;
+      }
+      if (e.contains("network")) {
+        if (!e["network"].is_boolean()) p.push_back(where + ": 'network' must be true or false");
+        else d.network = e["network"].get<bool>();
       }
       if (e.contains("transports")) {
         if (!e["transports"].is_object()) {

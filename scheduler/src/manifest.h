@@ -26,6 +26,7 @@ struct ElementDecl {
   uint64_t memory = 256ull << 20;
   int parallelism = 1;
   int64_t timeout_ms = 60000;
+  bool network = true;  // false: a network namespace of its own (memory on its own host, over shm)
   std::map<std::string, TransportDecl> transports;  // name given to get_transport -> target
   std::vector<std::string> dependents;
 };

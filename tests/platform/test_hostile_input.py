@@ -3,11 +3,14 @@ results forged on the launcher's pipe, limits of the wrong type or range, bodies
 nested or expanded past any reason, an agent that answers nonsense. Each must get a clear error
 (or a clean activation record), and the server must go on serving everyone else."""
 import base64
+import http.client
 import http.server
 import json
 import pathlib
+import select
 import socket
 import threading
+import time
 import urllib.error
 import urllib.request
 
@@ -261,6 +264,125 @@ def test_slow_clients_of_the_api_cannot_keep_actions_from_the_runtime_endpoint(p
         for s in slow:
             s.close()
         gate.close()
+
+
+def read_until_closed(s, deadline_s):
+    """What the server wrote before it closed the connection (b"" if it stayed open too long)."""
+    s.settimeout(deadline_s)
+    reply = b""
+    try:
+        while chunk := s.recv(4096):
+            reply += chunk
+    except socket.timeout:
+        return b""
+    return reply
+
+
+@pytest.fixture
+def guarded(tmp_path):
+    started = []
+
+    def start(limits):
+        started.append(Platform(tmp_path / f"home{len(started)}", extra=["--connection-limits", limits]))
+        return started[-1]
+
+    yield start
+    for p in started:
+        p.stop()
+
+
+def slow_clients(platform, count, stop):
+    """`count` requests whose headers never end: a header line every half second from the moment
+    each connects, so that no read timeout of the HTTP library ever fires (connecting 40 can take
+    seconds: the library listens with a backlog of 5)."""
+    host, port = platform.url.split("//")[1].split(":")
+    slow = []
+    lock = threading.Lock()
+
+    def trickle():
+        while not stop.wait(0.5):
+            with lock:
+                for s in slow:
+                    try:
+                        s.sendall(b"X-Slow: 1\r\n")
+                    except OSError:
+                        pass
+
+    threading.Thread(target=trickle, daemon=True).start()
+    for _ in range(count):
+        s = socket.create_connection((host, int(port)), timeout=10)
+        s.sendall(b"GET /api/v1 HTTP/1.1\r\nHost: x\r\n")
+        with lock:
+            slow.append(s)
+    return slow
+
+
+def test_connections_beyond_a_clients_cap_are_refused_and_others_are_served(guarded):
+    platform = guarded("deadline=600000,per-client=8")
+    host, port = platform.url.split("//")[1].split(":")
+    stop = threading.Event()
+    slow = slow_clients(platform, 40, stop)
+    try:
+        # Beyond 8 from one address, the newest are answered 503 and closed; 8 stay.
+        ended = {}
+        while len(ended) < 32:
+            readable, _, _ = select.select([s for s in slow if s not in ended], [], [], 10)
+            assert readable, f"only {len(ended)} of 40 connections were ended"
+            for s in readable:
+                ended[s] = read_until_closed(s, 10)
+        assert all(r.startswith(b"HTTP/1.1 503 ") and b"too many connections from 127.0.0.1 (at most 8)" in r
+                   for r in ended.values()), [r for r in ended.values() if not r.startswith(b"HTTP/1.1 503 ")][0]
+        assert not select.select([s for s in slow if s not in ended], [], [], 0.5)[0]
+        # Another address is served at once.
+        other = http.client.HTTPConnection(host, int(port), timeout=5, source_address=("127.0.0.2", 0))
+        other.request("GET", "/api/v1")
+        assert other.getresponse().status == 200
+        other.close()
+    finally:
+        stop.set()
+        for s in slow:
+            s.close()
+    assert_alive(platform)
+
+
+def test_a_request_has_a_deadline_and_handling_time_is_not_the_clients(guarded):
+    platform = guarded("deadline=1500,per-client=64")
+    host, port = platform.url.split("//")[1].split(":")
+    stop = threading.Event()
+    started = time.monotonic()
+    slow = slow_clients(platform, 10, stop)
+    try:
+        replies = [read_until_closed(s, 10) for s in slow]
+        waited = time.monotonic() - started
+    finally:
+        stop.set()
+        for s in slow:
+            s.close()
+    assert all(r.startswith(b"HTTP/1.1 408 ") and b"did not arrive within 1500 ms" in r for r in replies), replies
+    assert waited >= 1.5
+
+    # A body is timed too, at the deadline plus its length at 1 MiB/s.
+    guarded_auth = base64.b64encode(platform.auth.encode()).decode()
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(f"PUT {ACTIONS}/slow?overwrite=true HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  f"Authorization: Basic {guarded_auth}\r\n"
+                  f"Content-Length: 1000\r\n\r\n{{".encode())
+        assert read_until_closed(s, 10).startswith(b"HTTP/1.1 408 ")
+
+    # Handling time is the server's: an action that takes longer than the deadline, called with a
+    # body on a kept-alive connection, answers; the connection then serves another request.
+    code = "import time\ndef main(a):\n    time.sleep(a['s'])\n    return {'slept': a['s']}\n"
+    assert put_action(platform, "sleeper", code)[0] == 200
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    headers = {"Authorization": "Basic " + base64.b64encode(platform.auth.encode()).decode(),
+               "Content-Type": "application/json"}
+    conn.request("POST", f"{ACTIONS}/sleeper?blocking=true&result=true", json.dumps({"s": 2.5}), headers)
+    r = conn.getresponse()
+    assert (r.status, json.loads(r.read())) == (200, {"slept": 2.5})
+    conn.request("GET", "/api/v1")
+    assert conn.getresponse().status == 200
+    conn.close()
+    assert_alive(platform)
 
 
 def test_a_body_without_credentials_is_not_read(platform):

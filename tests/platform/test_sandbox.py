@@ -4,13 +4,14 @@ themselves, and nothing they start outlives them. Each test runs an action that 
 surroundings and returns what it found."""
 import json
 import os
+import pathlib
 import shutil
 import signal
 import socket
 
 import pytest
 
-from scadtest import Gate
+from scadtest import Gate, Platform
 
 pytestmark = pytest.mark.skipif(not shutil.which("bwrap"), reason="bubblewrap is not installed")
 
@@ -192,4 +193,31 @@ def test_an_unsandboxed_action_still_dies_with_the_server(tmp_path):
         assert conn.recv(1) == b"", "the action's process outlived scad-server"
     finally:
         gate.close()
+        p.stop()
+
+
+def test_an_element_without_network_reaches_only_its_memory(platform):
+    status, body = platform.deploy(pathlib.Path(__file__).parent / "apps" / "offline")
+    assert status == 200, body
+    host, port = platform.url.split("//")[1].split(":")
+    status, body = platform.invoke("offline", {"scheduler": [host, int(port)]})
+    assert status == 200, body
+    sealed, opened = body["response"]["result"]["sealed"], body["response"]["result"]["open"]
+    # No route out (a network namespace with loopback only), the runtime endpoint out of reach with
+    # a message that says why; its memory over shm works, and the next element reads what it wrote.
+    assert sealed["tcp"] == "ConnectionRefusedError", sealed
+    assert "no network" in sealed["runtime"], sealed
+    assert opened == {"tcp": "connected", "read_back": "wrote", "runtime": "reached"}, opened
+
+
+def test_no_network_is_refused_where_there_is_no_sandbox(tmp_path):
+    p = Platform(tmp_path / "home", extra=["--sandbox", "off"])
+    try:
+        status, body = p.deploy(pathlib.Path(__file__).parent / "apps" / "offline")
+        assert status == 200, body
+        status, body = p.invoke("offline", {"scheduler": ["127.0.0.1", 1]})
+        result = body["response"]["result"]
+        assert body["response"]["status"] == "whisk internal error", body
+        assert "asks for no network" in json.dumps(result) and "without a sandbox" in json.dumps(result), result
+    finally:
         p.stop()

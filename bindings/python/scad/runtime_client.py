@@ -60,8 +60,8 @@ class RuntimeClient:
 
     def _request(self, method, path, body=None):
         if not self.url:
-            raise RuntimeRequestError(0, "no runtime endpoint: this action was not started by a Scad runtime "
-                                         "(SCAD_RUNTIME_URL is not set)")
+            raise RuntimeRequestError(0, "no runtime endpoint: this action was not started by a Scad runtime, "
+                                         "or its manifest gives it no network (SCAD_RUNTIME_URL is not set)")
         data = json.dumps(body).encode() if body is not None else None
         req = urllib.request.Request(self.url + path, data=data, method=method)
         req.add_header("Content-Type", "application/json")
