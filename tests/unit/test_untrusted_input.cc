@@ -6,6 +6,8 @@
 
 #include "action_limits.h"
 #include "agent_api.h"
+#include "connection_guard.h"
+#include "flag_number.h"
 #include "launcher_reply.h"
 #include "manifest.h"
 #include "safe_json.h"
@@ -195,6 +197,34 @@ TEST(Manifest, LimitsAreClamped) {
   for (auto &p : validate_manifest(doc, {"a.py"}, Capacity{}, nullptr)) all += p + "\n";
   EXPECT_NE(all.find("'kind' must be 'memory' or 'compute'"), std::string::npos) << all;
   EXPECT_NE(all.find("rights must be r, w or rw"), std::string::npos) << all;
+}
+
+TEST(DaemonFlags, NumbersAreCheckedNotThrown) {
+  double v = 0;
+  EXPECT_TRUE(flag_number("3233", 0, 65535, true, &v));
+  EXPECT_EQ(v, 3233);
+  EXPECT_TRUE(flag_number("0.5", 0.01, 1e6, false, &v));
+  for (const char *bad : {"", "abc", "12x", " 5", "1e400", "nan", "inf", "-1", "65536", "1.5"})
+    EXPECT_FALSE(flag_number(bad, 0, 65535, true, &v)) << bad;
+  EXPECT_FALSE(flag_number(std::string(1000, '9'), 0, 1e300, false, &v));
+}
+
+TEST(ConnectionLimits, ParsesEachKeyAndRefusesTheRest) {
+  ConnectionLimits l;
+  std::string why;
+  ASSERT_TRUE(parse_connection_limits("deadline=1500,per-client=8", &l, &why)) << why;
+  EXPECT_EQ(l.request_deadline_ms, 1500);
+  EXPECT_EQ(l.per_client, 8);
+  EXPECT_EQ(l.min_body_bytes_per_s, 1 << 20);  // untouched
+  ASSERT_TRUE(parse_connection_limits("body-rate=2048", &l, &why)) << why;
+  EXPECT_EQ(l.min_body_bytes_per_s, 2048);
+  for (const char *bad : {"", "deadline", "deadline=", "deadline=50", "deadline=-1", "per-client=0",
+                          "per-client=1e3", "colour=red", "deadline=1000,", "body-rate=99999999999999999999"}) {
+    ConnectionLimits before = l;
+    EXPECT_FALSE(parse_connection_limits(bad, &l, &why)) << bad;
+    EXPECT_EQ(l.request_deadline_ms, before.request_deadline_ms) << bad;  // nothing half-applied
+    EXPECT_NE(why.find("--connection-limits"), std::string::npos);
+  }
 }
 
 }  // namespace
