@@ -17,6 +17,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr auto kScanInterval = std::chrono::milliseconds(200);
+// A connection waiting this long for its request counts against its address's cap.
+constexpr auto kStalledAfter = std::chrono::seconds(1);
 
 // The numeric host the way cpp-httplib writes Request::remote_addr.
 bool numeric_host(const sockaddr_storage &a, socklen_t len, std::string *host, int *port) {
@@ -119,7 +121,9 @@ void ConnectionGuard::headers_read(const httplib::Request &req) {
     c.phase = Phase::handling;
     return;
   }
-  // A chunked body's length is unknown: it is held to the largest body the server accepts.
+  // A chunked body's length is unknown: it is held to the largest body the server accepts. A
+  // body on its way is timed but never counts as stalled (its sender is authenticated).
+  c.phase = Phase::body;
   uint64_t bytes = chunked ? uint64_t(64) << 20 : std::min<uint64_t>(body, uint64_t(1) << 40);
   c.due = std::max(c.due, Clock::now() + std::chrono::milliseconds(limits_.request_deadline_ms)) +
           std::chrono::milliseconds(bytes * 1000 / uint64_t(limits_.min_body_bytes_per_s));
@@ -140,7 +144,9 @@ void ConnectionGuard::response_ready(const httplib::Request &req, httplib::Respo
     return;
   }
   it->second.phase = Phase::reading;
-  it->second.due = Clock::now() + std::chrono::milliseconds(limits_.request_deadline_ms);
+  it->second.answered = true;
+  it->second.reading_since = Clock::now();
+  it->second.due = it->second.reading_since + std::chrono::milliseconds(limits_.request_deadline_ms);
 }
 
 ConnectionGuard::Counts ConnectionGuard::counts() const {
@@ -193,8 +199,8 @@ void ConnectionGuard::scan() {
   auto now = Clock::now();
   std::lock_guard<std::mutex> lock(mu_);
   for (auto &[peer, c] : conns_) c.present = false;
-  std::map<std::string, std::vector<std::pair<Clock::time_point, size_t>>> reading_by_host;
-  std::map<std::string, int> open_by_host;
+  std::map<std::string, std::vector<std::pair<Clock::time_point, size_t>>> stalled_by_host;
+  std::vector<size_t> reading;
   for (size_t i = 0; i < found.size(); i++) {
     auto [it, fresh] = conns_.try_emplace(found[i].peer);
     Conn &c = it->second;
@@ -205,38 +211,45 @@ void ConnectionGuard::scan() {
     if (fresh) c.due = now + std::chrono::milliseconds(limits_.request_deadline_ms);
     if (c.socket == 0) {  // new, or its headers arrived before this scan found it
       c.socket = found[i].socket;
-      c.seen = now;
+      c.reading_since = now;
     }
     c.present = true;
     if (c.phase == Phase::ended) continue;
-    open_by_host[found[i].host]++;
-    if (c.phase == Phase::reading) reading_by_host[found[i].host].push_back({c.seen, i});
+    if (c.phase == Phase::reading && now - c.reading_since >= kStalledAfter)
+      stalled_by_host[found[i].host].push_back({c.reading_since, i});
+    if (c.phase == Phase::reading || c.phase == Phase::body) reading.push_back(i);
   }
   for (auto it = conns_.begin(); it != conns_.end();) it = it->second.present ? std::next(it) : conns_.erase(it);
 
-  for (auto &[host, reading] : reading_by_host) {
-    int over = open_by_host[host] - limits_.per_client;
-    std::sort(reading.begin(), reading.end(), [](auto &a, auto &b) { return a.first > b.first; });
-    for (auto &[seen, i] : reading) {
-      Conn &c = conns_[found[i].peer];
-      if (over > 0) {
-        over--;
-        counts_.over_cap++;
-        end(found[i].fd, c, 503,
-            "too many connections from " + host + " (at most " + std::to_string(limits_.per_client) + ")");
-      } else if (now >= c.due) {
-        counts_.timed_out++;
-        end(found[i].fd, c, 408,
-            "the request did not arrive within " + std::to_string(limits_.request_deadline_ms) + " ms");
-      }
+  for (auto &[host, stalled] : stalled_by_host) {
+    std::sort(stalled.begin(), stalled.end(), [](auto &a, auto &b) { return a.first > b.first; });
+    for (size_t k = 0; k + size_t(limits_.per_client) < stalled.size(); k++) {
+      size_t i = stalled[k].second;
+      counts_.over_cap++;
+      end(found[i].fd, conns_[found[i].peer], 503,
+          "too many stalled connections from " + host + " (at most " + std::to_string(limits_.per_client) + ")");
+    }
+  }
+  for (size_t i : reading) {
+    Conn &c = conns_[found[i].peer];
+    if (c.phase != Phase::ended && now >= c.due) {
+      counts_.timed_out++;
+      end(found[i].fd, c, 408, "the request did not arrive within " + std::to_string(limits_.request_deadline_ms) + " ms");
     }
   }
   for (auto &f : found) close(f.fd);
 }
 
 // The connection is still reading its request, so the server writes nothing on it now: the guard
-// answers and shuts both directions; the server's thread reads the end of the stream and closes.
+// answers (unless the connection is between requests, where an answer would be taken for the next
+// request's; headers that have begun arriving there are not told apart) and shuts both directions; the server's thread reads the end of the stream and closes.
 void ConnectionGuard::end(int fd, Conn &c, int status, const std::string &why) {
+  bool between_requests = c.answered && c.phase == Phase::reading;
+  c.phase = Phase::ended;
+  if (between_requests) {
+    shutdown(fd, SHUT_RDWR);
+    return;
+  }
   std::string body = "{\"error\":\"" + why + "\",\"code\":" + std::to_string(status) + "}";
   std::string reply = "HTTP/1.1 " + std::to_string(status) +
                       (status == 408 ? " Request Timeout" : " Service Unavailable") +
@@ -244,7 +257,6 @@ void ConnectionGuard::end(int fd, Conn &c, int status, const std::string &why) {
                       std::to_string(body.size()) + "\r\n\r\n" + body;
   send(fd, reply.data(), reply.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
   shutdown(fd, SHUT_RDWR);
-  c.phase = Phase::ended;
 }
 
 }  // namespace scad

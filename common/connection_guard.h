@@ -8,8 +8,11 @@
 //     request) the client has `request_deadline_ms` to deliver the headers, plus time for the body
 //     at `min_body_bytes_per_s`. Time the server spends handling is not counted. A client that
 //     misses it gets 408 and the connection ends;
-//   - a cap on connections per client address: the newest connections beyond `per_client` that are
-//     still sending their request get 503 and end.
+//   - a cap on stalled connections per client address: of the connections from one address that
+//     have been waiting for their request for more than a second (a client that means it sends its
+//     request at once), the newest beyond `per_client` end: with 503 if they never carried a
+//     request, silently if they are kept-alive connections between requests (a client reopens
+//     those). Any number of requests from one address may be handled at once.
 // The guard sees the server's connections from the side (it lists the process's sockets that are
 // connected to the server's port; the library does not hand them out) and ends one with
 // shutdown(2) on a duplicate of its descriptor, so the library's own thread finds the end of the
@@ -68,10 +71,11 @@ class ConnectionGuard {
   Counts counts() const;
 
  private:
-  enum class Phase { reading, handling, ended };
+  enum class Phase { reading, body, handling, ended };  // body: headers in, body coming
   struct Conn {
     std::chrono::steady_clock::time_point due;
-    std::chrono::steady_clock::time_point seen;
+    std::chrono::steady_clock::time_point reading_since;  // opened, or answered its last request
+    bool answered = false;                                 // has carried a request
     Phase phase = Phase::reading;
     ino_t socket = 0;      // tells a connection from a later one that reuses its address and port
     bool present = false;  // found by the latest scan

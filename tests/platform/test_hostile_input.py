@@ -323,14 +323,14 @@ def test_connections_beyond_a_clients_cap_are_refused_and_others_are_served(guar
     stop = threading.Event()
     slow = slow_clients(platform, 40, stop)
     try:
-        # Beyond 8 from one address, the newest are answered 503 and closed; 8 stay.
+        # Stalled for a second, beyond 8 from one address, the newest are answered 503 and closed; 8 stay.
         ended = {}
         while len(ended) < 32:
             readable, _, _ = select.select([s for s in slow if s not in ended], [], [], 10)
             assert readable, f"only {len(ended)} of 40 connections were ended"
             for s in readable:
                 ended[s] = read_until_closed(s, 10)
-        assert all(r.startswith(b"HTTP/1.1 503 ") and b"too many connections from 127.0.0.1 (at most 8)" in r
+        assert all(r.startswith(b"HTTP/1.1 503 ") and b"too many stalled connections from 127.0.0.1 (at most 8)" in r
                    for r in ended.values()), [r for r in ended.values() if not r.startswith(b"HTTP/1.1 503 ")][0]
         assert not select.select([s for s in slow if s not in ended], [], [], 0.5)[0]
         # Another address is served at once.

@@ -24,6 +24,13 @@ def tenants(tmp_path):
     p.stop()
 
 
+def server_status(pid):
+    """Threads and VmRSS (KiB) of a process, from /proc."""
+    with open(f"/proc/{pid}/status") as f:
+        fields = dict(line.split(":", 1) for line in f)
+    return {"Threads": int(fields["Threads"]), "VmRSS": int(fields["VmRSS"].split()[0])}
+
+
 WHO = "import os\ndef main(args):\n    return {'uid': os.getuid(), 'n': args.get('n', 0)}\n"
 
 
@@ -61,6 +68,19 @@ def test_many_small_applications_of_several_tenants_at_once(tenants, tmp_path):
             assert view.deploy(app)[0] == 200
     answers, errors = [], []
     lock = threading.Lock()
+    server = tenants["guest"].proc.pid
+    before = server_status(server)
+    peak = dict(before)
+    sampling = threading.Event()
+
+    def sample():  # the server's threads and resident memory, every 20 ms while the calls run
+        while not sampling.wait(0.02):
+            now = server_status(server)
+            for k in peak:
+                peak[k] = max(peak[k], now[k])
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
 
     def call(ns, view, i, n):
         status, rec = view.invoke(f"small{i}", {"n": n})
@@ -80,7 +100,18 @@ def test_many_small_applications_of_several_tenants_at_once(tenants, tmp_path):
         c.start()
     for c in callers:
         c.join(300)
+    sampling.set()
+    sampler.join()
     assert errors == [] and len(answers) == len(tenants) * apps_per_tenant * calls_per_app
+    # Bounded: the server's fixed pools plus at most one thread per activation in flight (which
+    # the activations quota bounds per namespace), none per instance or connection; a few MiB of
+    # records and code, not a copy per call; all given back.
+    after = server_status(server)
+    print(f"\nscad-server: threads {before['Threads']} -> peak {peak['Threads']} -> {after['Threads']}; "
+          f"RSS {before['VmRSS'] >> 10} -> peak {peak['VmRSS'] >> 10} -> {after['VmRSS'] >> 10} MiB")
+    assert peak["Threads"] <= before["Threads"] + len(callers), (before, peak)
+    assert after["Threads"] <= before["Threads"] + 8, (before, after)
+    assert peak["VmRSS"] - before["VmRSS"] < 128 << 10, (before, peak)
     for ns, view in tenants.items():  # every activation is on record, each in its own namespace only
         status, listed = view.call("GET", "/api/v1/namespaces/_/activations", params="?limit=200")
         assert sorted(a["activationId"] for a in listed) == sorted(i for n, i in answers if n == ns)
