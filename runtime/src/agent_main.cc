@@ -72,7 +72,7 @@ int main(int argc, char **argv) {
     else if (a == "--home") home = value();
     else if (a == "--python") ao.python = value();
     else if (a == "--pythonpath") ao.pythonpath = value();
-    else if (a == "--cpus") ao.cpus = number(0.01, 1e6, false);
+    else if (a == "--cpus") ao.cpus = number(0, 1e6, false);  // 0: a host that only serves memory
     else if (a == "--verbs") ao.verbs = value();
     else if (a == "--cgroup") ao.cgroup = value();
     else if (a == "--sandbox") ao.sandbox = value();

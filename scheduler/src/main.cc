@@ -107,7 +107,7 @@ int main(int argc, char **argv) {
     else if (a == "--port") port = int(number(0, 65535, true));
     else if (a == "--python") ao.python = value();
     else if (a == "--pythonpath") ao.pythonpath = value();
-    else if (a == "--cpus") ao.cpus = number(0.01, 1e6, false);
+    else if (a == "--cpus") ao.cpus = number(0, 1e6, false);  // 0: a host that only serves memory
     else if (a == "--prewarm") ao.prewarm = int(number(0, 1024, true));
     else if (a == "--cluster-token-file") cluster_token_file = value();
     else if (a == "--host-keys") host_keys = value();
