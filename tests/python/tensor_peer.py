@@ -4,16 +4,25 @@
         -> {"meta": base64 pickle of the metadata, "digests": [...]}
   {"cmd": "recv", "obj": id, "meta": ..., "into": bool} -> {"digests": [...], "dtypes": [...], "same": bool}
   {"cmd": "gc", "obj": id} -> {"ok": true}
+  {"cmd": "fetch", "obj": id, "meta": ..., "into": bool, "poll": s} -> {"pending": bool}: a receive
+        started (fetch_multiple_tensors), then waited for `poll` seconds
+  {"cmd": "wait", "obj": id} -> like recv's answer, for the receive fetch started
+  {"cmd": "abort", "obj": id} -> {"ok": true}
+  {"cmd": "counters"} -> ScadTensorTransport.counters()
+  {"cmd": "stop"} -> {"ok": true}, then the process stops itself (SIGSTOP) until continued
 Errors come back as {"error": type name, "message": ...}.
 """
 import base64
 import hashlib
 import json
+import os
 import pickle
+import signal
 import sys
 
 import numpy
 
+from scad.rdma import RdmaManager
 from scad.tensor_transport import ScadTensorTransport
 
 
@@ -21,9 +30,15 @@ def digest(a):
     return hashlib.sha256(a.tobytes()).hexdigest()
 
 
+def received(out, into):
+    return {"digests": [digest(a) for a in out], "dtypes": [str(a.dtype) for a in out],
+            "same": into is not None and all(a is b for a, b in zip(out, into))}
+
+
 def main():
+    RdmaManager.get(transport=os.environ.get("PEER_TRANSPORT") or None)  # the libd transport a test forces
     transport = ScadTensorTransport(timeout=20)
-    lent = {}
+    lent, fetching = {}, {}
     for line in sys.stdin:
         msg = json.loads(line)
         try:
@@ -37,10 +52,35 @@ def main():
                 meta = pickle.loads(base64.b64decode(msg["meta"]))
                 into = [numpy.empty(shape, dtype) for shape, dtype in meta.tensor_meta] if msg.get("into") else None
                 out = transport.recv_multiple_tensors(msg["obj"], meta, transport.get_communicator_metadata(), into)
-                reply = {"digests": [digest(a) for a in out], "dtypes": [str(a.dtype) for a in out],
-                         "same": into is not None and all(a is b for a, b in zip(out, into))}
+                reply = received(out, into)
+            elif msg["cmd"] == "fetch":
+                meta = pickle.loads(base64.b64decode(msg["meta"]))
+                into = [numpy.zeros(shape, dtype) for shape, dtype in meta.tensor_meta] if msg.get("into") else None
+                request = transport.fetch_multiple_tensors(msg["obj"], meta, transport.get_communicator_metadata(), into)
+                fetching[msg["obj"]] = (request, into)
+                try:
+                    transport.wait_fetch_complete(request, msg["poll"])
+                    reply = {"pending": False}
+                except TimeoutError:
+                    reply = {"pending": True}
+            elif msg["cmd"] == "wait":
+                request, into = fetching.pop(msg["obj"])
+                try:
+                    reply = received(transport.wait_fetch_complete(request), into)
+                except Exception as e:  # with what the failed receive left in its targets
+                    reply = {"error": type(e).__name__, "message": str(e), "targets": [digest(a) for a in into or []]}
+            elif msg["cmd"] == "abort":
+                transport.abort_transport(msg["obj"], transport.get_communicator_metadata())
+                reply = {"ok": True}
+            elif msg["cmd"] == "counters":
+                reply = ScadTensorTransport.counters()
+            elif msg["cmd"] == "stop":
+                sys.stdout.write(json.dumps({"ok": True}) + "\n")
+                sys.stdout.flush()
+                os.kill(os.getpid(), signal.SIGSTOP)  # the test continues us
+                continue
             elif msg["cmd"] == "gc":
-                transport.garbage_collect(msg["obj"], None, lent.pop(msg["obj"]))
+                transport.garbage_collect(msg["obj"], None, lent.pop(msg["obj"], None))
                 reply = {"ok": True}
             else:
                 raise ValueError(f"unknown command {msg['cmd']!r}")

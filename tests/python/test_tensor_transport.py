@@ -1,7 +1,9 @@
 """scad.tensor_transport between two real processes in the roles Ray gives them: the source actor
 lends an object's tensors, the destination receives them (tests/python/tensor_peer.py)."""
+import hashlib
 import os
 
+import numpy
 import pytest
 
 from peer_process import PeerProc
@@ -15,6 +17,7 @@ DTYPES = ["float32", "int64", "float64", "uint8"]
 @pytest.fixture
 def actors(request):
     src, dst = PeerProc(PEER, request.param), PeerProc(PEER, request.param)
+    src.transport = dst.transport = request.param
     yield src, dst
     src.close()
     dst.close()
@@ -64,3 +67,54 @@ def test_the_interface_says_what_ray_asks():
     t.send_multiple_tensors([], None, t.get_communicator_metadata())  # one-sided: nothing to send
     with pytest.raises(TypeError, match="torch tensors and numpy arrays"):
         t.extract_tensor_transport_metadata("x", [[1, 2, 3]])
+    with pytest.raises(TypeError, match="Python objects"):
+        t.extract_tensor_transport_metadata("x", [numpy.array([object()])])
+    with pytest.raises(ValueError, match="C-contiguous"):
+        t.extract_tensor_transport_metadata("x", [numpy.zeros((4, 4))[:, 1]])
+    assert ScadTensorTransport(timeout=5)._timeout == 5
+    assert type("Quick", (ScadTensorTransport,), {"timeout": 2.0})()._timeout == 2.0  # how Ray is given a timeout
+
+
+@pytest.mark.parametrize("actors", [None, "tcp"], indirect=True)
+def test_the_counters_say_what_moved_and_how(actors):
+    src, dst = actors
+    lent = ok(src.call(cmd="lend", obj="o4", shapes=SHAPES, dtypes=DTYPES, seed=4))
+    size = sum(numpy.zeros(s, d).nbytes for s, d in zip(SHAPES, DTYPES))
+    ok(dst.call(cmd="recv", obj="o4", meta=lent["meta"]))
+    ok(src.call(cmd="gc", obj="o4"))
+    ok(src.call(cmd="gc", obj="o4"))  # a second time: nothing was lent any more
+    s, d = ok(src.call(cmd="counters")), ok(dst.call(cmd="counters"))
+    assert (s["lent_objects"], s["lent_tensors"], s["lent_bytes"], s["released_objects"]) == (1, 4, size, 1)
+    assert (d["received_objects"], d["received_tensors"], d["received_bytes"], d["failed_receives"]) == (1, 3, size, 0)
+    # The empty tensor moves nothing; the others are read over shm on one host, unless tcp is forced.
+    assert d["tcp_reads" if src.transport == "tcp" else "shm_reads"] == 3, d
+
+
+@pytest.mark.parametrize("actors", [None], indirect=True)
+def test_a_fetch_runs_until_it_is_waited_for_and_an_abort_cancels_it(actors):
+    src, dst = actors
+    lent = ok(src.call(cmd="lend", obj="o5", shapes=[[4096]], dtypes=["float64"], seed=5))
+    ok(src.call(cmd="stop"))
+    src.wait_stopped()  # the source cannot answer: a receive cannot finish
+    assert ok(dst.call(cmd="fetch", obj="o5", meta=lent["meta"], into=True, poll=0.2))["pending"]
+    ok(dst.call(cmd="abort", obj="o5"))
+    src.resume()
+    r = dst.call(cmd="wait", obj="o5")
+    assert r["error"] == "ConnectionAbortedError", r
+    zeros = numpy.zeros(4096, numpy.float64)
+    assert r["targets"] == [hashlib.sha256(zeros.tobytes()).hexdigest()], "an aborted receive wrote its target"
+    assert ok(dst.call(cmd="counters"))["failed_receives"] == 1
+    # The loan stays: the destination, or another, may read the object again.
+    assert ok(dst.call(cmd="recv", obj="o5", meta=lent["meta"]))["digests"] == lent["digests"]
+
+
+@pytest.mark.parametrize("actors", [None], indirect=True)
+def test_a_fetch_not_finished_within_a_wait_goes_on(actors):
+    src, dst = actors
+    lent = ok(src.call(cmd="lend", obj="o6", shapes=[[4096]], dtypes=["int32"], seed=6))
+    ok(src.call(cmd="stop"))
+    src.wait_stopped()
+    assert ok(dst.call(cmd="fetch", obj="o6", meta=lent["meta"], into=True, poll=0.2))["pending"]
+    src.resume()
+    r = ok(dst.call(cmd="wait", obj="o6"))
+    assert r["digests"] == lent["digests"] and r["same"]

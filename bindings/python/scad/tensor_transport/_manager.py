@@ -1,20 +1,26 @@
 """ScadTensorTransport: Ray's TensorTransportManager interface on scad.rdma.
 
 One-sided: the source lends each tensor of an object in place (an RdmaBuffer per tensor, made when
-Ray extracts the object's metadata); the destination reads them into new or given buffers. Ray's
-interface is synchronous, so transfers run on a private event loop thread of this module, which
-works whether or not the caller runs an event loop of its own.
+Ray extracts the object's metadata); the destination reads them into new or given buffers. The
+reads run on a private event loop thread of this module, so callers with or without an event loop
+of their own may use it: fetch_multiple_tensors starts them and returns at once (Ray's ray.get
+starts the fetches of several objects before it waits for any), wait_fetch_complete waits, and
+recv_multiple_tensors does both.
 """
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
 import threading
-from typing import Any, Dict, List, Optional
+import time
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Set
 
 import numpy
 
 from ..rdma import RdmaBuffer, RdmaManager
-from ._metadata import CommunicatorMetadata, ScadCommunicatorMetadata, ScadTransportMetadata
+from ._metadata import CommunicatorMetadata, FetchRequest, ScadCommunicatorMetadata, ScadTransportMetadata
 
 try:
     from ray.experimental.rdt.tensor_transport_manager import TensorTransportManager as _Base
@@ -29,43 +35,130 @@ class _Loop:
         self._loop = None
         self._lock = threading.Lock()
 
-    def run(self, coro: Any, timeout: Optional[float]) -> Any:
+    def submit(self, coro: Any) -> concurrent.futures.Future:
         with self._lock:
             if self._loop is None:
                 self._loop = asyncio.new_event_loop()
                 threading.Thread(target=self._loop.run_forever, name="scad-tensor-transport", daemon=True).start()
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+
+class _Counters:
+    """What the tensor transports of this process moved (process-wide: Ray makes one transport
+    object per registered name in each process)."""
+
+    FIELDS = ("lent_objects", "lent_tensors", "lent_bytes", "released_objects", "received_objects",
+              "received_tensors", "received_bytes", "failed_receives", "shm_reads", "tcp_reads", "verbs_reads")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._values = dict.fromkeys(self.FIELDS, 0)
+
+    def add(self, **deltas: int) -> None:
+        with self._lock:
+            for name, delta in deltas.items():
+                self._values[name] += delta
+
+    def snapshot(self) -> Dict[str, int]:
+        with self._lock:
+            return dict(self._values)
+
+
+_counters = _Counters()
 
 
 def _is_torch(x: Any) -> bool:
     return type(x).__module__.split(".")[0] == "torch"
 
 
-def _host_array(tensor: Any) -> numpy.ndarray:
-    """A numpy view of a CPU tensor or array: its own memory, never a copy (the view keeps the
-    tensor's storage alive)."""
+def _memory(tensor: Any) -> numpy.ndarray:
+    """The bytes of a CPU tensor or array as a flat uint8 numpy view: its own memory, never a copy
+    (the view keeps the tensor's storage alive). Any dtype, torch's bfloat16 included."""
     if _is_torch(tensor):
         if tensor.device.type != "cpu":
             raise NotImplementedError(f"tensors on {tensor.device} are not supported: libd's transports move host memory")
         if not tensor.is_contiguous():
             raise ValueError("a tensor must be contiguous to move in place (tensor.contiguous())")
-        return tensor.detach().numpy()
+        import torch
+        return tensor.detach().reshape(-1).view(torch.uint8).numpy()
     if not isinstance(tensor, numpy.ndarray):
         raise TypeError(f"a tensor transport moves torch tensors and numpy arrays, not {type(tensor).__name__}")
+    if tensor.dtype.hasobject:
+        raise TypeError(f"an array of dtype {tensor.dtype} holds Python objects, not data: it cannot move as memory")
     if not tensor.flags.c_contiguous:
         raise ValueError("an array must be C-contiguous to move in place (numpy.ascontiguousarray)")
-    return tensor
+    return tensor.reshape(-1).view(numpy.uint8)
+
+
+class _Receive:
+    """One receive of an object's tensors: its queue pairs, and the first error, which cancels the
+    rest (a read that failed, abort_transport, or a FetchRequest dropped before it finished)."""
+
+    def __init__(self, obj_id: str) -> None:
+        self.obj_id = obj_id
+        self.error: Optional[BaseException] = None
+        self._qps: List[Any] = []
+        self._lock = threading.RLock()  # abort() may run in a finalizer, on any thread
+
+    def fail(self, error: BaseException) -> None:
+        with self._lock:
+            if self.error is None:
+                self.error = error
+            qps = list(self._qps)
+        for qp in qps:
+            qp.cancel()  # once it returns, libd writes none of the receive's targets
+
+    def abort(self) -> None:
+        self.fail(ConnectionAbortedError(f"the receive of object {self.obj_id} was aborted"))
+
+    def check(self) -> None:
+        if self.error is not None:
+            raise ConnectionAbortedError(f"the receive of object {self.obj_id} ended: {self.error}")
+
+    def track(self, qp: Any) -> None:
+        with self._lock:
+            if self.error is None:
+                self._qps.append(qp)
+                return
+        self.check()
+
+
+@dataclass
+class ScadFetchRequest(FetchRequest):
+    """A receive in flight (Ray's FetchRequest): wait_fetch_complete returns its tensors. Dropped
+    before it finished, it is cancelled: its targets are not written afterwards."""
+
+    receive: Any = None
+    future: Any = None
+
+    def __del__(self) -> None:
+        if self.future is not None and not self.future.done():
+            self.receive.abort()
 
 
 class ScadTensorTransport(_Base):
-    """Register with Ray (ray.experimental.register_tensor_transport) or call directly."""
+    """Register with Ray (ray.experimental.register_tensor_transport) or call directly.
 
-    def __init__(self, timeout: float = 30.0) -> None:
-        self._timeout = timeout
+    timeout: seconds a receive may take before it is cancelled with TimeoutError. Ray makes the
+    transport without arguments: to change it under Ray, register a subclass that sets the class
+    attribute `timeout`."""
+
+    timeout: float = 30.0
+
+    def __init__(self, timeout: Optional[float] = None) -> None:
+        self._timeout = type(self).timeout if timeout is None else timeout
         self._loop = _Loop()
-        self._lent: Dict[str, List[RdmaBuffer]] = {}      # source: obj_id -> its tensors' buffers
-        self._receiving: Dict[str, List[Any]] = {}        # destination: obj_id -> queue pairs in use
+        self._lent: Dict[str, List[RdmaBuffer]] = {}        # source: obj_id -> its tensors' buffers
+        self._receiving: Dict[str, Set[_Receive]] = {}       # destination: obj_id -> receives in flight
+        self._routes: Dict[tuple, list] = {}                 # destination: route -> [asyncio.Lock, users]
         self._lock = threading.Lock()
+
+    @staticmethod
+    def counters() -> Dict[str, int]:
+        """What this process's tensor transports moved so far: objects, tensors and bytes lent
+        (source) and received (destination), loans ended, receives that failed, and the reads
+        per libd transport (shm, tcp, verbs)."""
+        return _counters.snapshot()
 
     def tensor_transport_backend(self) -> str:
         return "SCAD"
@@ -85,19 +178,21 @@ class ScadTensorTransport(_Base):
     def extract_tensor_transport_metadata(self, obj_id: str, rdt_object: List[Any]) -> ScadTransportMetadata:
         """Lends the object's tensors in place and describes them (shape, dtype, buffer)."""
         manager = RdmaManager.get()
-        arrays = [_host_array(t) for t in rdt_object]
+        memories = [_memory(t) for t in rdt_object]
         buffers = []
         try:
-            for array in arrays:
-                buffers.append(manager.request_buffer(array) if array.nbytes else None)
+            for memory in memories:
+                buffers.append(manager.request_buffer(memory) if memory.nbytes else None)
         except BaseException:
             for b in buffers:
                 if b is not None:
                     b.drop()
             raise
         with self._lock:
-            self._lent[obj_id] = [b for b in buffers if b is not None]
-        meta = [(tuple(t.shape), t.dtype) for t in rdt_object]
+            # A retried task describes the same object again: the loan covers both descriptions.
+            self._lent.setdefault(obj_id, []).extend(b for b in buffers if b is not None)
+        _counters.add(lent_objects=1, lent_tensors=len(memories), lent_bytes=sum(m.nbytes for m in memories))
+        meta = [(t.shape if _is_torch(t) else tuple(t.shape), t.dtype) for t in rdt_object]
         return ScadTransportMetadata(tensor_meta=meta, tensor_device="cpu",
                                      buffers=[b.to_json() if b is not None else "" for b in buffers])
 
@@ -107,62 +202,134 @@ class ScadTensorTransport(_Base):
 
     def send_multiple_tensors(self, tensors: List[Any], tensor_transport_metadata: Any,
                               communicator_metadata: Any) -> None:
-        """Nothing to do: the destination reads (one-sided)."""
+        """Nothing to do: the destination reads (one-sided; Ray does not call it)."""
 
     def garbage_collect(self, obj_id: str, tensor_transport_meta: Any = None, tensors: Any = None) -> None:
         """Ends the loan: the buffers' keys are revoked and the memory let go."""
         with self._lock:
-            buffers = self._lent.pop(obj_id, [])
+            buffers = self._lent.pop(obj_id, None)
+        if buffers is None:
+            return
         for b in buffers:
             b.drop()
+        _counters.add(released_objects=1)
 
     # ---- the destination ----------------------------------------------------------------
     def recv_multiple_tensors(self, obj_id: str, tensor_transport_metadata: ScadTransportMetadata,
                               communicator_metadata: Any = None, target_buffers: Optional[List[Any]] = None) -> List[Any]:
-        """Reads every tensor of the object into target_buffers (when given) or new arrays."""
+        """Reads every tensor of the object into target_buffers (when given) or new arrays /
+        tensors, and returns them."""
+        return self.wait_fetch_complete(self.fetch_multiple_tensors(obj_id, tensor_transport_metadata,
+                                                                    communicator_metadata, target_buffers))
+
+    def fetch_multiple_tensors(self, obj_id: str, tensor_transport_metadata: ScadTransportMetadata,
+                               communicator_metadata: Any = None,
+                               target_buffers: Optional[List[Any]] = None) -> ScadFetchRequest:
+        """Starts reading every tensor of the object; returns at once. wait_fetch_complete waits."""
         meta = tensor_transport_metadata
+        if not isinstance(meta, ScadTransportMetadata):
+            raise TypeError(f"metadata of another transport ({type(meta).__name__}), not ScadTransportMetadata")
+        if len(meta.buffers) != len(meta.tensor_meta):
+            raise ValueError(f"{len(meta.buffers)} buffers for {len(meta.tensor_meta)} tensors")
         if target_buffers is not None and len(target_buffers) != len(meta.tensor_meta):
             raise ValueError(f"{len(target_buffers)} target buffers for {len(meta.tensor_meta)} tensors")
-        out = []
-        for i, (shape, dtype) in enumerate(meta.tensor_meta):
+        out, reads = [], []
+        for i, ((shape, dtype), text) in enumerate(zip(meta.tensor_meta, meta.buffers)):
             if target_buffers is not None:
-                out.append(target_buffers[i])
+                target = target_buffers[i]
             elif _is_torch(dtype):
                 import torch
-                out.append(torch.empty(shape, dtype=dtype))
+                target = torch.empty(shape, dtype=dtype)
             else:
-                out.append(numpy.empty(shape, dtype=dtype))
-        self._loop.run(self._recv(obj_id, meta, out), None)
-        return out
+                target = numpy.empty(shape, dtype=dtype)
+            out.append(target)
+            local = _memory(target)
+            if not local.flags.writeable:
+                raise ValueError(f"target buffer {i} is read-only")
+            if not text:
+                if local.nbytes:
+                    raise ValueError(f"tensor {i} is empty at the source and {local.nbytes} bytes here")
+                continue  # an empty tensor: nothing to move
+            buf = RdmaBuffer.from_json(text)
+            if local.nbytes != buf.size():
+                raise ValueError(f"a target of {local.nbytes} bytes for tensor {i} of {buf.size()}")
+            reads.append((buf, local))
+        receive = _Receive(obj_id)
+        with self._lock:
+            self._receiving.setdefault(obj_id, set()).add(receive)
+        future = self._loop.submit(self._recv(receive, reads))
+        return ScadFetchRequest(obj_id=obj_id, tensors=out, receive=receive, future=future)
 
-    async def _recv(self, obj_id: str, meta: ScadTransportMetadata, out: List[Any]) -> None:
-        manager = RdmaManager.get()
+    def wait_fetch_complete(self, fetch_request: ScadFetchRequest, timeout: Optional[float] = -1) -> List[Any]:
+        """Waits for the receive (timeout: seconds, -1 or None for as long as it takes, 0 to
+        poll) and returns its tensors; raises what it failed with. TimeoutError leaves the
+        receive running: wait again, or drop the request to cancel it."""
         try:
-            for text, target in zip(meta.buffers, out):
-                if not text:
-                    continue  # an empty tensor: nothing to move
-                buf = RdmaBuffer.from_json(text)
-                local = _host_array(target)
-                if local.nbytes != buf.size():
-                    raise ValueError(f"a target of {local.nbytes} bytes for a tensor of {buf.size()}")
-                qp = await manager.request_queue_pair(buf)
-                with self._lock:
-                    self._receiving.setdefault(obj_id, []).append(qp)
-                qp.get(local.reshape(-1).view(numpy.uint8), buf)
-                try:
-                    await qp.wait(self._timeout)
-                except TimeoutError:
-                    qp.cancel()  # the target is not written after the caller was told it timed out
-                    raise
-                manager.release_queue_pair(buf)  # this side is done; the loan ends at garbage_collect
+            fetch_request.future.result(None if timeout is None or timeout < 0 else timeout)
+        except concurrent.futures.TimeoutError:
+            raise TimeoutError(f"the receive of object {fetch_request.obj_id} has not finished") from None
+        return fetch_request.tensors
+
+    async def _recv(self, receive: _Receive, reads: List[tuple]) -> None:
+        deadline = time.monotonic() + self._timeout
+        try:
+            await asyncio.gather(*(self._read(receive, buf, local, deadline) for buf, local in reads),
+                                 return_exceptions=True)
+            if receive.error is not None:
+                raise receive.error
+        except BaseException:
+            _counters.add(failed_receives=1)
+            raise
         finally:
             with self._lock:
-                self._receiving.pop(obj_id, None)
+                receiving = self._receiving.get(receive.obj_id)
+                if receiving is not None:
+                    receiving.discard(receive)
+                    if not receiving:
+                        del self._receiving[receive.obj_id]
+        _counters.add(received_objects=1, received_tensors=len(reads),
+                      received_bytes=sum(local.nbytes for _, local in reads))
+
+    async def _read(self, receive: _Receive, buf: RdmaBuffer, local: numpy.ndarray, deadline: float) -> None:
+        manager = RdmaManager.get()
+        async with self._route(buf.route):
+            try:
+                receive.check()
+                qp = await manager.request_queue_pair(buf)
+                receive.track(qp)
+                qp.get(local, buf)
+                try:
+                    await qp.wait(max(0.0, deadline - time.monotonic()))
+                except TimeoutError:
+                    raise TimeoutError(f"the receive of object {receive.obj_id} took longer than {self._timeout} s "
+                                       "and was cancelled") from None
+                receive.check()  # cancelled before the wait began: nothing was waited for
+                _counters.add(**{f"{qp.impl}_reads": 1})
+            except BaseException as e:
+                receive.fail(e)
+                raise
+            finally:
+                manager.release_queue_pair(buf)  # closed (what still runs is cancelled); the loan stays
+
+    @contextlib.asynccontextmanager
+    async def _route(self, route: tuple):
+        """One receive at a time per buffer in this process: a queue pair reads into one local
+        region at a time, and each receive closes its queue pair when it is done."""
+        entry = self._routes.setdefault(route, [asyncio.Lock(), 0])
+        entry[1] += 1
+        try:
+            async with entry[0]:
+                yield
+        finally:
+            entry[1] -= 1
+            if not entry[1]:
+                del self._routes[route]
 
     def abort_transport(self, obj_id: str, communicator_metadata: Any = None) -> None:
-        """Source: ends the loan. Destination: cancels the reads in flight (their wait fails)."""
-        self.garbage_collect(obj_id)
+        """Cancels this process's receives of the object in flight: they raise
+        ConnectionAbortedError and their targets are not written afterwards. The source's loan
+        stays (a one-sided source takes no part in a transfer); garbage_collect ends it."""
         with self._lock:
-            qps = self._receiving.pop(obj_id, [])
-        for qp in qps:
-            qp.cancel()
+            receives = list(self._receiving.get(obj_id, ()))
+        for receive in receives:
+            receive.abort()

@@ -5,7 +5,8 @@ from dataclasses import dataclass, field
 from typing import Any, List, Optional, Tuple
 
 try:  # with Ray installed, ours are Ray's classes, so Ray accepts them as they are
-    from ray.experimental.rdt.tensor_transport_manager import CommunicatorMetadata, TensorTransportMetadata
+    from ray.experimental.rdt.tensor_transport_manager import (CommunicatorMetadata, FetchRequest,
+                                                               TensorTransportMetadata)
 except ImportError:  # pragma: no cover - depends on the environment
     @dataclass
     class CommunicatorMetadata:
@@ -17,6 +18,13 @@ except ImportError:  # pragma: no cover - depends on the environment
 
         tensor_meta: List[Tuple[Any, Any]]
         tensor_device: Optional[str] = None
+
+    @dataclass
+    class FetchRequest:
+        """A receive started by fetch_multiple_tensors, for wait_fetch_complete."""
+
+        obj_id: str
+        tensors: List[Any]
 
 
 @dataclass
