@@ -10,6 +10,7 @@ unless SCAD_REQUIRE_RAY=1 (scripts/test sets it), which makes a missing Ray a fa
 SCAD_REQUIRE_TORCH=1 for torch.
 """
 import gc
+import inspect
 import os
 import select
 import shutil
@@ -101,6 +102,23 @@ def wait_gone(pid):
         assert ready, f"process {pid} did not exit"
     finally:
         os.close(fd)
+
+
+def test_the_class_is_rays_interface_as_this_ray_declares_it():
+    from ray.experimental import CommunicatorMetadata, TensorTransportManager, TensorTransportMetadata
+    from ray.experimental.rdt.tensor_transport_manager import FetchRequest
+    from scad.tensor_transport import _manager, _metadata
+
+    assert issubclass(ScadTensorTransport, TensorTransportManager) and not ScadTensorTransport.__abstractmethods__
+    assert issubclass(_metadata.ScadTransportMetadata, TensorTransportMetadata)
+    assert issubclass(_metadata.ScadCommunicatorMetadata, CommunicatorMetadata)
+    assert issubclass(_manager.ScadFetchRequest, FetchRequest)
+    for name, declared in inspect.getmembers(TensorTransportManager, inspect.isfunction):
+        if not name.startswith("_"):  # every method by the names and in the order Ray passes them
+            ours = getattr(ScadTensorTransport, name)
+            assert list(inspect.signature(ours).parameters) == list(inspect.signature(declared).parameters), name
+            assert isinstance(inspect.getattr_static(ScadTensorTransport, name), staticmethod) == \
+                isinstance(inspect.getattr_static(TensorTransportManager, name), staticmethod), name
 
 
 SPECS = [((1024, 1024), "float32", 1), ((3, 5, 7), "int64", 2), ((0,), "float64", 3), ((4096,), "uint8", 4),
