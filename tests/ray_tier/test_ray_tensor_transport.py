@@ -45,32 +45,36 @@ def _torch():
 def cluster():
     """A Ray cluster of this machine only, on 127.0.0.1, with the transport registered."""
     temp = tempfile.mkdtemp(prefix="scad-ray-")  # short: Ray's unix sockets live below it
-    with pytest.MonkeyPatch.context() as mp:
-        # Ray's switch for a cluster that never leaves the machine: every address 127.0.0.1. Read
-        # by the processes Ray starts, and by this one (ray_constants) when it picks the node's.
-        mp.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-        mp.setattr(ray._private.ray_constants, "ENABLE_RAY_CLUSTER", False)
-        paths = [str(BUILD / "python"), str(ROOT / "bindings" / "python"), HERE, os.environ.get("PYTHONPATH", "")]
-        mp.setenv("PYTHONPATH", os.pathsep.join(p for p in paths if p))  # what the workers import (scad, ray_actors)
-        # The workers' temporary files (their memory servers' unix sockets, which a killed actor leaves
-        # behind) go where Ray's own do, and are removed with them.
-        mp.setenv("TMPDIR", temp)
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _temp_dir=temp)
-        try:
-            assert ray.util.get_node_ip_address() == "127.0.0.1"
-            ray.experimental.register_tensor_transport("scad", ["cpu"], ScadTensorTransport, numpy.ndarray)
-            actors = {"scad": define_actors("scad")}
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            # Ray's switch for a cluster that never leaves the machine: every address 127.0.0.1.
+            # Read by the processes Ray starts, and by this one (ray_constants) when it picks the
+            # node's.
+            mp.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+            mp.setattr(ray._private.ray_constants, "ENABLE_RAY_CLUSTER", False)
+            paths = [str(BUILD / "python"), str(ROOT / "bindings" / "python"), HERE, os.environ.get("PYTHONPATH", "")]
+            mp.setenv("PYTHONPATH", os.pathsep.join(p for p in paths if p))  # what the workers import
+            # The workers' temporary files (their memory servers' unix sockets, which a killed
+            # actor leaves behind) go where Ray's own do, and are removed with them.
+            mp.setenv("TMPDIR", temp)
+            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _temp_dir=temp)
             try:
-                torch = __import__("torch")
-            except ImportError:
-                pass
-            else:
-                ray.experimental.register_tensor_transport("scad_torch", ["cpu"], ScadTensorTransport, torch.Tensor)
-                actors["scad_torch"] = define_actors("scad_torch")
-            yield actors
-        finally:
-            ray.shutdown()
-            shutil.rmtree(temp, ignore_errors=True)
+                assert ray.util.get_node_ip_address() == "127.0.0.1"
+                ray.experimental.register_tensor_transport("scad", ["cpu"], ScadTensorTransport, numpy.ndarray)
+                actors = {"scad": define_actors("scad")}
+                try:
+                    torch = __import__("torch")
+                except ImportError:
+                    pass
+                else:
+                    ray.experimental.register_tensor_transport("scad_torch", ["cpu"], ScadTensorTransport,
+                                                               torch.Tensor)
+                    actors["scad_torch"] = define_actors("scad_torch")
+                yield actors
+            finally:
+                ray.shutdown()
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 @pytest.fixture
