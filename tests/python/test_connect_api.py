@@ -3,6 +3,7 @@ argument checks. Transfers between processes are in test_connect.py."""
 import asyncio
 import ctypes
 import json
+import os
 
 import numpy
 import pytest
@@ -52,11 +53,30 @@ def test_descriptors_refuse_what_cannot_be_moved_in_place():
         Descriptor((0, 10, "cpu"))
 
 
-def test_a_torch_tensor_is_a_descriptor_too():
-    torch = pytest.importorskip("torch")
+def needs_torch():
+    """torch, or a skip; the torch tier (SCAD_REQUIRE_TORCH=1, scripts/test) turns the skip into a failure."""
+    if os.environ.get("SCAD_REQUIRE_TORCH") == "1":
+        import torch
+        return torch
+    return pytest.importorskip("torch")
+
+
+def test_a_torch_tensor_is_a_descriptor_and_is_read_in_place():
+    torch = needs_torch()
     t = torch.arange(10, dtype=torch.float32)
     d = Descriptor(t)
     assert (d.ptr, d.size) == (t.data_ptr(), 40)
+
+    async def main():
+        with Connector() as owner, Connector() as reader:
+            src = torch.arange(1 << 16, dtype=torch.int64)
+            dst = torch.zeros(1 << 16, dtype=torch.int64)
+            with owner.create_readable(Descriptor(src)) as readable:
+                with await reader.begin_read(readable.metadata(), Descriptor(dst)) as op:
+                    await op.wait_for_completion(timeout=10)
+                await readable.wait_for_completion(timeout=10)
+            assert torch.equal(src, dst)
+    asyncio.run(main())
 
 
 def test_register_memory_is_idempotent_and_binds_one_connector():
