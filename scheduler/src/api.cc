@@ -220,6 +220,12 @@ void install_routes(httplib::Server &srv, Store &store, Engine &engine, ApiOptio
     reply(res, 200, {{"description", "Scad: a serverless runtime for disaggregated applications"},
                      {"api_paths", {"/api/v1"}}, {"openwhisk_compatible", true}});
   });
+  // Prometheus scrapes without credentials: the metrics are aggregates that name no tenant.
+  if (opts.metrics)
+    routes.Get("/metrics", [&engine, opts](const httplib::Request &, httplib::Response &res) {
+      res.set_content(opts.metrics->render(engine.host_info(), opts.guard ? opts.guard->counts() : ConnectionGuard::Counts{}),
+                      "text/plain; version=0.0.4; charset=utf-8");
+    });
   routes.Get("/api/v1/namespaces", [&, opts](const httplib::Request &req, httplib::Response &res) {
     std::string ns = authenticate(store, req, res);
     if (!ns.empty()) reply(res, 200, json::array({ns}));

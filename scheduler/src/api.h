@@ -19,6 +19,7 @@ struct ApiOptions {
   std::string host_keys;             // a file of per-host keys (host_keys.h); then each host presents its own
   LimitRanges limits;                // what an action's limits may be (scad-server --action-limits)
   ConnectionGuard *guard = nullptr;  // times requests and caps connections per client, when set
+  Metrics *metrics = nullptr;        // GET /metrics, when set
 };
 
 void install_routes(httplib::Server &srv, Store &store, Engine &engine, ApiOptions opts);

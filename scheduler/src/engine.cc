@@ -277,6 +277,7 @@ std::string Engine::start(std::shared_ptr<Activation> act, int64_t wait_ms, json
     u.activations++;
     running_[act->id] = act;
   }
+  if (metrics_) metrics_->activation_started();
   store_.put_activation(act->record);
   std::thread([this, act] {
     run(act);
@@ -333,6 +334,11 @@ void Engine::finish(const std::shared_ptr<Activation> &act, const std::string &s
   act->record["response"] = {{"status", status}, {"statusCode", status_code(status)}, {"success", status == "success"},
                              {"result", result}};
   act->record["logs"] = act->logs;
+  if (metrics_) {
+    metrics_->activation_finished(act->kind == "app" ? "app" : "action", status,
+                                  double(end - act->record["start"].get<int64_t>()) / 1000);
+    for (auto &[how, n] : act->starts) metrics_->instance_started(how, n);
+  }
   int64_t wait = act->first_start_ms ? act->first_start_ms - act->requested_ms : 0;
   act->record["annotations"].push_back({{"key", "waitTime"}, {"value", wait}});
   act->record["annotations"].push_back({{"key", "initTime"}, {"value", act->init_ms}});

@@ -15,6 +15,7 @@
 #include "agent.h"
 #include "hosts.h"
 #include "action_limits.h"
+#include "metrics.h"
 #include "manifest.h"
 #include "quotas.h"
 #include "store.h"
@@ -59,6 +60,8 @@ class Engine {
 
   json elements(const std::string &ns);
   json host_info();
+  // Where activations and starts are counted (GET /metrics); set before the first invoke.
+  void set_metrics(Metrics *m) { metrics_ = m; }
 
  private:
   std::string start(std::shared_ptr<Activation> act, int64_t wait_ms, json *record, bool *finished);
@@ -114,6 +117,7 @@ class Engine {
   };
   std::map<std::string, Usage> usage_;  // per namespace, under mu_
   std::unique_ptr<httplib::ThreadPool> instance_pool_;
+  Metrics *metrics_ = nullptr;
   std::mutex mu_;
   std::condition_variable cpu_cv_;
   std::vector<HostState> hosts_;

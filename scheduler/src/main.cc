@@ -183,7 +183,9 @@ int main(int argc, char **argv) {
     return 1;
   }
   std::string runtime_url = "http://" + host + ":" + std::to_string(runtime_port);
+  scad::Metrics metrics;  // before the engine: its threads count into it until the end
   scad::Engine engine(store, runtime_url, limits, quotas);
+  engine.set_metrics(&metrics);
   if (local_agent) engine.add_host(std::make_shared<scad::LocalHost>(agent));
   // Slow or greedy clients of the public API (a header line every few seconds, or hundreds of
   // connections) are cut off before they hold the server's threads.
@@ -193,6 +195,7 @@ int main(int argc, char **argv) {
   scad::ApiOptions api;
   api.limits = limits;
   api.guard = &guard;
+  api.metrics = &metrics;
   api.host_keys = host_keys;
   if (!cluster_token_file.empty()) {
     std::getline(std::ifstream(cluster_token_file), api.cluster_token);

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import threading
+import urllib.request
 
 from scadtest import ROOT, Gate, Platform
 
@@ -263,3 +264,37 @@ def test_code_kept_on_the_host_is_removed_with_its_application(tmp_path):
         assert not (p.home / "code" / "guest" / "apps" / "again").exists()
     finally:
         p.stop()
+
+
+def metric_values(text):
+    """{(name, frozenset of label pairs): value} from Prometheus' text format."""
+    import re
+    values = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = re.fullmatch(r'([a-z_]+)(?:\{(.*)\})? (\S+)', line)
+        assert m, f"not Prometheus text: {line!r}"
+        labels = frozenset(re.findall(r'([a-z_]+)="([^"]*)"', m.group(2) or ""))
+        values[(m.group(1), labels)] = float(m.group(3))
+    return values
+
+
+def test_metrics_count_activations_starts_and_hosts_and_name_no_tenant(platform):
+    code = "def main(a):\n    if a.get('fail'):\n        raise ValueError('asked to')\n    return a\n"
+    assert platform.call("PUT", "/api/v1/namespaces/_/actions/counted?overwrite=true",
+                         {"exec": {"kind": "python:3", "code": code}})[0] == 200
+    for args in ({"n": 1}, {"n": 2}, {"fail": True}):
+        platform.call("POST", "/api/v1/namespaces/_/actions/counted", args, params="?blocking=true")
+    with urllib.request.urlopen(platform.url + "/metrics", timeout=10) as r:  # no credentials
+        assert r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        text = r.read().decode()
+    v = metric_values(text)
+    assert v[("scad_activations_total", frozenset({("kind", "action"), ("status", "success")}))] == 2
+    assert v[("scad_activations_total", frozenset({("kind", "action"), ("status", "application error")}))] == 1
+    assert v[("scad_activation_duration_seconds_count", frozenset({("kind", "action")}))] == 3
+    assert sum(val for (name, _), val in v.items() if name == "scad_instance_starts_total") == 3
+    assert v[("scad_activations_in_flight", frozenset())] == 0
+    assert v[("scad_host", frozenset({("host", "local"), ("what", "pool_bytes")}))] == 1 << 30
+    assert v[("scad_host", frozenset({("host", "local"), ("what", "up")}))] == 1
+    assert "guest" not in text and "counted" not in text  # aggregates: no namespace, no action
