@@ -3,9 +3,8 @@
 // registered with: its own host key "ID:SECRET", or the cluster token), registers itself and
 // heartbeats every 2 s.
 //
-//   scad-agent --scheduler http://ADDR:PORT --address ADDR --token-file FILE [--id NAME]
-//              [--port 0] [--home DIR] [--python PATH] [--pythonpath P] [--pool 4GiB] [--cpus N]
-//              [--verbs auto|off|dev=NAME,gid_index=N,mw=0]
+//   scad-agent --scheduler http://ADDR:PORT --address ADDR --token-file FILE [--id NAME] [--port 0]
+//              [--home DIR] and the agent flags scad-server has too (agent_flags.h); --help lists all
 // With an RDMA device (auto), the pool serves verbs too and the agent registers with "rdma": true,
 // so the scheduler wires elements on two such hosts over verbs.
 #include <httplib.h>
@@ -20,22 +19,10 @@
 #include <thread>
 
 #include "agent.h"
-#include "flag_number.h"
+#include "agent_flags.h"
+#include "flags.h"
 #include "agent_api.h"
-#include "core/params.h"
 #include "safe_json.h"
-
-namespace {
-
-[[noreturn]] void usage(const std::string &why) {
-  std::cerr << "scad-agent: " << why << "\n"
-            << "usage: scad-agent --scheduler URL --address ADDR --token-file FILE [--id NAME] [--port N]\n"
-            << "                  [--home DIR] [--python PATH] [--pythonpath P] [--pool SIZE] [--cpus N]\n"
-            << "                  [--verbs auto|off|KEY=VALUE,...] [--cgroup auto|off] [--sandbox auto|on|off]\n";
-  exit(2);
-}
-
-}  // namespace
 
 int main(int argc, char **argv) {
   scad::AgentOptions ao;
@@ -51,35 +38,25 @@ int main(int argc, char **argv) {
   char hostname[256] = "agent";
   gethostname(hostname, sizeof hostname - 1);
   ao.host_id = hostname;
-  for (int i = 1; i < argc; i++) {
-    std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) usage(a + " needs a value");
-      return argv[++i];
-    };
-    auto number = [&](double lo, double hi, bool integer) {
-      double v = 0;
-      if (!scad::flag_number(value(), lo, hi, integer, &v))
-        usage(a + " takes " + (integer ? "a whole number" : "a number") + " from " + scad::format_number(lo) + " to " +
-              scad::format_number(hi));
-      return v;
-    };
-    if (a == "--scheduler") scheduler = value();
-    else if (a == "--address") ao.tcp_host = value();
-    else if (a == "--token-file") token_file = value();
-    else if (a == "--id") ao.host_id = value(), id_given = true;
-    else if (a == "--port") port = int(number(0, 65535, true));
-    else if (a == "--home") home = value();
-    else if (a == "--python") ao.python = value();
-    else if (a == "--pythonpath") ao.pythonpath = value();
-    else if (a == "--cpus") ao.cpus = number(0, 1e6, false);  // 0: a host that only serves memory
-    else if (a == "--verbs") ao.verbs = value();
-    else if (a == "--cgroup") ao.cgroup = value();
-    else if (a == "--sandbox") ao.sandbox = value();
-    else if (a == "--pool") {
-      if (!libd::parse_size(value(), &ao.pool_bytes)) usage("--pool takes a size such as 4GiB");
-    } else usage("unknown argument '" + a + "'");
-  }
+  scad::Flags flags("scad-agent", "a host agent: serves this host's memory pool and compute processes to a scheduler");
+  flags.text("--scheduler", "URL", "the scheduler's REST API (needed)", &scheduler)
+      .text("--address", "ADDR", "this host's address for tcp memory and the agent's API", &ao.tcp_host)
+      .text("--token-file", "FILE", "the cluster token or this host's key (needed)", &token_file)
+      .custom("--id", "NAME", "this host's id (default: the host name; a host key names it)",
+              [&](const std::string &v, std::string *why) {
+                if (v.empty()) {
+                  *why = "takes a name";
+                  return false;
+                }
+                ao.host_id = v;
+                id_given = true;
+                return true;
+              })
+      .integer("--port", "the agent's API port (default 0: any)", 0, 65535, &port)
+      .text("--home", "DIR", "state folder (default /var/lib/scad-agent as root, else ~/.scad-agent)", &home);
+  scad::add_agent_flags(flags, &ao);
+  flags.parse(argc, argv);
+  auto usage = [&](const std::string &why) { flags.fail(why); };
   if (scheduler.empty() || token_file.empty()) usage("--scheduler and --token-file are needed");
   std::string token;
   std::getline(std::ifstream(token_file), token);

@@ -1,12 +1,9 @@
 // scad-server: the single-machine platform — scheduler and host agent in one process.
 //
-//   scad-server [--home DIR] [--host 127.0.0.1] [--port 3233] [--python PATH] [--pythonpath P]
-//               [--pool 4GiB] [--cpus N] [--prewarm 2] [--max-warm 16] [--keep-alive 60000]
-//               [--cluster-token-file FILE] [--host-keys FILE] [--no-local-agent] [--verbs auto|off|KEY=VALUE,...]
-//               [--namespace NAME]...   (more tenants: credentials in DIR/namespaces/NAME.wskprops)
-//               [--action-limits timeout=MIN:MAX[:DEFAULT],memory=...,logs=...]
-//               [--quotas elements=N,memory=SIZE,activations=N,instances=N]  (per namespace)
-//               [--connection-limits deadline=MS,per-client=N,body-rate=BYTES_PER_S]  (the public API)
+//   scad-server [--home DIR] [--host 127.0.0.1] [--port 3233] [--namespace NAME]...
+//               [--cluster-token-file FILE] [--host-keys FILE] [--no-local-agent]
+//               [--quotas ...] [--action-limits ...] [--connection-limits ...]
+//               and the agent flags scad-agent has too (runtime/src/agent_flags.h); --help lists all
 // With a cluster token, scad-agent processes on other hosts register and take elements too; with
 // --no-local-agent this process only schedules.
 //
@@ -25,26 +22,15 @@
 #include <vector>
 
 #include "agent.h"
-#include "flag_number.h"
+#include "agent_flags.h"
+#include "flags.h"
 #include "api.h"
-#include "core/params.h"
 #include "engine.h"
 #include "hosts.h"
 #include "action_limits.h"
 #include "store.h"
 
 namespace {
-
-[[noreturn]] void usage(const std::string &why) {
-  std::cerr << "scad-server: " << why << "\n"
-            << "usage: scad-server [--home DIR] [--host ADDR] [--port N] [--python PATH] [--pythonpath P]\n"
-            << "                   [--pool SIZE] [--cpus N] [--prewarm N] [--max-warm N] [--keep-alive MS]\n"
-            << "                   [--cluster-token-file FILE] [--host-keys FILE] [--no-local-agent] [--verbs auto|off|KEY=VALUE,...] [--cgroup auto|off] [--sandbox auto|on|off]\n"
-            << "                   [--action-limits timeout=MIN:MAX[:DEFAULT],memory=...,logs=... (ms, MB, MB)]\n"
-            << "                   [--quotas elements=N,memory=SIZE,activations=N,instances=N] [--namespace NAME]...\n"
-            << "                   [--connection-limits deadline=MS,per-client=N,body-rate=BYTES_PER_S]\n";
-  exit(2);
-}
 
 std::string read_file(const std::string &path) {
   std::ifstream f(path);
@@ -83,61 +69,36 @@ int main(int argc, char **argv) {
   scad::AgentOptions ao;
   std::string cluster_token_file, host_keys;
   std::vector<std::string> namespaces;  // besides guest
-  bool local_agent = true;
+  bool no_local_agent = false;
   scad::LimitRanges limits;
   scad::Quotas quotas;
   scad::ConnectionLimits connection_limits;
   ao.python = "/usr/bin/python3";
   ao.cpus = double(std::max(1u, std::thread::hardware_concurrency()));
-  for (int i = 1; i < argc; i++) {
-    std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) usage(a + " needs a value");
-      return argv[++i];
-    };
-    auto number = [&](double lo, double hi, bool integer) {
-      double v = 0;
-      if (!scad::flag_number(value(), lo, hi, integer, &v))
-        usage(a + " takes " + (integer ? "a whole number" : "a number") + " from " + scad::format_number(lo) + " to " +
-              scad::format_number(hi));
-      return v;
-    };
-    if (a == "--home") home = value();
-    else if (a == "--host") host = value();
-    else if (a == "--port") port = int(number(0, 65535, true));
-    else if (a == "--python") ao.python = value();
-    else if (a == "--pythonpath") ao.pythonpath = value();
-    else if (a == "--cpus") ao.cpus = number(0, 1e6, false);  // 0: a host that only serves memory
-    else if (a == "--prewarm") ao.prewarm = int(number(0, 1024, true));
-    else if (a == "--cluster-token-file") cluster_token_file = value();
-    else if (a == "--host-keys") host_keys = value();
-    else if (a == "--namespace") {
-      std::string ns = value();
-      bool ok = !ns.empty() && ns.size() <= 64 && ns != "_" && isalnum(static_cast<unsigned char>(ns[0]));
-      for (char c : ns) ok &= isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.';
-      if (!ok) usage("--namespace takes a name of letters, digits, '_', '-', '.'");
-      namespaces.push_back(ns);
-    }
-    else if (a == "--no-local-agent") local_agent = false;
-    else if (a == "--verbs") ao.verbs = value();
-    else if (a == "--cgroup") ao.cgroup = value();
-    else if (a == "--sandbox") ao.sandbox = value();
-    else if (a == "--max-warm") ao.max_warm = int(number(0, 100000, true));
-    else if (a == "--keep-alive") ao.keep_alive_ms = int64_t(number(0, 86400000, true));
-    else if (a == "--quotas") {
-      std::string why;
-      if (!scad::parse_quotas(value(), &quotas, &why)) usage(why);
-    } else if (a == "--connection-limits") {
-      std::string why;
-      if (!scad::parse_connection_limits(value(), &connection_limits, &why)) usage(why);
-    } else if (a == "--action-limits") {
-      std::string why;
-      if (!scad::parse_limit_ranges(value(), &limits, &why)) usage(why);
-    }
-    else if (a == "--pool") {
-      if (!libd::parse_size(value(), &ao.pool_bytes)) usage("--pool takes a size such as 4GiB");
-    } else usage("unknown argument '" + a + "'");
-  }
+  scad::Flags flags("scad-server", "the platform on one machine: scheduler, REST API and an agent for this host");
+  flags.text("--home", "DIR", "state folder (default $SCAD_HOME or ~/.scad)", &home)
+      .text("--host", "ADDR", "address of the REST API and the runtime endpoint (default 127.0.0.1)", &host)
+      .integer("--port", "the REST API's port (default 3233; 0: any)", 0, 65535, &port)
+      .text("--cluster-token-file", "FILE", "agents of other hosts may register with this token", &cluster_token_file)
+      .text("--host-keys", "FILE", "per-host keys (scad host key ID): each host presents its own", &host_keys)
+      .toggle("--no-local-agent", "this process only schedules (no memory pool, no compute)", &no_local_agent)
+      .custom("--namespace", "NAME", "one more tenant (repeatable): credentials in DIR/namespaces/NAME.wskprops",
+              [&](const std::string &ns, std::string *why) {
+                bool ok = !ns.empty() && ns.size() <= 64 && ns != "_" && isalnum(static_cast<unsigned char>(ns[0]));
+                for (char c : ns) ok &= isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.';
+                if (ok) namespaces.push_back(ns);
+                else *why = "takes a name of letters, digits, '_', '-', '.'";
+                return ok;
+              })
+      .custom("--quotas", "elements=N,memory=SIZE,activations=N,instances=N", "per namespace",
+              [&](const std::string &v, std::string *why) { return scad::parse_quotas(v, &quotas, why); })
+      .custom("--action-limits", "timeout=MIN:MAX[:DEFAULT],memory=...,logs=...", "what actions may ask (ms, MB, MB)",
+              [&](const std::string &v, std::string *why) { return scad::parse_limit_ranges(v, &limits, why); })
+      .custom("--connection-limits", "deadline=MS,per-client=N,body-rate=B", "slow and greedy API clients",
+              [&](const std::string &v, std::string *why) { return scad::parse_connection_limits(v, &connection_limits, why); });
+  scad::add_agent_flags(flags, &ao);
+  flags.parse(argc, argv);
+  bool local_agent = !no_local_agent;
   if (std::string why; scad::safe_home(home, &why)) {
     std::cerr << "scad-server: " << why << "\n";
     return 1;

@@ -8,6 +8,7 @@
 #include "agent_api.h"
 #include "connection_guard.h"
 #include "flag_number.h"
+#include "flags.h"
 #include "launcher_reply.h"
 #include "manifest.h"
 #include "safe_json.h"
@@ -224,6 +225,42 @@ TEST(ConnectionLimits, ParsesEachKeyAndRefusesTheRest) {
     EXPECT_FALSE(parse_connection_limits(bad, &l, &why)) << bad;
     EXPECT_EQ(l.request_deadline_ms, before.request_deadline_ms) << bad;  // nothing half-applied
     EXPECT_NE(why.find("--connection-limits"), std::string::npos);
+  }
+}
+
+TEST(DaemonFlags, SizesAndTheParserRefuseNonsense) {
+  uint64_t v = 0;
+  EXPECT_TRUE(parse_byte_size("4096", &v));
+  EXPECT_EQ(v, 4096u);
+  EXPECT_TRUE(parse_byte_size("64KiB", &v));
+  EXPECT_EQ(v, 65536u);
+  EXPECT_TRUE(parse_byte_size("10MB", &v));
+  EXPECT_EQ(v, 10000000u);
+  for (const char *bad : {"", "GiB", "4 GiB", "-1", "4gib", "1e9", "99999999999999999999", "2000TiB", "4GiBs"})
+    EXPECT_FALSE(parse_byte_size(bad, &v)) << bad;
+
+  std::string home;
+  int port = 1;
+  bool flag = false;
+  uint64_t pool = 0;
+  Flags f("t", "a test");
+  f.text("--home", "DIR", "h", &home).integer("--port", "p", 0, 65535, &port).toggle("--x", "x", &flag).bytes("--pool", "s", &pool);
+  std::vector<std::string> args = {"t", "--home", "/h", "--x", "--port", "80", "--pool", "1GiB"};
+  std::vector<char *> argv;
+  for (auto &a : args) argv.push_back(a.data());
+  auto given = f.parse(int(argv.size()), argv.data());
+  EXPECT_EQ(given, (std::vector<std::string>{"--home", "--x", "--port", "--pool"}));
+  EXPECT_EQ(home, "/h");
+  EXPECT_EQ(port, 80);
+  EXPECT_TRUE(flag);
+  EXPECT_EQ(pool, 1ull << 30);
+  EXPECT_NE(f.usage().find("--pool SIZE"), std::string::npos);
+  // A bad value or flag is a usage error (exit 2) naming the flag, never an exception.
+  for (std::vector<std::string> bad : {std::vector<std::string>{"t", "--port", "http"}, {"t", "--port"}, {"t", "--colour", "red"},
+                                       {"t", "--pool", "lots"}}) {
+    std::vector<char *> bargv;
+    for (auto &a : bad) bargv.push_back(a.data());
+    EXPECT_EXIT(f.parse(int(bargv.size()), bargv.data()), testing::ExitedWithCode(2), bad[1]) << bad[1];
   }
 }
 
