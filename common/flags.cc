@@ -17,8 +17,9 @@ bool parse_byte_size(const std::string &text, uint64_t *out) {
   static const struct {
     const char *suffix;
     uint64_t scale;
-  } units[] = {{"", 1},           {"B", 1},           {"KiB", 1ull << 10}, {"MiB", 1ull << 20}, {"GiB", 1ull << 30},
-               {"TiB", 1ull << 40}, {"KB", 1000},     {"MB", 1000000},     {"GB", 1000000000},  {"TB", 1000000000000}};
+  } units[] = {{"", 1},          {"B", 1},           {"KiB", 1ull << 10}, {"MiB", 1ull << 20}, {"GiB", 1ull << 30},
+               {"TiB", 1ull << 40}, {"K", 1ull << 10}, {"M", 1ull << 20},   {"G", 1ull << 30},   {"T", 1ull << 40},
+               {"KB", 1000},        {"MB", 1000000},    {"GB", 1000000000},  {"TB", 1000000000000}};
   std::string suffix = text.substr(digits);
   for (auto &u : units) {
     if (suffix != u.suffix) continue;

@@ -14,7 +14,8 @@
 
 namespace scad {
 
-// "4096", "64KiB", "512MiB", "1GiB", "10MB" (decimal), "1TiB": bytes, at most 2^50. False otherwise.
+// "4096", "64KiB", "512MiB", "1GiB" or "1G" (binary), "10MB" (decimal): bytes, at most 2^50.
+// False otherwise.
 bool parse_byte_size(const std::string &text, uint64_t *out);
 
 class Flags {

@@ -1,6 +1,6 @@
 #include "agent_api.h"
 
-#include "proto/auth.h"
+#include "secrets.h"
 #include "safe_json.h"
 
 namespace scad {
@@ -71,7 +71,7 @@ bool outcome_from_json(const json &j, ComputeOutcome *out, std::string *why) {
 void install_agent_routes(httplib::Server &srv, Agent &agent, const std::string &token) {
   auto authorized = [token](const httplib::Request &req, httplib::Response &res) {
     std::string h = req.get_header_value("Authorization");
-    if (h.rfind("Bearer ", 0) == 0 && libd::proto::macs_equal(h.substr(7), token)) return true;
+    if (h.rfind("Bearer ", 0) == 0 && constant_time_equal(h.substr(7), token)) return true;
     res.status = 401;
     res.set_content(json{{"error", "the cluster token is missing or wrong"}}.dump(), "application/json");
     return false;

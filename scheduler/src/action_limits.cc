@@ -1,7 +1,7 @@
 #include "action_limits.h"
 #include <algorithm>
 
-#include "core/params.h"
+#include "key_values.h"
 #include "safe_json.h"
 
 namespace scad {
@@ -38,12 +38,12 @@ bool parse_int(const std::string &s, int64_t *out) {
 }  // namespace
 
 bool parse_limit_ranges(const std::string &spec, LimitRanges *out, std::string *why) {
-  libd::Params kv;
-  if (!libd::parse_assignments(spec, &kv)) {
+  std::map<std::string, std::string> kv;
+  if (!parse_key_values(spec, &kv)) {
     *why = "--action-limits takes NAME=MIN:MAX[:DEFAULT],... (timeout in ms, memory and logs in MB)";
     return false;
   }
-  for (auto &[key, value] : kv.all()) {
+  for (auto &[key, value] : kv) {
     const Known *k = nullptr;
     for (auto &c : kKnown)
       if (key == c.name) k = &c;

@@ -6,7 +6,7 @@
 
 #include "action_limits.h"
 #include "host_keys.h"
-#include "proto/auth.h"
+#include "secrets.h"
 #include "remote_host.h"
 #include "safe_json.h"
 
@@ -413,7 +413,7 @@ void install_routes(httplib::Server &srv, Store &store, Engine &engine, ApiOptio
   routes.Post("/api/v1/hosts/register", [&, opts, hosts, hosts_mu, keys](const httplib::Request &req, httplib::Response &res) {
     std::string h = req.get_header_value("Authorization");
     std::string bearer = h.rfind("Bearer ", 0) == 0 ? h.substr(7) : "";
-    bool cluster = !opts.cluster_token.empty() && libd::proto::macs_equal(bearer, opts.cluster_token);
+    bool cluster = !opts.cluster_token.empty() && constant_time_equal(bearer, opts.cluster_token);
     if (!cluster && !keys)
       return error(res, 401, "registering a host needs the cluster token (scad-server --cluster-token-file)");
     json b;

@@ -9,7 +9,7 @@
 #include <fstream>
 #include <thread>
 
-#include "core/params.h"
+#include "flags.h"
 #include "safe_json.h"
 
 namespace scad {
@@ -712,7 +712,7 @@ int Engine::runtime_invoke(const std::string &token, const std::string &aid, con
   if (props.contains("size")) {
     const json &s = props["size"];
     if (!((s.is_number_unsigned() && (size = s.get<uint64_t>()) > 0) ||
-          (s.is_string() && libd::parse_size(s.get<std::string>(), &size) && size > 0))) {
+          (s.is_string() && parse_byte_size(s.get<std::string>(), &size) && size > 0))) {
       *reply = {{"error", "props.size must be a positive number of bytes or a size such as 1GiB"}};
       return 400;
     }

@@ -5,7 +5,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "proto/auth.h"
+#include "secrets.h"
 #include "store.h"
 
 namespace scad {
@@ -33,7 +33,7 @@ bool HostKeys::admits(const std::string &bearer, const std::string &id) {
   std::lock_guard<std::mutex> lk(mu_);
   reload_locked();
   auto it = hashes_.find(id);
-  return it != hashes_.end() && libd::proto::macs_equal(sha256_hex(bearer.substr(colon + 1)), it->second);
+  return it != hashes_.end() && constant_time_equal(sha256_hex(bearer.substr(colon + 1)), it->second);
 }
 
 }  // namespace scad

@@ -4,7 +4,7 @@
 
 #include <functional>
 
-#include "core/params.h"
+#include "flags.h"
 #include "safe_json.h"
 
 namespace scad {
@@ -124,7 +124,7 @@ bool read_size(const json &v, uint64_t *out) {
     *out = v.get<uint64_t>();
     return true;
   }
-  return v.is_string() && libd::parse_size(v.get<std::string>(), out);
+  return v.is_string() && parse_byte_size(v.get<std::string>(), out);
 }
 
 }  // namespace

@@ -1,18 +1,19 @@
 #include "quotas.h"
 
-#include "core/params.h"
+#include "flags.h"
+#include "key_values.h"
 
 namespace scad {
 
 bool parse_quotas(const std::string &spec, Quotas *out, std::string *why) {
-  libd::Params kv;
-  if (!libd::parse_assignments(spec, &kv)) {
+  std::map<std::string, std::string> kv;
+  if (!parse_key_values(spec, &kv)) {
     *why = "--quotas takes elements=N,memory=SIZE,activations=N,instances=N";
     return false;
   }
-  for (auto &[key, value] : kv.all()) {
+  for (auto &[key, value] : kv) {
     uint64_t v = 0;
-    bool ok = libd::parse_size(value, &v) && v > 0 && v <= (1ull << 50);
+    bool ok = parse_byte_size(value, &v) && v > 0;
     if (ok && key == "elements") out->elements = int64_t(v);
     else if (ok && key == "memory") out->element_bytes = v;
     else if (ok && key == "activations") out->activations = int64_t(v);

@@ -5,7 +5,7 @@
 #include <chrono>
 #include <stdexcept>
 
-#include "proto/auth.h"
+#include "secrets.h"
 #include "safe_json.h"
 
 namespace scad {
@@ -53,10 +53,9 @@ std::string sha256_hex(const std::string &data) {
   unsigned char md[EVP_MAX_MD_SIZE];
   unsigned int len = 0;
   EVP_Digest(data.data(), data.size(), md, &len, EVP_sha256(), nullptr);
-  return libd::proto::to_hex(std::string(reinterpret_cast<char *>(md), len));
+  return to_hex(std::string(reinterpret_cast<char *>(md), len));
 }
 
-std::string random_hex(size_t bytes) { return libd::proto::to_hex(libd::proto::random_bytes(bytes)); }
 
 std::string new_uuid() {
   std::string h = random_hex(16);
@@ -124,7 +123,7 @@ std::optional<std::string> Store::authenticate(const std::string &uuid, const st
   q.bind(1, uuid);
   if (!q.step()) return std::nullopt;
   // Hashes of equal length compared in constant time.
-  if (!libd::proto::macs_equal(q.text(1), sha256_hex(key))) return std::nullopt;
+  if (!constant_time_equal(q.text(1), sha256_hex(key))) return std::nullopt;
   return q.text(0);
 }
 

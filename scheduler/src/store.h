@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 #include <vector>
+#include "secrets.h"  // random_hex, for the ids and keys made here
 
 namespace scad {
 
@@ -58,7 +59,6 @@ class Store {
 };
 
 std::string sha256_hex(const std::string &data);
-std::string random_hex(size_t bytes);
 std::string new_uuid();
 
 }  // namespace scad
