@@ -1,5 +1,7 @@
 #include "agent_api.h"
 
+#include "agent_metrics.h"
+
 #include "secrets.h"
 #include "safe_json.h"
 
@@ -69,6 +71,7 @@ bool outcome_from_json(const json &j, ComputeOutcome *out, std::string *why) {
 }
 
 void install_agent_routes(httplib::Server &srv, Agent &agent, const std::string &token) {
+  auto metrics = std::make_shared<AgentMetrics>();
   auto authorized = [token](const httplib::Request &req, httplib::Response &res) {
     std::string h = req.get_header_value("Authorization");
     if (h.rfind("Bearer ", 0) == 0 && constant_time_equal(h.substr(7), token)) return true;
@@ -135,7 +138,7 @@ void install_agent_routes(httplib::Server &srv, Agent &agent, const std::string 
     if (!prefix || agent.remove_code(*prefix)) return fail(res, 400, "needs {\"prefix\": \"NS/KIND/NAME\"}");
     res.status = 204;
   });
-  srv.Post("/agent/v1/run", [&, authorized, body_of, fail](const httplib::Request &req, httplib::Response &res) {
+  srv.Post("/agent/v1/run", [&, authorized, body_of, fail, metrics](const httplib::Request &req, httplib::Response &res) {
     json b;
     if (!authorized(req, res) || !body_of(req, res, &b)) return;
     ComputeSpec spec;
@@ -144,7 +147,14 @@ void install_agent_routes(httplib::Server &srv, Agent &agent, const std::string 
     } catch (const json::exception &e) {
       return fail(res, 400, std::string("bad compute spec: ") + e.what());
     }
-    res.set_content(dump_json(to_json(agent.run_compute(spec))), "application/json");
+    ComputeOutcome o = agent.run_compute(spec);
+    metrics->run_finished(o.status, o.start, double(o.duration_ms) / 1000);
+    res.set_content(dump_json(to_json(o)), "application/json");
+  });
+  // Prometheus scrapes without credentials: the metrics are aggregates that name no tenant.
+  srv.Get("/metrics", [&agent, metrics](const httplib::Request &, httplib::Response &res) {
+    res.set_content(metrics->render(agent.options().pool_bytes, agent.pool_used()),
+                    "text/plain; version=0.0.4; charset=utf-8");
   });
 }
 

@@ -298,3 +298,33 @@ def test_metrics_count_activations_starts_and_hosts_and_name_no_tenant(platform)
     assert v[("scad_host", frozenset({("host", "local"), ("what", "pool_bytes")}))] == 1 << 30
     assert v[("scad_host", frozenset({("host", "local"), ("what", "up")}))] == 1
     assert "guest" not in text and "counted" not in text  # aggregates: no namespace, no action
+
+
+def test_a_remote_agent_has_metrics_of_its_own(tmp_path):
+    import re
+    import select
+    from scadtest import BUILD, cluster_token, stop_processes
+    token = cluster_token(tmp_path)
+    plat = Platform(tmp_path / "sched", extra=["--no-local-agent", "--cluster-token-file", str(token)])
+    procs = [plat.proc]
+    try:
+        import disagg
+        pythonpath = f"{os.path.dirname(disagg.__file__)}:{ROOT / 'bindings' / 'python'}"
+        agent = subprocess.Popen([str(BUILD / "runtime" / "scad-agent"), "--scheduler", plat.url, "--address", "127.0.0.1",
+                                  "--token-file", str(token), "--id", "metered", "--home", str(tmp_path / "agent"),
+                                  "--pool", "256MiB", "--python", sys.executable, "--pythonpath", pythonpath],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        procs.append(agent)
+        assert select.select([agent.stdout], [], [], 30)[0], "the agent did not register"
+        agent_url = re.search(r"serving at (\S+),", agent.stdout.readline()).group(1)
+        assert plat.deploy(ROOT / "actions" / "sumsq")[0] == 200
+        status, rec = plat.invoke("sumsq", {"n": 1000})
+        assert status == 200 and rec["response"]["status"] == "success", (rec["response"], rec["logs"][-5:])
+        with urllib.request.urlopen(agent_url + "/metrics", timeout=10) as r:
+            v = metric_values(r.read().decode())
+        instances = sum(val for (name, _), val in v.items() if name == "scad_agent_starts_total")
+        assert v[("scad_agent_runs_total", frozenset({("status", "success")}))] == instances >= 2
+        assert v[("scad_agent_pool_bytes", frozenset())] == 256 << 20
+        assert v[("scad_agent_pool_used_bytes", frozenset())] == 0  # the activation freed its memory
+    finally:
+        stop_processes(procs)
