@@ -154,12 +154,14 @@ def load_app(path):
 
 
 def cmd_up(args):
+    # SCAD_SERVER if set; the one a wheel carries (pip install .: scad/bin); a source tree's build.
     root = pathlib.Path(__file__).resolve().parents[3]
-    candidates = [os.environ.get("SCAD_SERVER"), str(root / "build" / "scheduler" / "scad-server"),
-                  str(pathlib.Path(sys.executable).parent / "scad-server")]
+    candidates = [os.environ.get("SCAD_SERVER"), str(pathlib.Path(__file__).resolve().parent / "bin" / "scad-server"),
+                  str(root / "build" / "scheduler" / "scad-server")]
     server = next((c for c in candidates if c and os.access(c, os.X_OK)), None)
     if server is None:
-        raise CliError("scad-server not found: build it (scripts/setup) or set SCAD_SERVER")
+        raise CliError("scad-server not found: pip install . carries it in scad/bin; in a source tree, build it "
+                       "(scripts/setup); or set SCAD_SERVER")
     import disagg
     import scad
     pythonpath = os.pathsep.join(dict.fromkeys([os.path.dirname(disagg.__file__),
