@@ -5,24 +5,15 @@
 #include <set>
 
 #include "action_limits.h"
-#include "host_keys.h"
+#include "host_registry.h"
 #include "secrets.h"
-#include "remote_host.h"
 #include "safe_json.h"
 
 namespace scad {
 
 namespace {
 
-// OpenWhisk's entity names: a letter, digit or '_' first, then also '.', '@', '-'; at most 256.
-// Checked by hand: std::regex recurses per character and a long name would overflow the stack.
-bool valid_name(const std::string &name) {
-  auto plain = [](char c) { return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_'; };
-  if (name.empty() || name.size() > 256 || !plain(name[0])) return false;
-  for (char c : name)
-    if (!plain(c) && c != '.' && c != '@' && c != '-') return false;
-  return true;
-}
+bool valid_name(const std::string &name) { return valid_entity_name(name); }
 
 std::string txid() { return random_hex(16); }
 
@@ -406,50 +397,17 @@ void install_routes(httplib::Server &srv, Store &store, Engine &engine, ApiOptio
     reply(res, 200, engine.host_info());
   });
 
-  // ---- agents of other hosts register (and heartbeat) with the cluster token ----
-  auto hosts = std::make_shared<std::map<std::string, std::shared_ptr<RemoteHost>>>();
-  auto hosts_mu = std::make_shared<std::mutex>();
-  auto keys = opts.host_keys.empty() ? nullptr : std::make_shared<HostKeys>(opts.host_keys);
-  routes.Post("/api/v1/hosts/register", [&, opts, hosts, hosts_mu, keys](const httplib::Request &req, httplib::Response &res) {
+  // ---- agents of other hosts register (and heartbeat) (host_registry.h) ----
+  auto registry = std::make_shared<HostRegistry>(store, engine, opts.cluster_token, opts.host_keys);
+  routes.Post("/api/v1/hosts/register", [registry](const httplib::Request &req, httplib::Response &res) {
     std::string h = req.get_header_value("Authorization");
     std::string bearer = h.rfind("Bearer ", 0) == 0 ? h.substr(7) : "";
-    bool cluster = !opts.cluster_token.empty() && constant_time_equal(bearer, opts.cluster_token);
-    if (!cluster && !keys)
+    if (!registry->accepts_hosts())
       return error(res, 401, "registering a host needs the cluster token (scad-server --cluster-token-file)");
     json b;
     if (!parse_body(req, res, &b, false)) return;
-    // With per-host keys, a key registers its own id and no other.
-    if (!cluster && !(get_string(b, "id") && keys->admits(bearer, *get_string(b, "id"))))
-      return error(res, 401, "registering a host needs its own key (ID:SECRET, as `scad host key ID` made it) "
-                             "or the cluster token");
-    if (!b.contains("id") || !b["id"].is_string() || !b.contains("url") || !b["url"].is_string() ||
-        !b.contains("cpus") || !b["cpus"].is_number() || !b.contains("pool") || !b["pool"].is_number_unsigned())
-      return error(res, 400, "needs {\"id\", \"url\", \"cpus\", \"pool\"}");
-    if (b.contains("rdma") && !b["rdma"].is_boolean()) return error(res, 400, "\"rdma\" must be true or false");
-    // The built-in host's id is never a remote agent's: registering it would replace it.
-    if (b["id"] == "local" || !valid_name(b["id"].get<std::string>()))
-      return error(res, 400, "host id '" + valid_utf8(b["id"].get<std::string>().substr(0, 64)) +
-                                 "' is reserved or not a name (letters, digits, '_', '.', '@', '-')");
-    if (!(b["cpus"].get<double>() >= 0 && b["cpus"].get<double>() <= 4096))
-      return error(res, 400, "\"cpus\" must be from 0 to 4096");
-    bool rdma = b.value("rdma", false);
-    std::lock_guard<std::mutex> lk(*hosts_mu);
-    auto &known = (*hosts)[b["id"].get<std::string>()];
-    if (known && known->url() == b["url"].get<std::string>() && known->rdma() == rdma && known->token() == bearer) {
-      known->heartbeat();
-    } else {
-      // The scheduler calls the agent with the credential the agent registered with.
-      known = std::make_shared<RemoteHost>(b["id"], b["url"], b["cpus"].get<double>(), b["pool"].get<uint64_t>(), rdma,
-                                           bearer);
-      json isolation = {{"sandbox", get_bool(b, "sandbox").value_or(false)},
-                        {"cgroup_limits", get_bool(b, "limits").value_or(false)}};
-      for (const char *why : {"sandbox_off", "cgroup_limits_off"})
-        if (auto w = get_string(b, why)) isolation[why] = valid_utf8(w->substr(0, 200));
-      known->set_isolation(isolation);
-      engine.add_host(known);
-      store.put_host({{"id", b["id"]}, {"url", b["url"]}, {"cpus", b["cpus"]}, {"memory_pool", b["pool"]},
-                      {"rdma", rdma}, {"rdma_device", get_string(b, "rdma_device").value_or("")}});
-    }
+    HostRegistry::Outcome o = registry->register_host(bearer, b);
+    if (o.status != 200) return error(res, o.status, o.error);
     reply(res, 200, {{"registered", b["id"]}});
   });
 
