@@ -1,0 +1,124 @@
+// The runtime endpoint's side of the engine: a running instance (by its token) creates and
+// releases memory elements of its activation; and the elements a namespace has now.
+#include "engine.h"
+#include "engine_activation.h"
+#include "flags.h"
+#include "safe_json.h"
+
+namespace scad {
+
+bool Engine::find_caller(const std::string &token, const std::string &aid, Caller *out, json *reply) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = tokens_.find(token);
+  if (it == tokens_.end() || it->second.aid != aid) {
+    *reply = {{"error", "unknown or expired token for action '" + aid + "'"}};
+    return false;
+  }
+  *out = it->second;
+  return true;
+}
+
+int Engine::runtime_invoke(const std::string &token, const std::string &aid, const json &body, json *reply) {
+  Caller c;
+  if (!find_caller(token, aid, &c, reply)) return 401;
+  if (!body.is_object() || !body.contains("template") || !body["template"].is_string() || !body.contains("name") ||
+      !body["name"].is_string()) {
+    *reply = {{"error", "the body must be {\"template\": NAME, \"name\": TRANSPORT, \"props\": {...}}"}};
+    return 400;
+  }
+  std::string tmpl = body["template"], name = body["name"];
+  const Manifest &m = c.act->manifest;
+  auto it = m.elements.find(tmpl);
+  if (c.act->kind != "app" || it == m.elements.end() || it->second.kind != "memory") {
+    *reply = {{"error", "template '" + tmpl + "' is not a memory element of application '" + c.act->name + "'"}};
+    return 409;
+  }
+  uint64_t size = it->second.size;
+  json props = body.value("props", json::object());
+  if (props.contains("size")) {
+    const json &s = props["size"];
+    if (!((s.is_number_unsigned() && (size = s.get<uint64_t>()) > 0) ||
+          (s.is_string() && parse_byte_size(s.get<std::string>(), &size) && size > 0))) {
+      *reply = {{"error", "props.size must be a positive number of bytes or a size such as 1GiB"}};
+      return 400;
+    }
+  }
+  std::string key = aid + "/" + name;
+  std::string id = c.act->id + "-rt" + std::to_string(++counter_) + "-" + name, why;
+  {
+    std::lock_guard<std::mutex> lk(c.act->mu);
+    if (c.act->runtime_elements.count(key)) {
+      *reply = {{"error", "this action already has an element named '" + name + "'"}};
+      return 409;
+    }
+  }
+  int h = place_memory(c.act->ns, size, c.host, &why);
+  if (h >= 0 && host(h)->create_element(id, size, &why)) {
+    unplace_memory(c.act->ns, h, size);
+    h = -1;
+  }
+  if (h < 0) {
+    *reply = {{"error", "cannot place a memory element of " + std::to_string(size) + " bytes: " + why}};
+    return 409;
+  }
+  TransportGrant g;
+  if (host(h)->grant(id, aid, 3, name, transport_between(h, c.host), &g, &why)) {
+    host(h)->remove_element(id);
+    unplace_memory(c.act->ns, h, size);
+    *reply = {{"error", why}};
+    return 500;
+  }
+  {
+    std::lock_guard<std::mutex> lk(c.act->mu);
+    c.act->runtime_elements[key] = {id, h, size};
+  }
+  *reply = {{"name", name}, {"durl", g.durl}, {"config", g.config}};
+  return 201;
+}
+
+int Engine::runtime_release(const std::string &token, const std::string &aid, const std::string &name, json *reply) {
+  Caller c;
+  if (!find_caller(token, aid, &c, reply)) return 401;
+  Activation::Placed p;
+  {
+    std::lock_guard<std::mutex> lk(c.act->mu);
+    auto it = c.act->runtime_elements.find(aid + "/" + name);
+    if (it == c.act->runtime_elements.end()) {
+      *reply = {{"error", "this action has no element named '" + name + "'"}};
+      return 404;
+    }
+    p = it->second;
+    c.act->runtime_elements.erase(it);
+  }
+  host(p.host)->remove_element(p.id);  // revokes the grant: the caller's connection closes at once
+  unplace_memory(c.act->ns, p.host, p.size);
+  return 204;
+}
+
+void Engine::forget_code(const std::string &ns, const std::string &kind, const std::string &name) {
+  std::vector<std::shared_ptr<HostAgent>> all;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (auto &h : hosts_) all.push_back(h.agent);
+  }
+  for (auto &h : all) h->remove_code(ns + "/" + kind + "/" + name);
+}
+
+json Engine::elements(const std::string &ns) {
+  json out = json::array();
+  std::lock_guard<std::mutex> lk(mu_);
+  for (auto &[id, act] : running_) {
+    if (act->ns != ns) continue;
+    std::lock_guard<std::mutex> alk(act->mu);
+    for (auto &[name, p] : act->memory)
+      out.push_back({{"id", p.id}, {"name", name}, {"kind", "memory"}, {"app", act->name}, {"activation", act->id},
+                     {"host", hosts_[size_t(p.host)].agent->id()}, {"size", p.size}});
+    for (auto &[k, p] : act->runtime_elements)
+      out.push_back({{"id", p.id}, {"name", k.substr(k.find('/') + 1)}, {"kind", "memory"}, {"app", act->name},
+                     {"activation", act->id}, {"host", hosts_[size_t(p.host)].agent->id()}, {"size", p.size},
+                     {"invoked_by", k.substr(0, k.find('/'))}});
+  }
+  return out;
+}
+
+}  // namespace scad
