@@ -2,6 +2,7 @@
 
 #include <openssl/evp.h>
 
+#include <functional>
 #include <set>
 
 #include "action_limits.h"
@@ -154,75 +155,12 @@ struct Routes {
   void Delete(const std::string &p, httplib::Server::Handler h) { srv.Delete(p, timed(std::move(h))); }
 };
 
-}  // namespace
+const std::string NS = "/api/v1/namespaces/([^/]+)";
+// POST to an action or an application (install_routes makes it: it holds the blocking waits).
+using InvokeRoute = std::function<httplib::Server::Handler(const std::string &table)>;
 
-void install_routes(httplib::Server &srv, Store &store, Engine &engine, ApiOptions opts) {
-  srv.set_payload_max_length(opts.max_body);
-  // Credentials before the body: a request that carries one (up to max_body) is authenticated
-  // from its headers before a byte of it is read, so strangers cannot make the server read
-  // 64 MiB each. (The pre-routing handler runs before httplib reads the content.)
-  if (opts.guard)
-    srv.set_post_routing_handler([guard = opts.guard](const httplib::Request &req, httplib::Response &res) {
-      guard->response_ready(req, res);
-    });
-  srv.set_pre_routing_handler([&store, guard = opts.guard](const httplib::Request &req, httplib::Response &res) {
-    if (guard) guard->headers_read(req);
-    bool has_body = req.has_header("Content-Length") && req.get_header_value("Content-Length") != "0";
-    bool chunked = req.get_header_value("Transfer-Encoding").find("chunked") != std::string::npos;
-    if ((!has_body && !chunked) || req.path.rfind("/api/v1/namespaces/", 0) != 0) return httplib::Server::HandlerResponse::Unhandled;
-    if (!authenticate(store, req, res).empty()) return httplib::Server::HandlerResponse::Unhandled;
-    res.set_header("Connection", "close");  // the unread body must not be taken for a request
-    return httplib::Server::HandlerResponse::Handled;
-  });
-  Routes routes{srv, opts.guard};
-  const std::string NS = "/api/v1/namespaces/([^/]+)";
-
-  // POST to an action or an application: the same OpenWhisk semantics for both. A blocking invoke
-  // holds one of the server's threads while it waits: at most max_blocking_waits do, and the
-  // others are answered at once with the activation id (202), as OpenWhisk does when its wait ends.
-  auto waiting = std::make_shared<std::atomic<int>>(0);
-  auto invoke_route = [&, opts, waiting](const std::string &table) {
-    return [&, opts, table, waiting](const httplib::Request &req, httplib::Response &res) {
-      std::string ns = authorize(store, req, res, req.matches[1]);
-      json params;
-      if (ns.empty() || !parse_body(req, res, &params)) return;
-      auto doc = store.get_doc(table, ns, req.matches[2]);
-      if (!doc) return error(res, 404, "The requested resource does not exist.");
-      int64_t wait = req.get_param_value("blocking") == "true" ? opts.blocking_wait_ms : 0;
-      if (wait && waiting->fetch_add(1) >= opts.max_blocking_waits) {
-        waiting->fetch_sub(1);
-        wait = 0;
-      }
-      struct Done {
-        std::atomic<int> *n;
-        bool counted;
-        ~Done() { if (counted) n->fetch_sub(1); }
-      } done{waiting.get(), wait > 0};
-      json record;
-      bool finished = false;
-      std::string id = table == "apps" ? engine.invoke_app(ns, *doc, params, wait, &record, &finished)
-                                       : engine.invoke_action(ns, *doc, params, wait, &record, &finished);
-      if (id.empty()) return error(res, 429, record.value("error", "too many activations in flight"));
-      invocation_reply(res, id, finished, record, req.get_param_value("result") == "true");
-    };
-  };
-
-  routes.Get("/api/v1", [](const httplib::Request &, httplib::Response &res) {
-    reply(res, 200, {{"description", "Scad: a serverless runtime for disaggregated applications"},
-                     {"api_paths", {"/api/v1"}}, {"openwhisk_compatible", true}});
-  });
-  // Prometheus scrapes without credentials: the metrics are aggregates that name no tenant.
-  if (opts.metrics)
-    routes.Get("/metrics", [&engine, opts](const httplib::Request &, httplib::Response &res) {
-      res.set_content(opts.metrics->render(engine.host_info(), opts.guard ? opts.guard->counts() : ConnectionGuard::Counts{}),
-                      "text/plain; version=0.0.4; charset=utf-8");
-    });
-  routes.Get("/api/v1/namespaces", [&, opts](const httplib::Request &req, httplib::Response &res) {
-    std::string ns = authenticate(store, req, res);
-    if (!ns.empty()) reply(res, 200, json::array({ns}));
-  });
-
-  // ---- OpenWhisk actions ----
+// OpenWhisk actions: list, put (validated limits), get, delete, invoke.
+void action_routes(Routes &routes, Store &store, Engine &engine, const ApiOptions &opts, const InvokeRoute &invoke_route) {
   routes.Get(NS + "/actions", [&, opts](const httplib::Request &req, httplib::Response &res) {
     std::string ns = authorize(store, req, res, req.matches[1]);
     if (ns.empty()) return;
@@ -298,8 +236,10 @@ void install_routes(httplib::Server &srv, Store &store, Engine &engine, ApiOptio
     reply(res, 200, action_view(*doc));
   });
   routes.Post(NS + "/actions/([^/]+)", invoke_route("actions"));
+}
 
-  // ---- activations ----
+// Activations: list, get, logs, result (each namespace its own only).
+void activation_routes(Routes &routes, Store &store, const ApiOptions &opts) {
   routes.Get(NS + "/activations", [&, opts](const httplib::Request &req, httplib::Response &res) {
     std::string ns = authorize(store, req, res, req.matches[1]);
     if (ns.empty()) return;
@@ -326,8 +266,10 @@ void install_routes(httplib::Server &srv, Store &store, Engine &engine, ApiOptio
     if (part == "/result") return reply(res, 200, (*r)["response"]);
     reply(res, 200, *r);
   });
+}
 
-  // ---- applications ----
+// Applications: list, deploy (a validated manifest, a new version), get, delete, invoke.
+void app_routes(Routes &routes, Store &store, Engine &engine, const ApiOptions &opts, const InvokeRoute &invoke_route) {
   routes.Get(NS + "/apps", [&, opts](const httplib::Request &req, httplib::Response &res) {
     std::string ns = authorize(store, req, res, req.matches[1]);
     if (ns.empty()) return;
@@ -386,8 +328,10 @@ void install_routes(httplib::Server &srv, Store &store, Engine &engine, ApiOptio
     reply(res, 200, {{"deleted", req.matches[2].str()}});
   });
   routes.Post(NS + "/apps/([^/]+)", invoke_route("apps"));
+}
 
-  // ---- elements and hosts ----
+// A namespace's live elements, the hosts, and hosts registering (host_registry.h).
+void element_and_host_routes(Routes &routes, Store &store, Engine &engine, const ApiOptions &opts) {
   routes.Get(NS + "/elements", [&, opts](const httplib::Request &req, httplib::Response &res) {
     std::string ns = authorize(store, req, res, req.matches[1]);
     if (!ns.empty()) reply(res, 200, engine.elements(ns));
@@ -410,7 +354,79 @@ void install_routes(httplib::Server &srv, Store &store, Engine &engine, ApiOptio
     if (o.status != 200) return error(res, o.status, o.error);
     reply(res, 200, {{"registered", b["id"]}});
   });
+}
 
+}  // namespace
+
+void install_routes(httplib::Server &srv, Store &store, Engine &engine, ApiOptions opts) {
+  srv.set_payload_max_length(opts.max_body);
+  // Credentials before the body: a request that carries one (up to max_body) is authenticated
+  // from its headers before a byte of it is read, so strangers cannot make the server read
+  // 64 MiB each. (The pre-routing handler runs before httplib reads the content.)
+  if (opts.guard)
+    srv.set_post_routing_handler([guard = opts.guard](const httplib::Request &req, httplib::Response &res) {
+      guard->response_ready(req, res);
+    });
+  srv.set_pre_routing_handler([&store, guard = opts.guard](const httplib::Request &req, httplib::Response &res) {
+    if (guard) guard->headers_read(req);
+    bool has_body = req.has_header("Content-Length") && req.get_header_value("Content-Length") != "0";
+    bool chunked = req.get_header_value("Transfer-Encoding").find("chunked") != std::string::npos;
+    if ((!has_body && !chunked) || req.path.rfind("/api/v1/namespaces/", 0) != 0) return httplib::Server::HandlerResponse::Unhandled;
+    if (!authenticate(store, req, res).empty()) return httplib::Server::HandlerResponse::Unhandled;
+    res.set_header("Connection", "close");  // the unread body must not be taken for a request
+    return httplib::Server::HandlerResponse::Handled;
+  });
+  Routes routes{srv, opts.guard};
+
+  // POST to an action or an application: the same OpenWhisk semantics for both. A blocking invoke
+  // holds one of the server's threads while it waits: at most max_blocking_waits do, and the
+  // others are answered at once with the activation id (202), as OpenWhisk does when its wait ends.
+  auto waiting = std::make_shared<std::atomic<int>>(0);
+  InvokeRoute invoke_route = [&, opts, waiting](const std::string &table) -> httplib::Server::Handler {
+    return [&, opts, table, waiting](const httplib::Request &req, httplib::Response &res) {
+      std::string ns = authorize(store, req, res, req.matches[1]);
+      json params;
+      if (ns.empty() || !parse_body(req, res, &params)) return;
+      auto doc = store.get_doc(table, ns, req.matches[2]);
+      if (!doc) return error(res, 404, "The requested resource does not exist.");
+      int64_t wait = req.get_param_value("blocking") == "true" ? opts.blocking_wait_ms : 0;
+      if (wait && waiting->fetch_add(1) >= opts.max_blocking_waits) {
+        waiting->fetch_sub(1);
+        wait = 0;
+      }
+      struct Done {
+        std::atomic<int> *n;
+        bool counted;
+        ~Done() { if (counted) n->fetch_sub(1); }
+      } done{waiting.get(), wait > 0};
+      json record;
+      bool finished = false;
+      std::string id = table == "apps" ? engine.invoke_app(ns, *doc, params, wait, &record, &finished)
+                                       : engine.invoke_action(ns, *doc, params, wait, &record, &finished);
+      if (id.empty()) return error(res, 429, record.value("error", "too many activations in flight"));
+      invocation_reply(res, id, finished, record, req.get_param_value("result") == "true");
+    };
+  };
+
+  routes.Get("/api/v1", [](const httplib::Request &, httplib::Response &res) {
+    reply(res, 200, {{"description", "Scad: a serverless runtime for disaggregated applications"},
+                     {"api_paths", {"/api/v1"}}, {"openwhisk_compatible", true}});
+  });
+  // Prometheus scrapes without credentials: the metrics are aggregates that name no tenant.
+  if (opts.metrics)
+    routes.Get("/metrics", [&engine, opts](const httplib::Request &, httplib::Response &res) {
+      res.set_content(opts.metrics->render(engine.host_info(), opts.guard ? opts.guard->counts() : ConnectionGuard::Counts{}),
+                      "text/plain; version=0.0.4; charset=utf-8");
+    });
+  routes.Get("/api/v1/namespaces", [&, opts](const httplib::Request &req, httplib::Response &res) {
+    std::string ns = authenticate(store, req, res);
+    if (!ns.empty()) reply(res, 200, json::array({ns}));
+  });
+
+  action_routes(routes, store, engine, opts, invoke_route);
+  activation_routes(routes, store, opts);
+  app_routes(routes, store, engine, opts, invoke_route);
+  element_and_host_routes(routes, store, engine, opts);
   srv.set_exception_handler(internal_error);
 }
 
