@@ -44,6 +44,11 @@ HostRegistry::Outcome HostRegistry::register_host(const std::string &bearer, con
     known->heartbeat();
     return {};
   }
+  // A live host is never taken over with another credential (the cluster token for a host that
+  // registered with its own key, or the reverse); once its heartbeats stop, it may be.
+  if (known && known->alive() && !constant_time_equal(known->token(), bearer))
+    return {409, "host '" + id + "' is registered and alive with another credential; it can be registered "
+                 "otherwise once its heartbeats stop"};
   // The scheduler calls the agent with the credential the agent registered with.
   known = std::make_shared<RemoteHost>(id, b["url"], b["cpus"].get<double>(), b["pool"].get<uint64_t>(), rdma, bearer);
   json isolation = {{"sandbox", get_bool(b, "sandbox").value_or(false)},

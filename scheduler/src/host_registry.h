@@ -21,7 +21,7 @@ class HostRegistry {
   HostRegistry(Store &store, Engine &engine, std::string cluster_token, const std::string &host_keys_file);
 
   struct Outcome {
-    int status = 200;   // 200, or 400 / 401 with `error`
+    int status = 200;   // 200, or 400 / 401 / 409 with `error`
     std::string error;
   };
   // `bearer` is the credential presented; `body` the parsed registration {id, url, cpus, pool, ...}.

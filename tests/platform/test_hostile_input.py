@@ -445,7 +445,9 @@ def test_each_host_has_a_key_of_its_own(tmp_path):
     h1, h2 = make_host_key(keys, "h1"), make_host_key(keys, "h2")
     assert h1.startswith("h1:") and len(h1) == 3 + 64 and oct(keys.stat().st_mode & 0o777) == "0o600"
     assert h1.split(":")[1] not in keys.read_text(), "only the secret's hash is kept"
-    p = Platform(tmp_path / "home", extra=["--host-keys", str(keys)])
+    token = cluster_token(tmp_path)
+    p = Platform(tmp_path / "home", extra=["--host-keys", str(keys), "--cluster-token-file", str(token)])
+    token = token.read_text().strip()
 
     def register(host_id, bearer):
         req = urllib.request.Request(p.url + "/api/v1/hosts/register", method="POST", data=json.dumps(
@@ -463,6 +465,9 @@ def test_each_host_has_a_key_of_its_own(tmp_path):
         assert register("h1", "h1:" + "0" * 64) == 401
         assert register("h1", "no-cluster-token-here") == 401
         assert register("h2", h2) == 200
+        assert register("h2", token) == 409, "a live host is not taken over with the cluster token"
+        assert register("h3", token) == 200
+        assert register("h3", h1) == 401
         keys.write_text("".join(line + "\n" for line in keys.read_text().splitlines() if not line.startswith("h1 ")))
         assert register("h1", h1) == 401, "a deleted line revokes the host"
         assert register("h2", h2) == 200
