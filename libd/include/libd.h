@@ -37,7 +37,7 @@ extern "C" {
 #endif
 
 #define LIBD_VERSION_MAJOR 1
-#define LIBD_VERSION_MINOR 1
+#define LIBD_VERSION_MINOR 2
 
 typedef struct libd_action libd_action;
 typedef struct libd_transport libd_transport;
@@ -245,6 +245,44 @@ int libd_trdma_server_grant_ex(libd_transport *trans, const libd_grant_spec *spe
  *   -ENOENT       no such grant */
 int libd_trdma_server_wait_notify(libd_transport *trans, const char *grant_id, uint64_t *value, int *status,
                                   int timeout_ms);
+/* ---- hosting memory elements (since 1.2) --------------------------------------------------
+ *
+ * A server transport is also the door for a process that hosts memory for others (a host
+ * agent's pool, a standalone memory server): elements of its own (zero-filled memory, freed when
+ * withdrawn), a capacity over them (the `capacity` key, a size such as 8GiB: add_element past it
+ * is -ENOSPC), grants with a chosen id and secret (to honour, after a restart, configurations
+ * handed out before it) and a summary of what it serves. Keys of the server transports:
+ *   size      bytes of the transport's own element (0: none)
+ *   host, port   tcp listener (tcp_server, verbs_server; default 127.0.0.1 and an ephemeral port)
+ *   path      unix socket for shm clients (shm_server: required; the others: optional)
+ *   capacity  most bytes of elements at once (default: no limit; lent memory does not count)
+ *   dev, port_num, gid_index, mw, cm   verbs_server: device selection (see docs/c-api.md) */
+
+/* Adds element `element` of `size` zero-filled bytes to a serving server transport; clients reach
+ * it through grants (libd_trdma_server_grant_ex with spec->element). libd_trdma_server_withdraw
+ * removes it. -ENOTCONN not serving; -EEXIST name taken; -EINVAL size 0 or a bad name;
+ * -ENOSPC past the capacity; -ENOMEM the memory could not be had. */
+int libd_trdma_server_add_element(libd_transport *trans, const char *element, uint64_t size);
+
+typedef struct libd_server_attr {
+    uint64_t used_bytes;     /* bytes of the elements added (lent memory is not counted) */
+    uint64_t capacity;       /* the capacity key; UINT64_MAX when there is none */
+    uint64_t connections;    /* client connections open now */
+    int verbs;               /* 1 when RDMA verbs clients are served */
+    char verbs_device[256];  /* the device, port and GID served, and the rdma_cm listener's state */
+} libd_server_attr;
+/* What a serving server transport serves now. -ENOTCONN not serving. */
+int libd_trdma_server_query(libd_transport *trans, libd_server_attr *attr);
+
+/* As libd_trdma_server_grant_ex, with the grant's id (letters, digits, '-', '_'; up to 64) and
+ * secret (32..256 hex digits) given rather than made: a restarted server honours again the
+ * configurations it handed out. -EEXIST the id is in use. */
+int libd_trdma_server_grant_as(libd_transport *trans, const libd_grant_spec *spec, const char *grant_id,
+                               const char *secret, char *out, size_t cap);
+
+/* 1 when this host has an RDMA device with an active port that verbs_server could serve, else 0. */
+int libd_verbs_available(void);
+
 /* Holder side: tells the owner this holder finished (status 0) or gave up (a negative errno),
  * carrying a 64-bit value of the caller's choice. Call it after the transfers it covers have
  * completed. It has no answer: 0 once the frame is handed to the connection, in order behind

@@ -13,12 +13,9 @@
 #include <chrono>
 #include <sstream>
 
-#include "core/error.h"
-#include "core/params.h"
 #include "launcher_reply.h"
 #include "pool.h"
 #include "safe_json.h"
-#include "verbs/device.h"
 
 namespace scad {
 
@@ -54,17 +51,12 @@ int Agent::start(std::string *why) {
   if (int rc = safe_home(opts_.home, why)) return rc;
   std::string run = opts_.home + "/run";
   mkdir(run.c_str(), 0700);
-  server_.set_capacity(opts_.pool_bytes);
-  if (int rc = server_.listen_unix(run + "/memory.sock")) {
-    *why = libd::last_error();
-    return rc;
-  }
-  uint16_t port;
-  if (int rc = server_.listen_tcp(opts_.tcp_host, 0, &port)) {
-    *why = libd::last_error();
-    return rc;
-  }
-  if (int rc = start_verbs(why)) return rc;
+  ElementHostOptions pool;
+  pool.unix_path = run + "/memory.sock";
+  pool.tcp_host = opts_.tcp_host;
+  pool.capacity = opts_.pool_bytes;
+  pool.verbs = opts_.verbs;
+  if (int rc = pool_.start(pool, why)) return rc;
   if (opts_.cgroup != "auto" && opts_.cgroup != "off") {
     *why = "--cgroup takes auto or off; got '" + opts_.cgroup + "'";
     return -EINVAL;
@@ -84,37 +76,11 @@ int Agent::start(std::string *why) {
   return 0;
 }
 
-int Agent::start_verbs(std::string *why) {
-  if (opts_.verbs == "off") return 0;
-  libd::Params params;
-  if (opts_.verbs != "auto") {
-    if (!libd::parse_assignments(opts_.verbs, &params)) {
-      *why = "--verbs takes auto, off or KEY=VALUE[,KEY=VALUE...] (dev, port_num, gid_index, mw); got '" +
-             opts_.verbs + "'";
-      return -EINVAL;
-    }
-  } else if (!libd::verbs::Device::available()) {
-    return 0;  // no RDMA here: the pool serves shm and tcp
-  }
-  if (int rc = server_.enable_verbs(params)) {
-    if (opts_.verbs == "auto") {  // a device that is listed but cannot be used: say so, go on without
-      std::cerr << "scad agent: RDMA device present but unusable, serving shm and tcp only: " << libd::last_error()
-                << "\n";
-      return 0;
-    }
-    *why = "cannot serve RDMA verbs: " + libd::last_error();
-    return rc;
-  }
-  return 0;
-}
-
 int Agent::create_element(const std::string &id, uint64_t size, std::string *why) {
-  int rc = server_.add_element(id, size);
-  if (rc) *why = libd::last_error();
-  return rc;
+  return pool_.add_element(id, size, why);
 }
 
-void Agent::remove_element(const std::string &id) { server_.remove_element(id); }
+void Agent::remove_element(const std::string &id) { pool_.remove_element(id); }
 
 int Agent::grant(const std::string &element, const std::string &client, unsigned rights,
                  const std::string &trans_name, const std::string &impl, TransportGrant *out, std::string *why) {
@@ -126,25 +92,12 @@ int Agent::grant(const std::string &element, const std::string &client, unsigned
     *why = "host '" + opts_.host_id + "' does not serve RDMA verbs (no usable device, or --verbs off)";
     return -EINVAL;
   }
-  libd::Grant g;
-  g.element = element;
-  g.client = client;
-  g.rights = rights;
-  if (int rc = server_.grant(&g)) {
-    *why = libd::last_error();
-    return rc;
-  }
+  if (int rc = pool_.grant(element, client, rights, &out->config, &out->grant_id, why)) return rc;
   out->durl = trans_name + ";" + impl;
-  out->config = server_.client_config(g);
-  out->grant_id = g.id;
   return 0;
 }
 
-int Agent::revoke(const std::string &grant_id, std::string *why) {
-  int rc = server_.revoke(grant_id);
-  if (rc) *why = libd::last_error();
-  return rc;
-}
+int Agent::revoke(const std::string &grant_id, std::string *why) { return pool_.revoke(grant_id, why); }
 
 int Agent::notify(const std::string &aid, const json &notice) {
   std::lock_guard<std::mutex> lk(run_mu_);  // the worker stays while it is in running_

@@ -1,4 +1,4 @@
-// The host agent: a memory pool that hosts memory elements in this process (one MemoryServer,
+// The host agent: a memory pool that hosts memory elements in this process (one libd server transport,
 // serving shm on a unix socket and tcp on the host's address), and a runner that starts compute
 // elements as processes of the Python launcher (`python -m scad.launcher`) with their action object
 // wired to the memory elements they may reach.
@@ -15,7 +15,7 @@
 #include "pool.h"
 #include "cgroup.h"
 #include "sandbox.h"
-#include "server/memory_server.h"
+#include "element_host.h"
 
 namespace scad {
 
@@ -87,14 +87,14 @@ class Agent {
   // Memory pool. -ENOSPC with a reason when the pool cannot hold it.
   int create_element(const std::string &id, uint64_t size, std::string *why);
   void remove_element(const std::string &id);
-  uint64_t pool_used() { return server_.used_bytes(); }
+  uint64_t pool_used() { return pool_.used_bytes(); }
   // A grant on an element for one client over `impl`: "shm" (a client on this host), "verbs" (on
   // another host, both with RDMA) or "tcp". -EINVAL with a reason for an impl this pool does not serve.
   int grant(const std::string &element, const std::string &client, unsigned rights, const std::string &trans_name,
             const std::string &impl, TransportGrant *out, std::string *why);
   // Whether the pool serves RDMA verbs, and on which device ("" when it does not).
-  bool rdma() const { return server_.verbs_enabled(); }
-  std::string rdma_device() { return server_.verbs_description(); }
+  bool rdma() const { return pool_.rdma(); }
+  std::string rdma_device() { return pool_.rdma_device(); }
   // Whether compute processes run under cgroup v2 limits, and if not why ("" when they do).
   bool limits() const { return cgroups_ != nullptr; }
   const std::string &limits_off_reason() const { return cgroup_why_; }
@@ -113,11 +113,10 @@ class Agent {
   int notify(const std::string &aid, const nlohmann::json &notice);
 
  private:
-  int start_verbs(std::string *why);
   // The folder holding a version's files, written on first use. "" and *why on failure.
   std::string materialize(const std::string &key, const nlohmann::json &files, std::string *why);
   AgentOptions opts_;
-  libd::MemoryServer server_;
+  ElementHost pool_;
   std::shared_ptr<Cgroups> cgroups_;  // before workers_: processes end (and leave their cgroups) first
   std::string cgroup_why_;
   std::shared_ptr<const Sandbox> sandbox_;

@@ -1,11 +1,13 @@
 // The C ABI: argument checks, handle conversion, and nothing else.
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 
 #include "core/action.h"
 #include "core/error.h"
 #include "core/transport.h"
+#include "verbs/device.h"
 #include "libd.h"
 
 using libd::Action;
@@ -28,6 +30,18 @@ int copy_out(const std::string &s, char *buf, size_t cap, size_t *needed) {
                                   std::to_string(s.size() + 1));
   std::memcpy(buf, s.c_str(), s.size() + 1);
   return int(s.size());
+}
+
+// Copies a new grant's configuration out. When it does not fit, the grant is revoked: nobody could
+// use it, and it would stay until the server stops.
+int hand_out(libd::Transport *t, const std::string &config, char *out, size_t cap) {
+  int n = copy_out(config, out, cap, nullptr);
+  if (n >= 0) return n;
+  std::string why = libd_last_error();
+  size_t at = config.rfind("grant,");  // "...;grant,ID;secret,HEX": the secret is hex, holds no "grant,"
+  if (at != std::string::npos && (at == 0 || config[at - 1] == ';'))
+    t->revoke(config.substr(at + 6, config.find(';', at) - (at + 6)));
+  return set_error(n, why);
 }
 
 int to_segments(const libd_iov *iov, int n, std::vector<Segment> *out) {
@@ -240,7 +254,7 @@ int libd_trdma_server_grant(libd_transport *t, const char *client, uint64_t offs
   if (!client) return set_error(-EINVAL, "NULL client");
   std::string config;
   if (int rc = T(t)->grant(client, offset, length, rights, &config)) return rc;
-  return copy_out(config, out, cap, nullptr);
+  return hand_out(T(t), config, out, cap);
 }
 int libd_trdma_server_revoke(libd_transport *t, const char *grant_id) {
   CHECK_T(t);
@@ -258,10 +272,13 @@ int libd_trdma_server_withdraw(libd_transport *t, const char *element) {
   if (!element) return set_error(-EINVAL, "NULL element");
   return T(t)->withdraw(element);
 }
-int libd_trdma_server_grant_ex(libd_transport *t, const libd_grant_spec *spec, char *out, size_t cap) {
-  CHECK_T(t);
+namespace {
+int grant_with(libd_transport *t, const libd_grant_spec *spec, const char *id, const char *secret, char *out,
+               size_t cap) {
   if (!spec || !spec->client) return set_error(-EINVAL, "grant: NULL spec or client");
   libd::Transport::GrantSpec g;
+  g.id = id ? id : "";
+  g.secret = secret ? secret : "";
   g.element = spec->element ? spec->element : "";
   g.client = spec->client;
   g.offset = spec->offset;
@@ -270,8 +287,39 @@ int libd_trdma_server_grant_ex(libd_transport *t, const libd_grant_spec *spec, c
   g.ttl_ms = spec->ttl_ms;
   std::string config;
   if (int rc = T(t)->grant_spec(g, &config)) return rc;
-  return copy_out(config, out, cap, nullptr);
+  return hand_out(T(t), config, out, cap);
 }
+}  // namespace
+
+int libd_trdma_server_grant_ex(libd_transport *t, const libd_grant_spec *spec, char *out, size_t cap) {
+  CHECK_T(t);
+  return grant_with(t, spec, nullptr, nullptr, out, cap);
+}
+int libd_trdma_server_grant_as(libd_transport *t, const libd_grant_spec *spec, const char *grant_id,
+                               const char *secret, char *out, size_t cap) {
+  CHECK_T(t);
+  if (!grant_id || !*grant_id || !secret || !*secret) return set_error(-EINVAL, "grant_as: the id and the secret are required");
+  return grant_with(t, spec, grant_id, secret, out, cap);
+}
+int libd_trdma_server_add_element(libd_transport *t, const char *element, uint64_t size) {
+  CHECK_T(t);
+  if (!element || !*element) return set_error(-EINVAL, "add_element: element name required");
+  return T(t)->add_element(element, size);
+}
+int libd_trdma_server_query(libd_transport *t, libd_server_attr *attr) {
+  CHECK_T(t);
+  if (!attr) return set_error(-EINVAL, "query: NULL attr");
+  libd::Transport::ServerSummary s;
+  if (int rc = T(t)->query(&s)) return rc;
+  memset(attr, 0, sizeof *attr);
+  attr->used_bytes = s.used_bytes;
+  attr->capacity = s.capacity;
+  attr->connections = s.connections;
+  attr->verbs = s.verbs ? 1 : 0;
+  snprintf(attr->verbs_device, sizeof attr->verbs_device, "%s", s.verbs_device.c_str());
+  return 0;
+}
+int libd_verbs_available(void) { return libd::verbs::Device::available() ? 1 : 0; }
 int libd_trdma_server_wait_notify(libd_transport *t, const char *grant_id, uint64_t *value, int *status,
                                   int timeout_ms) {
   CHECK_T(t);

@@ -107,11 +107,24 @@ class Transport : public libd_transport {
     uint64_t offset = 0, length = 0;
     unsigned rights = 0;
     uint64_t ttl_ms = 0;
+    std::string id, secret;  // "": made by the server (given: a grant restored after a restart)
   };
   virtual int grant_spec(const GrantSpec &spec, std::string *config) {
     (void)spec, (void)config;
     return unsupported("grant");
   }
+  // Memory hosting: elements of the server's own, and what it serves (libd_trdma_server_add_element
+  // and libd_trdma_server_query).
+  virtual int add_element(const std::string &element, uint64_t size) {
+    (void)element, (void)size;
+    return unsupported("add_element");
+  }
+  struct ServerSummary {
+    uint64_t used_bytes = 0, capacity = UINT64_MAX, connections = 0;
+    bool verbs = false;
+    std::string verbs_device;
+  };
+  virtual int query(ServerSummary *out) { (void)out; return unsupported("query"); }
   virtual int wait_notify(const std::string &grant_id, uint64_t *value, int *status, int timeout_ms) {
     (void)grant_id, (void)value, (void)status, (void)timeout_ms;
     return unsupported("wait_notify");

@@ -68,6 +68,7 @@ class MemoryServer {
   int add_lent_element(const std::string &name, char *base, uint64_t size);
   int remove_element(const std::string &name);  // revokes its grants and closes their connections
   void set_capacity(uint64_t bytes) { capacity_ = bytes; }
+  uint64_t capacity() const { return capacity_; }
   uint64_t used_bytes();
 
   // Grants. If g->id / g->secret are empty they are generated. -ENOENT, -ERANGE, -EINVAL.

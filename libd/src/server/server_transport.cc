@@ -7,11 +7,13 @@
 //   dev, port_num, gid_index, mw   verbs_server: device selection; mw,0 forces per-grant
 //          registrations instead of type-2 memory windows (see server/verbs_server.h)
 //   cm     verbs_server: 0 turns off the rdma_cm listener (clients use the record exchange)
+//   capacity   most bytes of elements at once (add_element past it: -ENOSPC); lent memory is not counted
 // verbs_server also serves tcp clients: its listener carries the verbs handshake.
 // serve() starts the listeners (state READY); the message then holds "host,..;port,..;path,..".
 // grant() hands out a client configuration; revoke() and stop() cut clients off at once.
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <memory>
 #include <mutex>
@@ -76,8 +78,32 @@ class ServerTransport : public Transport {
     g.length = spec.length;
     g.rights = spec.rights;
     g.ttl_ms = spec.ttl_ms;
+    if (!spec.secret.empty()) {
+      // It ends up in a configuration string, where ',' and ';' separate fields.
+      for (char c : spec.secret)
+        if (!isxdigit(static_cast<unsigned char>(c))) return set_error(-EINVAL, "grant: the secret must be hex digits");
+    }
+    g.id = spec.id;
+    g.secret = spec.secret;
     if (int rc = srv->grant(&g)) return rc;
     *config = srv->client_config(g);
+    return 0;
+  }
+
+  int add_element(const std::string &element, uint64_t size) override {
+    std::shared_ptr<MemoryServer> srv;
+    if (int rc = serving(&srv)) return rc;
+    return srv->add_element(element, size);
+  }
+
+  int query(ServerSummary *out) override {
+    std::shared_ptr<MemoryServer> srv;
+    if (int rc = serving(&srv)) return rc;
+    out->used_bytes = srv->used_bytes();
+    out->capacity = srv->capacity();
+    out->connections = srv->connections();
+    out->verbs = srv->verbs_enabled();
+    out->verbs_device = out->verbs ? srv->verbs_description() : "";
     return 0;
   }
 
@@ -95,8 +121,9 @@ class ServerTransport : public Transport {
   bool configured() const override { return params_.has("size"); }
 
   int do_init() override {
-    uint64_t size, port;
+    uint64_t size, port, capacity;
     if (int rc = params_.get_size("size", 0, &size)) return rc;
+    if (int rc = params_.get_size("capacity", UINT64_MAX, &capacity)) return rc;
     // size,0 is a host for lent memory only (expose()).
     if (int rc = params_.get_u64("port", 0, &port)) return rc;
     if (port > 65535) return set_error(-EINVAL, "parameter 'port' must be 0..65535");
@@ -113,6 +140,9 @@ class ServerTransport : public Transport {
       server_ = std::make_shared<MemoryServer>();
     }
     auto srv = server();
+    uint64_t capacity;
+    params_.get_size("capacity", UINT64_MAX, &capacity);
+    srv->set_capacity(capacity);
     if (size > 0) {
       if (int rc = srv->add_element(name(), size)) return rc;
     }
