@@ -98,9 +98,6 @@ cdef class LibdAction:
     """
     cdef clibd.libd_action *_c
     cdef dict _wrappers
-    cdef public object runtime_url
-    cdef public object runtime_token
-    cdef object _runtime
     cdef public list profile_points
 
     def __cinit__(self, *args, **options):
@@ -129,9 +126,6 @@ cdef class LibdAction:
         if self._c == NULL:
             raise ValueError(_last_error())
         self._wrappers = {}
-        self._runtime = None
-        self.runtime_url = None
-        self.runtime_token = None
         self.profile_points = []
 
     def __dealloc__(self):
@@ -214,16 +208,6 @@ cdef class LibdAction:
     def profile(self, point):
         """Scad's profiling hook: records (point, monotonic ns)."""
         self.profile_points.append((point, time.monotonic_ns()))
-
-    @property
-    def runtime(self):
-        """Asks the runtime for new elements: runtime.invoke(template, trans, props), release(name)."""
-        if self._runtime is None:
-            from scad.runtime_client import RuntimeClient  # may let another thread in
-            client = RuntimeClient(self, self.runtime_url, self.runtime_token)
-            if self._runtime is None:  # no GIL release from here: every thread gets the same one
-                self._runtime = client
-        return self._runtime
 
     def __enter__(self):
         return self

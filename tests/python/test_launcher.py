@@ -56,8 +56,8 @@ def test_invoke_returns_a_usable_transport_and_release_revokes(memd, runtime):
 
 
 def test_runtime_errors_are_clear(memd, runtime):
-    import disagg
-    a = disagg.LibdAction("it-client")
+    from scad.action import Action
+    a = Action("it-client")
     with pytest.raises(RuntimeRequestError, match="409 template 'big' cannot be met"):
         runtime.refuse.add("big")
         a.runtime.invoke("big", "m")
@@ -76,9 +76,12 @@ def test_runtime_errors_are_clear(memd, runtime):
 def test_no_endpoint_says_so(monkeypatch):
     monkeypatch.delenv("SCAD_RUNTIME_URL", raising=False)
     import disagg
-    a = disagg.LibdAction("alone")
+    from scad.action import Action
+    a = Action("alone")
     with pytest.raises(RuntimeRequestError, match="SCAD_RUNTIME_URL is not set"):
         a.runtime.invoke("mem1", "m")
+    # The binding alone has no runtime: it is the platform's, added by scad.action.
+    assert not hasattr(disagg.LibdAction("bare"), "runtime")
 
 
 @pytest.mark.parametrize("how,etype", [("raise", "RuntimeError"), ("exit", "SystemExit"), ("not-json", "TypeError")])

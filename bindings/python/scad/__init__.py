@@ -1,7 +1,8 @@
 """Scad: a serverless runtime for disaggregated applications.
 
 The action API lives in the `disagg` module (the Cython binding over libd); this package holds
-what runs around an action: the launcher (`scad.launcher`) and the client of the runtime's
-control endpoint behind `action.runtime` (`scad.runtime_client`).
+what runs around an action: the action object main() receives (`scad.action.Action`: libd's action
+plus `action.runtime`, the client of the runtime endpoint in `scad.runtime_client`) and the launcher
+(`scad.launcher`). The binding never imports this package.
 """
 __version__ = "0.1.0"

@@ -27,7 +27,7 @@ import time
 import traceback
 import uuid
 
-import disagg
+from scad.action import Action
 
 
 _loaded = {}  # (code path, mtime) -> module: what a warm process keeps
@@ -134,7 +134,7 @@ def run_action(spec, keep_module=False):
         # The uid switch comes first: a device opened as root (a verbs context) refuses commands
         # from the same process once its credentials changed.
         code = _place_code(spec) if "files" in spec else spec["code"]
-        action = disagg.LibdAction(spec.get("aid") or f"action-{uuid.uuid4().hex[:8]}", **spec.get("options", {}))
+        action = Action(spec.get("aid") or f"action-{uuid.uuid4().hex[:8]}", **spec.get("options", {}))
         if spec.get("runtime_url"):
             action.runtime_url = spec["runtime_url"]
         if spec.get("runtime_token"):
