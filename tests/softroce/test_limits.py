@@ -1,4 +1,4 @@
-"""cgroup v2 limits on compute elements (runtime/src/cgroup.h), in the Soft-RoCE guest, whose
+"""cgroup v2 limits on compute elements (agent/src/cgroup.h), in the Soft-RoCE guest, whose
 /sys/fs/cgroup is a cgroup2 mount with the cpu and memory controllers (this project's CI host has
 a hybrid hierarchy whose cgroup2 part has neither, so there the agent says limits are off)."""
 import os

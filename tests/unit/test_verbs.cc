@@ -1,6 +1,6 @@
 // The verbs transport. The record and the no-device path run everywhere; the rest needs an RDMA
 // device and runs in the Soft-RoCE guest (tests/softroce/run), where a missing device fails.
-// Several tests drive a queue pair directly (verbs::connect_engine) to check what the *device*
+// Several tests drive a queue pair directly (verbs::connect_driver) to check what the *device*
 // enforces — a key beyond its range, a key on another client's queue pair — past the library's
 // own checks.
 #include <gtest/gtest.h>
@@ -282,9 +282,9 @@ TEST(Verbs, ConcurrentBlockingAndAsyncCallsInPollingModeAllLand) {
       << "nothing may be left counted in flight: " << libd_last_error();
 }
 
-// The set-up of the tests that drive engines directly: the device, a memory server with one
+// The set-up of the tests that drive drivers directly: the device, a memory server with one
 // element of `element` bytes and one grant, and `local` bytes of client memory registered.
-struct EngineRig {
+struct DriverRig {
   std::shared_ptr<verbs::Device> dev;
   libd::MemoryServer server;
   uint16_t port = 0;
@@ -292,23 +292,23 @@ struct EngineRig {
   char *mem = nullptr;
   size_t mem_size = 0;
   std::shared_ptr<verbs::Mr> mr;
-  ~EngineRig() {
+  ~DriverRig() {
     mr.reset();
     if (mem) munmap(mem, mem_size);
   }
-  // A started engine with `cfg`, connected through the record exchange, our memory its local side.
-  int connect(const verbs::Engine::Config &cfg, verbs::Connected *out) {
-    int rc = verbs::connect_engine(dev, cfg, "127.0.0.1", std::to_string(port), {grant.id, grant.secret, grant.client},
+  // A started driver with `cfg`, connected through the record exchange, our memory its local side.
+  int connect(const verbs::QpDriver::Config &cfg, verbs::Connected *out) {
+    int rc = verbs::connect_driver(dev, cfg, "127.0.0.1", std::to_string(port), {grant.id, grant.secret, grant.client},
                                    verbs::Setup::kOob, Deadline::after_ms(5000), nullptr, out);
-    if (rc == 0) out->engine->set_local(mr);
+    if (rc == 0) out->driver->set_local(mr);
     return rc;
   }
 };
 
-// An engine configuration for tests that count doorbells: depth 64, `batch` for coalescing, and
+// An driver configuration for tests that count doorbells: depth 64, `batch` for coalescing, and
 // no deadline tick (it would ring and fence on its own), so nothing rings but the test's calls.
-static verbs::Engine::Config CountingConfig(bool poll_mode, size_t batch) {
-  verbs::Engine::Config cfg;
+static verbs::QpDriver::Config CountingConfig(bool poll_mode, size_t batch) {
+  verbs::QpDriver::Config cfg;
   cfg.poll_mode = poll_mode;
   cfg.depth = 64;
   cfg.doorbell_batch = int(batch);
@@ -316,7 +316,7 @@ static verbs::Engine::Config CountingConfig(bool poll_mode, size_t batch) {
   return cfg;
 }
 
-static void OpenEngineRig(EngineRig *r, uint64_t element, uint64_t offset, uint64_t length, size_t local) {
+static void OpenDriverRig(DriverRig *r, uint64_t element, uint64_t offset, uint64_t length, size_t local) {
   ASSERT_EQ(0, verbs::Device::open(libd::Params(), &r->dev)) << libd_last_error();
   ASSERT_EQ(0, r->server.add_element("e1", element));
   ASSERT_EQ(0, r->server.enable_verbs(libd::Params())) << libd_last_error();
@@ -376,19 +376,19 @@ TEST(Verbs, UnsignalledRequestsStillCompleteEveryOperation) {
 
 // Doorbell coalescing (polling mode): once doorbell_batch requests are on the wire, a new
 // asynchronous operation waits, and one doorbell rings for doorbell_batch of them — or sooner, at
-// the next progress, at a synchronous call, or at the deadline tick when nobody drives the engine.
+// the next progress, at a synchronous call, or at the deadline tick when nobody drives the driver.
 // Every byte still lands.
 TEST(Verbs, PipelinedOperationsShareDoorbellsAndEveryOneLands) {
   NEED_VERBS();
   constexpr size_t kBatch = 8, kSize = 64, kSpace = 1 << 16;
-  EngineRig rig;
-  ASSERT_NO_FATAL_FAILURE(OpenEngineRig(&rig, kSpace, 0, kSpace, 2 * kSpace));
-  verbs::Engine::Config cfg = CountingConfig(true, kBatch);
+  DriverRig rig;
+  ASSERT_NO_FATAL_FAILURE(OpenDriverRig(&rig, kSpace, 0, kSpace, 2 * kSpace));
+  verbs::QpDriver::Config cfg = CountingConfig(true, kBatch);
   verbs::Connected c, ticking;
   ASSERT_EQ(0, rig.connect(cfg, &c)) << libd_last_error();
   cfg.tick_ms = 50;
   ASSERT_EQ(0, rig.connect(cfg, &ticking)) << libd_last_error();
-  verbs::Engine *e = c.engine.get();
+  verbs::QpDriver *e = c.driver.get();
   char *mem = rig.mem, *back = mem + kSpace;
   auto stats = std::make_shared<libd::Stats>();
   std::vector<std::shared_ptr<Op>> ops;
@@ -444,8 +444,8 @@ TEST(Verbs, PipelinedOperationsShareDoorbellsAndEveryOneLands) {
   auto after = start(true);
   EXPECT_EQ(0, after->status()) << after->message();
 
-  // Nobody drives the engine: the deadline tick rings and fences, and the operation completes.
-  e = ticking.engine.get();
+  // Nobody drives the driver: the deadline tick rings and fences, and the operation completes.
+  e = ticking.driver.get();
   waiting = deferred_until_ringing();
   ASSERT_TRUE(waiting);
   Deadline until = Deadline::after_ms(3000);
@@ -460,8 +460,8 @@ TEST(Verbs, PipelinedOperationsShareDoorbellsAndEveryOneLands) {
   e->run(read);
   ASSERT_EQ(0, read->status()) << read->message();
   EXPECT_EQ(0, memcmp(mem, back, next * kSize));
-  c.engine->close(-ECONNABORTED, "test over");
-  ticking.engine->close(-ECONNABORTED, "test over");
+  c.driver->close(-ECONNABORTED, "test over");
+  ticking.driver->close(-ECONNABORTED, "test over");
 }
 
 // Event mode coalesces doorbells too, and nothing waits for the tick: while the loop thread is
@@ -472,12 +472,12 @@ TEST(Verbs, PipelinedOperationsShareDoorbellsAndEveryOneLands) {
 TEST(Verbs, InEventModeTheCompletionEventRingsWaitingDoorbells) {
   NEED_VERBS();
   constexpr size_t kBatch = 4, kSize = 64, kSpace = 1 << 16;
-  EngineRig rig;
-  ASSERT_NO_FATAL_FAILURE(OpenEngineRig(&rig, kSpace, 0, kSpace, 2 * kSpace));
-  verbs::Engine::Config cfg = CountingConfig(false, kBatch);  // no tick: only callers and completion events ring
+  DriverRig rig;
+  ASSERT_NO_FATAL_FAILURE(OpenDriverRig(&rig, kSpace, 0, kSpace, 2 * kSpace));
+  verbs::QpDriver::Config cfg = CountingConfig(false, kBatch);  // no tick: only callers and completion events ring
   verbs::Connected c;
   ASSERT_EQ(0, rig.connect(cfg, &c)) << libd_last_error();
-  verbs::Engine *e = c.engine.get();
+  verbs::QpDriver *e = c.driver.get();
   char *mem = rig.mem, *back = mem + kSpace;
   fill_random(mem, kSpace, 31);
   auto stats = std::make_shared<libd::Stats>();
@@ -554,7 +554,7 @@ TEST(Verbs, InEventModeTheCompletionEventRingsWaitingDoorbells) {
   EXPECT_EQ(0, read->wait_until(Clock::now() + std::chrono::seconds(5))) << read->message();
   EXPECT_EQ(0, memcmp(mem, back, ops.size() * kSize));
   release_loop();
-  c.engine->close(-ECONNABORTED, "test over");
+  c.driver->close(-ECONNABORTED, "test over");
 }
 
 // The direct path: a blocking one-segment call in polling mode runs without an Op, with one
@@ -564,18 +564,18 @@ TEST(Verbs, InEventModeTheCompletionEventRingsWaitingDoorbells) {
 TEST(Verbs, BlockingCallsRunDirectlyWhereTheyCan) {
   NEED_VERBS();
   constexpr size_t kSpace = 1 << 16;
-  EngineRig rig;
-  ASSERT_NO_FATAL_FAILURE(OpenEngineRig(&rig, kSpace, 4096, 8192, kSpace));
-  verbs::Engine::Config cfg = CountingConfig(true, 4);
+  DriverRig rig;
+  ASSERT_NO_FATAL_FAILURE(OpenDriverRig(&rig, kSpace, 4096, 8192, kSpace));
+  verbs::QpDriver::Config cfg = CountingConfig(true, 4);
   cfg.max_msg = 4096;
   verbs::Connected c, events;
   ASSERT_EQ(0, rig.connect(cfg, &c)) << libd_last_error();
   cfg.poll_mode = false;
   ASSERT_EQ(0, rig.connect(cfg, &events)) << libd_last_error();
   char *mem = rig.mem;
-  verbs::Engine *e = c.engine.get();
-  // Runs one blocking call directly; false if the engine declined it.
-  auto direct = [&](verbs::Engine *eng, OpKind kind, uint64_t size, uint64_t raddr, char *local, int *rc, std::string *why) {
+  verbs::QpDriver *e = c.driver.get();
+  // Runs one blocking call directly; false if the driver declined it.
+  auto direct = [&](verbs::QpDriver *eng, OpKind kind, uint64_t size, uint64_t raddr, char *local, int *rc, std::string *why) {
     uint64_t seq;
     bool pending;
     if (!eng->start_direct(kind, {size, raddr, local}, &seq, &pending, rc, why)) return false;
@@ -596,7 +596,7 @@ TEST(Verbs, BlockingCallsRunDirectlyWhereTheyCan) {
     EXPECT_EQ(0, memcmp(mem, mem + 8192, size));
   }
   EXPECT_FALSE(direct(e, OpKind::Read, 4097, 4096, mem, &rc, &why)) << "more than one request: the general path";
-  EXPECT_FALSE(direct(events.engine.get(), OpKind::Read, 64, 4096, mem, &rc, &why)) << "event mode: the general path";
+  EXPECT_FALSE(direct(events.driver.get(), OpKind::Read, 64, 4096, mem, &rc, &why)) << "event mode: the general path";
 
   // Asynchronous writes until one waits for its doorbell: a blocking call must not overtake it.
   auto stats = std::make_shared<libd::Stats>();
@@ -627,8 +627,8 @@ TEST(Verbs, BlockingCallsRunDirectlyWhereTheyCan) {
   ASSERT_TRUE(direct(e, OpKind::Read, 64, 4096, mem, &rc, &why));
   EXPECT_EQ(-EACCES, rc);
   EXPECT_NE(std::string::npos, why.find("does not allow this range")) << why;
-  EXPECT_FALSE(direct(e, OpKind::Read, 64, 4096, mem, &rc, &why)) << "a broken engine declines";
-  for (auto *conn : {&c, &events}) conn->engine->close(-ECONNABORTED, "test over");
+  EXPECT_FALSE(direct(e, OpKind::Read, 64, 4096, mem, &rc, &why)) << "a broken driver declines";
+  for (auto *conn : {&c, &events}) conn->driver->close(-ECONNABORTED, "test over");
 }
 
 // A direct call whose peer stops answering (its queue pair in ERROR drops every packet) ends at
@@ -638,11 +638,11 @@ TEST(Verbs, ADirectCallToASilentPeerEndsAtItsDeadline) {
   NEED_VERBS();
   std::shared_ptr<verbs::Device> dev;
   ASSERT_EQ(0, verbs::Device::open(libd::Params(), &dev)) << libd_last_error();
-  verbs::Engine::Config cfg;
+  verbs::QpDriver::Config cfg;
   cfg.poll_mode = true;
-  std::shared_ptr<verbs::Engine> e;
-  ASSERT_EQ(0, verbs::Engine::create(dev, cfg, nullptr, &e)) << libd_last_error();
-  // The peer: a bare queue pair of our own, wired to the engine's.
+  std::shared_ptr<verbs::QpDriver> e;
+  ASSERT_EQ(0, verbs::QpDriver::create(dev, cfg, nullptr, &e)) << libd_last_error();
+  // The peer: a bare queue pair of our own, wired to the driver's.
   ibv_cq *peer_cq = ibv_create_cq(dev->ctx(), 8, nullptr, nullptr, 0);
   ASSERT_TRUE(peer_cq);
   ibv_qp *peer = nullptr;
@@ -680,7 +680,7 @@ TEST(Verbs, ADirectCallToASilentPeerEndsAtItsDeadline) {
   EXPECT_NE(std::string::npos, why.find("deadline")) << why;
   // The device's retries would end it with -EIO after about 0.5 s, giving up on the flush after 3 s.
   EXPECT_LT(ms, 2000.0) << "the deadline must end it, and the reset must give the request back";
-  EXPECT_FALSE(e->start_direct(OpKind::Read, {64, 0, mem}, &seq, &pending, &rc, &why)) << "the engine is broken";
+  EXPECT_FALSE(e->start_direct(OpKind::Read, {64, 0, mem}, &seq, &pending, &rc, &why)) << "the driver is broken";
   e->close(-ECONNABORTED, "test over");
   e.reset();
   ibv_destroy_qp(peer);
@@ -692,7 +692,7 @@ TEST(Verbs, ADirectCallToASilentPeerEndsAtItsDeadline) {
 
 // Cancelling one operation among many unsignalled ones resets the queue pair. Requests still on
 // the wire are flushed back with a completion each; those that had already completed unsignalled
-// have none, and nothing signalled follows them any more — the engine's fence on the broken queue
+// have none, and nothing signalled follows them any more — the driver's fence on the broken queue
 // pair must still tell. Every other operation completes (done or failed), and recover starts clean.
 TEST(Verbs, ACancelAmongUnsignalledRequestsFlushesEveryOperation) {
   NEED_VERBS();
@@ -773,9 +773,9 @@ TEST(Verbs, TheDeviceEnforcesTheKeysScope) {
     ASSERT_EQ(0, server.grant(&a));
     ASSERT_EQ(0, server.grant(&b));
 
-    verbs::Engine::Config cfg;
+    verbs::QpDriver::Config cfg;
     auto connect = [&](const libd::Grant &g, verbs::Connected *c) {
-      return verbs::connect_engine(dev, cfg, host, std::to_string(port), {g.id, g.secret, g.client},
+      return verbs::connect_driver(dev, cfg, host, std::to_string(port), {g.id, g.secret, g.client},
                                    setup, Deadline::after_ms(5000), nullptr, c);
     };
     verbs::Connected ca, cb;
@@ -787,7 +787,7 @@ TEST(Verbs, TheDeviceEnforcesTheKeysScope) {
     std::shared_ptr<verbs::Mr> mr;
     ASSERT_EQ(0, dev->mrs().acquire(mem, 8192, IBV_ACCESS_LOCAL_WRITE, &mr));
     auto stats = std::make_shared<libd::Stats>();
-    auto op_on = [&](verbs::Engine &e, OpKind k, uint64_t raddr) {
+    auto op_on = [&](verbs::QpDriver &e, OpKind k, uint64_t raddr) {
       auto op = std::make_shared<Op>(k, std::vector<Segment>{{64, raddr, static_cast<char *>(mem)}},
                                      Deadline::after_ms(5000), stats);
       e.set_local(mr);
@@ -796,23 +796,23 @@ TEST(Verbs, TheDeviceEnforcesTheKeysScope) {
       return op->status();
     };
     // Inside the grant: fine.
-    ASSERT_EQ(0, op_on(*ca.engine, OpKind::Read, 4096));
+    ASSERT_EQ(0, op_on(*ca.driver, OpKind::Read, 4096));
     // A's key, aimed 4 KiB past A's range (into B's): refused by the device.
-    ca.engine->set_remote(4096, ca.peer.addr + 4096, ca.peer.rkey, false);
-    EXPECT_EQ(-EACCES, op_on(*ca.engine, OpKind::Read, 4096));
+    ca.driver->set_remote(4096, ca.peer.addr + 4096, ca.peer.rkey, false);
+    EXPECT_EQ(-EACCES, op_on(*ca.driver, OpKind::Read, 4096));
     // A read-only key refuses a write.
     verbs::Connected ca2;
     ASSERT_EQ(0, connect(a, &ca2));
-    EXPECT_EQ(-EACCES, op_on(*ca2.engine, OpKind::Write, 4096));
+    EXPECT_EQ(-EACCES, op_on(*ca2.driver, OpKind::Write, 4096));
     if (std::string(mw) == "1") {
       // B's key on A's queue pair: a type-2 window answers only its own queue pair.
       verbs::Connected ca3;
       ASSERT_EQ(0, connect(a, &ca3));
-      ca3.engine->set_remote(8192, cb.peer.addr, cb.peer.rkey, false);
-      EXPECT_EQ(-EACCES, op_on(*ca3.engine, OpKind::Read, 8192));
-      ca3.engine->close(-ECONNABORTED, "test over");
+      ca3.driver->set_remote(8192, cb.peer.addr, cb.peer.rkey, false);
+      EXPECT_EQ(-EACCES, op_on(*ca3.driver, OpKind::Read, 8192));
+      ca3.driver->close(-ECONNABORTED, "test over");
     }
-    for (auto *c : {&ca, &ca2, &cb}) c->engine->close(-ECONNABORTED, "test over");
+    for (auto *c : {&ca, &ca2, &cb}) c->driver->close(-ECONNABORTED, "test over");
     mr.reset();
     munmap(mem, 8192);
   }
@@ -864,12 +864,12 @@ TEST(Verbs, RdmaCmRejectsAForgedTicket) {
   uint16_t port;
   ASSERT_EQ(0, server.listen_tcp(host, 0, &port));
   ASSERT_NE(0, server.cm_port()) << server.verbs_description();
-  std::shared_ptr<verbs::Engine> engine;
-  ASSERT_EQ(0, verbs::Engine::create(dev, verbs::Engine::Config(), nullptr, &engine));
+  std::shared_ptr<verbs::QpDriver> driver;
+  ASSERT_EQ(0, verbs::QpDriver::create(dev, verbs::QpDriver::Config(), nullptr, &driver));
   std::unique_ptr<verbs::CmLink> link;
   verbs::Record peer;
   verbs::CmStage stage;
-  int rc = verbs::cm_connect(*dev, engine->qp(), host, server.cm_port(), std::string(verbs::kTicketSize, 'x'),
+  int rc = verbs::cm_connect(*dev, driver->qp(), host, server.cm_port(), std::string(verbs::kTicketSize, 'x'),
                              Deadline::after_ms(5000), &link, &peer, &stage);
   EXPECT_EQ(-ECONNREFUSED, rc);
   EXPECT_EQ(verbs::CmStage::kConnect, stage);
@@ -880,11 +880,11 @@ TEST(Verbs, RdmaCmRejectsAForgedTicket) {
   g.element = "e1", g.client = "A", g.length = 4096, g.rights = 3;
   ASSERT_EQ(0, server.grant(&g));
   verbs::Connected c;
-  ASSERT_EQ(0, verbs::connect_engine(dev, verbs::Engine::Config(), host, std::to_string(port), {g.id, g.secret, g.client},
+  ASSERT_EQ(0, verbs::connect_driver(dev, verbs::QpDriver::Config(), host, std::to_string(port), {g.id, g.secret, g.client},
                                      verbs::Setup::kCm, Deadline::after_ms(5000), nullptr, &c))
       << libd_last_error();
   EXPECT_TRUE(c.via_cm);
-  c.engine->close(-ECONNABORTED, "test over");
+  c.driver->close(-ECONNABORTED, "test over");
 }
 
 TEST(Verbs, AutoSetupFallsBackWhereRdmaCmCannotGo) {
@@ -904,7 +904,7 @@ TEST(Verbs, AutoSetupFallsBackWhereRdmaCmCannotGo) {
     g.element = "e1", g.client = "A", g.length = 4096, g.rights = 3;
     ASSERT_EQ(0, server.grant(&g));
     auto connect = [&](verbs::Setup setup, verbs::Connected *c) {
-      return verbs::connect_engine(dev, verbs::Engine::Config(), "127.0.0.1", std::to_string(port),
+      return verbs::connect_driver(dev, verbs::QpDriver::Config(), "127.0.0.1", std::to_string(port),
                                    {g.id, g.secret, g.client}, setup, Deadline::after_ms(5000), nullptr, c);
     };
     verbs::Connected c;
@@ -914,7 +914,7 @@ TEST(Verbs, AutoSetupFallsBackWhereRdmaCmCannotGo) {
     if (std::string(cm) == "0") {
       EXPECT_NE(std::string::npos, c.cm_skipped.find("cm,0")) << c.cm_skipped;
     }
-    c.engine->close(-ECONNABORTED, "test over");
+    c.driver->close(-ECONNABORTED, "test over");
     verbs::Connected forced;
     EXPECT_NE(0, connect(verbs::Setup::kCm, &forced));
     EXPECT_NE(std::string::npos, std::string(libd_last_error()).find(std::string(cm) == "0" ? "offers no rdma_cm" : "rdma_cm to 127.0.0.1"))

@@ -64,7 +64,7 @@ class VerbsTransport : public Transport {
     if (int rc = ensure_device()) return rc;
     std::shared_ptr<verbs::Mr> mr;
     if (int rc = dev_->mrs().acquire(buf, size, IBV_ACCESS_LOCAL_WRITE, &mr)) return rc;
-    if (engine_) engine_->set_local(mr);
+    if (driver_) driver_->set_local(mr);
     local_ = std::move(mr);
     return 0;
   }
@@ -72,56 +72,56 @@ class VerbsTransport : public Transport {
   int do_connect(Deadline deadline) override {
     verbs::Connected c;
     proto::Credentials creds{params_.get_or("grant", ""), params_.get_or("secret", ""), aid()};
-    if (int rc = verbs::connect_engine(dev_, cfg_, params_.get_or("host", ""), params_.get_or("port", ""), creds,
+    if (int rc = verbs::connect_driver(dev_, cfg_, params_.get_or("host", ""), params_.get_or("port", ""), creds,
                                        setup_, deadline, [this](int err, const std::string &why) { fail(err, why); }, &c))
       return rc;
-    if (local_) c.engine->set_local(local_);
-    engine_ = std::move(c.engine);
+    if (local_) c.driver->set_local(local_);
+    driver_ = std::move(c.driver);
     set_remote(c.grant.offset, c.grant.length, c.grant.rights);
     return 0;
   }
 
   void do_disconnect() override {
-    if (engine_) engine_->close(-ECONNABORTED, "the transport was closed");
-    engine_.reset();
+    if (driver_) driver_->close(-ECONNABORTED, "the transport was closed");
+    driver_.reset();
   }
 
   int do_post(const std::shared_ptr<Op> &op) override {
-    engine_->post(op);  // the engine is the operation's driver: it cancels it, and may poll for it
+    driver_->post(op);  // it drives the operation: it cancels it, and may poll for it
     return 0;
   }
 
   int do_run(const std::shared_ptr<Op> &op, std::shared_lock<IoGate> &io) override {
-    auto engine = engine_;
+    auto driver = driver_;
     io.unlock();  // a spinning caller must not keep recover/terminate waiting
-    engine->run(op);
+    driver->run(op);
     return 0;
   }
 
-  // The engine's own copy of the settings: cfg_ may be rewritten by configure() meanwhile, and
-  // engine_ is stable under the shared I/O gate this is asked under.
-  bool runs_direct() const override { return engine_ && engine_->poll_mode(); }
+  // The driver's own copy of the settings: cfg_ may be rewritten by configure() meanwhile, and
+  // driver_ is stable under the shared I/O gate this is asked under.
+  bool runs_direct() const override { return driver_ && driver_->poll_mode(); }
 
   int do_run_direct(OpKind kind, const Segment &seg, std::shared_lock<IoGate> &io, Deadline deadline,
                     std::string *why) override {
     uint64_t seq;
     bool pending;
     int rc;
-    if (!engine_->start_direct(kind, seg, &seq, &pending, &rc, why)) return kNotDirect;
+    if (!driver_->start_direct(kind, seg, &seq, &pending, &rc, why)) return kNotDirect;
     if (!pending) return rc;  // the usual case over rxe: the doorbell's system call completed it
-    auto engine = engine_;
+    auto driver = driver_;
     io.unlock();  // as in do_run: a spinning caller must not keep recover/terminate waiting
-    return engine->finish_direct(seq, deadline, why);
+    return driver->finish_direct(seq, deadline, why);
   }
 
   int do_notify(uint64_t value, int status, std::shared_lock<IoGate> &io, Deadline deadline) override {
-    auto engine = engine_;
+    auto driver = driver_;
     io.unlock();
-    return engine->notify(value, status, deadline);
+    return driver->notify(value, status, deadline);
   }
 
   void do_terminate() override {
-    engine_.reset();
+    driver_.reset();
     local_.reset();
   }
 
@@ -131,11 +131,11 @@ class VerbsTransport : public Transport {
     return verbs::Device::open(params_, &dev_);
   }
 
-  // Destruction order matters: the engine (queue pair) and registration before the device.
+  // Destruction order matters: the driver (queue pair) and registration before the device.
   std::shared_ptr<verbs::Device> dev_;
   std::shared_ptr<verbs::Mr> local_;
-  std::shared_ptr<verbs::Engine> engine_;
-  verbs::Engine::Config cfg_;
+  std::shared_ptr<verbs::QpDriver> driver_;
+  verbs::QpDriver::Config cfg_;
   verbs::Setup setup_ = verbs::Setup::kAuto;
 };
 

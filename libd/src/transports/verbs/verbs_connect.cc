@@ -55,9 +55,9 @@ int exchange(int fd, Opcode op, const std::string &payload, Opcode want, const D
 
 }  // namespace
 
-int connect_engine(std::shared_ptr<Device> dev, const Engine::Config &cfg, const std::string &host,
+int connect_driver(std::shared_ptr<Device> dev, const QpDriver::Config &cfg, const std::string &host,
                    const std::string &port, const Credentials &creds, Setup setup, Deadline deadline,
-                   Engine::FailFn on_fail, Connected *out) {
+                   QpDriver::FailFn on_fail, Connected *out) {
   auto where = [&] { return " (" + host + ":" + port + ")"; };
   sockaddr_storage addr;
   socklen_t len;
@@ -67,11 +67,11 @@ int connect_engine(std::shared_ptr<Device> dev, const Engine::Config &cfg, const
   if (int rc = connect_authenticated(reinterpret_cast<sockaddr *>(&addr), len, creds, deadline, &fd, &grant))
     return set_error(rc, last_error() + where());
   auto give_up = [&](int rc, const std::string &why) {
-    ::close(fd);  // every failure comes before the engine takes the socket
+    ::close(fd);  // every failure comes before the driver takes the socket
     return set_error(rc, why + where());
   };
-  std::shared_ptr<Engine> engine;
-  if (int rc = Engine::create(dev, cfg, std::move(on_fail), &engine)) return give_up(rc, last_error());
+  std::shared_ptr<QpDriver> driver;
+  if (int rc = QpDriver::create(dev, cfg, std::move(on_fail), &driver)) return give_up(rc, last_error());
 
   Header h;
   std::string reply, why;
@@ -90,9 +90,9 @@ int connect_engine(std::shared_ptr<Device> dev, const Engine::Config &cfg, const
     } else {
       std::unique_ptr<CmLink> link;
       CmStage stage;
-      int crc = cm_connect(*dev, engine->qp(), host, cm_port, ticket, deadline, &link, &peer, &stage);
+      int crc = cm_connect(*dev, driver->qp(), host, cm_port, ticket, deadline, &link, &peer, &stage);
       if (crc == 0) {
-        engine->attach_cm(std::move(link));
+        driver->attach_cm(std::move(link));
         via_cm = true;
       } else if (setup == Setup::kCm || stage != CmStage::kRoute) {
         return give_up(crc, last_error());
@@ -103,7 +103,7 @@ int connect_engine(std::shared_ptr<Device> dev, const Engine::Config &cfg, const
   }
   if (!via_cm) {
     uint32_t psn = random_psn();
-    if (int rc = exchange(fd, kVerbsConnect, encode_record(local_record(*dev, engine->qp(), psn)), kVerbsAccept,
+    if (int rc = exchange(fd, kVerbsConnect, encode_record(local_record(*dev, driver->qp(), psn)), kVerbsAccept,
                           deadline, &h, &reply, &why))
       return give_up(rc, why);
     if (h.status != 0)
@@ -111,13 +111,13 @@ int connect_engine(std::shared_ptr<Device> dev, const Engine::Config &cfg, const
                                    (reply.empty() ? std::string(libd_strerror(h.status)) : reply));
     if (decode_record(reply.data(), reply.size(), &peer, &why)) return give_up(-EPROTO, why);
     // Our queue pair grants no remote access: the server never reads or writes our memory.
-    if (int rc = connect_rc_qp(*dev, engine->qp(), 0, psn, peer)) return give_up(rc, last_error());
+    if (int rc = connect_rc_qp(*dev, driver->qp(), 0, psn, peer)) return give_up(rc, last_error());
   }
   if (peer.length != grant.length || peer.rights != (grant.rights & 3u))
     return give_up(-EPROTO, "the memory element's verbs key does not match its grant");
-  engine->set_remote(grant.offset, peer.addr, peer.rkey, (peer.rights & LIBD_RIGHT_WRITE) != 0);
-  engine->start(fd);
-  out->engine = std::move(engine);
+  driver->set_remote(grant.offset, peer.addr, peer.rkey, (peer.rights & LIBD_RIGHT_WRITE) != 0);
+  driver->start(fd);
+  out->driver = std::move(driver);
   out->grant = grant;
   out->peer = peer;
   out->via_cm = via_cm;

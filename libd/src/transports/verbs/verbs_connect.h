@@ -1,7 +1,7 @@
 // The client's connection set-up, on its own so tests can reach a real queue pair directly:
 // authenticate on the memory element's control connection, then connect our queue pair either
 // through librdmacm with a ticket from that connection (verbs/cm.h) or by exchanging handshake
-// records on it (out of band, as perftest does by default), and start the engine.
+// records on it (out of band, as perftest does by default), and start the driver.
 #pragma once
 #include <memory>
 #include <string>
@@ -9,7 +9,7 @@
 #include "core/clock.h"
 #include "proto/auth.h"
 #include "proto/client_handshake.h"
-#include "transports/verbs/verbs_engine.h"
+#include "transports/verbs/qp_driver.h"
 #include "verbs/record.h"
 
 namespace libd::verbs {
@@ -21,7 +21,7 @@ enum class Setup { kAuto, kCm, kOob };
 bool parse_setup(const std::string &s, Setup *out);
 
 struct Connected {
-  std::shared_ptr<Engine> engine;
+  std::shared_ptr<QpDriver> driver;
   proto::GrantBody grant;
   Record peer;
   bool via_cm = false;
@@ -29,8 +29,8 @@ struct Connected {
 };
 
 // 0, or a negative errno with libd_last_error saying which step failed and where.
-int connect_engine(std::shared_ptr<Device> dev, const Engine::Config &cfg, const std::string &host,
+int connect_driver(std::shared_ptr<Device> dev, const QpDriver::Config &cfg, const std::string &host,
                    const std::string &port, const proto::Credentials &creds, Setup setup, Deadline deadline,
-                   Engine::FailFn on_fail, Connected *out);
+                   QpDriver::FailFn on_fail, Connected *out);
 
 }  // namespace libd::verbs

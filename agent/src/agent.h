@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "pool.h"
+#include "worker_pool.h"
 #include "cgroup.h"
 #include "sandbox.h"
 #include "element_host.h"

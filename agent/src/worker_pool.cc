@@ -1,4 +1,4 @@
-#include "pool.h"
+#include "worker_pool.h"
 
 #include "sandbox.h"
 

@@ -14,7 +14,7 @@
 #include <sstream>
 
 #include "launcher_reply.h"
-#include "pool.h"
+#include "worker_pool.h"
 #include "safe_json.h"
 
 namespace scad {

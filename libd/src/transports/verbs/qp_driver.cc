@@ -1,4 +1,4 @@
-#include "transports/verbs/verbs_engine.h"
+#include "transports/verbs/qp_driver.h"
 
 #include <fcntl.h>
 #include <sys/socket.h>
@@ -16,7 +16,7 @@
 
 namespace libd::verbs {
 namespace {
-// A polling-mode tick skips while a waiter holds the engine, at most this many times in a row.
+// A polling-mode tick skips while a waiter holds the driver, at most this many times in a row.
 constexpr int kMaxBusyTicks = 4;
 constexpr int64_t kFlushWaitMs = 3000;  // how long close() waits for the device to give requests back
 constexpr int kPollBatch = 32;
@@ -28,17 +28,17 @@ constexpr uint64_t kSignalEveryMax = 64;
 std::string post_failure(int rc) { return std::string("posting to the send queue failed: ") + strerror(rc); }
 }  // namespace
 
-// The loop-side handles; freed by their close callbacks, so they may outlive the engine briefly.
-struct Engine::Watch {
+// The loop-side handles; freed by their close callbacks, so they may outlive the driver briefly.
+struct QpDriver::Watch {
   uv_poll_t channel;
   uv_poll_t control;
   uv_timer_t timer;
-  std::weak_ptr<Engine> engine;
+  std::weak_ptr<QpDriver> driver;
   int open_handles = 0;
 };
 
-int Engine::create(std::shared_ptr<Device> dev, const Config &cfg, FailFn on_fail, std::shared_ptr<Engine> *out) {
-  std::shared_ptr<Engine> e(new Engine());
+int QpDriver::create(std::shared_ptr<Device> dev, const Config &cfg, FailFn on_fail, std::shared_ptr<QpDriver> *out) {
+  std::shared_ptr<QpDriver> e(new QpDriver());
   e->dev_ = std::move(dev);
   e->cfg_ = cfg;
   e->cfg_.max_sge = std::max(1, std::min(cfg.max_sge, kMaxSge));
@@ -61,7 +61,7 @@ int Engine::create(std::shared_ptr<Device> dev, const Config &cfg, FailFn on_fai
   return 0;
 }
 
-Engine::~Engine() {
+QpDriver::~QpDriver() {
   if (qp_) ibv_destroy_qp(qp_);
   cm_.reset();  // disconnects the rdma_cm identifier, if set-up used one
   if (cq_) ibv_destroy_cq(cq_);
@@ -69,24 +69,24 @@ Engine::~Engine() {
   if (control_fd_ >= 0) ::close(control_fd_);
 }
 
-uint64_t Engine::doorbells() {
+uint64_t QpDriver::doorbells() {
   std::lock_guard<std::mutex> lk(mu_);
   return doorbells_;
 }
 
-void Engine::set_remote(uint64_t first, uint64_t va, uint32_t rkey, bool writable) {
+void QpDriver::set_remote(uint64_t first, uint64_t va, uint32_t rkey, bool writable) {
   std::lock_guard<std::mutex> lk(mu_);
   remote_first_ = first, remote_va_ = va, rkey_ = rkey, writable_ = writable;
 }
 
-void Engine::attach_cm(std::unique_ptr<CmLink> link) { cm_ = std::move(link); }
+void QpDriver::attach_cm(std::unique_ptr<CmLink> link) { cm_ = std::move(link); }
 
-void Engine::set_local(std::shared_ptr<Mr> mr) {
+void QpDriver::set_local(std::shared_ptr<Mr> mr) {
   std::lock_guard<std::mutex> lk(mu_);
   local_ = std::move(mr);
 }
 
-int Engine::notify(uint64_t value, int status, const Deadline &deadline) {
+int QpDriver::notify(uint64_t value, int status, const Deadline &deadline) {
   char hdr[proto::kHeaderSize];
   proto::encode_notify(value, status, hdr);
   std::lock_guard<std::mutex> lk(notify_mu_);
@@ -96,10 +96,10 @@ int Engine::notify(uint64_t value, int status, const Deadline &deadline) {
   return 0;
 }
 
-void Engine::start(int control_fd) {
+void QpDriver::start(int control_fd) {
   control_fd_ = control_fd;
   auto *w = new Watch();
-  w->engine = shared_from_this();
+  w->driver = shared_from_this();
   watch_ = w;
   IoLoop &loop = IoLoop::shared();
   loop.run_sync([&] {
@@ -109,13 +109,13 @@ void Engine::start(int control_fd) {
     w->channel.data = w->control.data = w->timer.data = w;
     w->open_handles = 3;
     uv_poll_start(&w->channel, UV_READABLE, [](uv_poll_t *h, int, int) {
-      if (auto e = static_cast<Watch *>(h->data)->engine.lock()) e->on_channel();
+      if (auto e = static_cast<Watch *>(h->data)->driver.lock()) e->on_channel();
     });
     uv_poll_start(&w->control, UV_READABLE | UV_DISCONNECT, [](uv_poll_t *h, int status, int events) {
       // The server sends nothing after VERBS_ACCEPT: any event is the connection ending.
       (void)status, (void)events;
       uv_poll_stop(h);
-      if (auto e = static_cast<Watch *>(h->data)->engine.lock()) {
+      if (auto e = static_cast<Watch *>(h->data)->driver.lock()) {
         {
           std::lock_guard<std::mutex> lk(e->mu_);
           e->breakdown_locked(-ECONNRESET, "the memory element closed the connection (grant revoked or server gone)");
@@ -124,7 +124,7 @@ void Engine::start(int control_fd) {
       }
     });
     uv_timer_start(&w->timer, [](uv_timer_t *t) {
-      if (auto e = static_cast<Watch *>(t->data)->engine.lock()) e->on_tick();
+      if (auto e = static_cast<Watch *>(t->data)->driver.lock()) e->on_tick();
     }, cfg_.tick_ms, cfg_.tick_ms);
   });
   if (!cfg_.poll_mode) arm();
@@ -132,14 +132,14 @@ void Engine::start(int control_fd) {
 
 // Asks for one event on the next completion. Armed once, it stays armed until that event: posts
 // in between cost no system call for it.
-void Engine::arm() {
+void QpDriver::arm() {
   if (armed_.exchange(true)) return;
   ibv_req_notify_cq(cq_, 0);
 }
 
 // ---- building and posting -------------------------------------------------------------------
 
-Engine::OpState *Engine::acquire_locked(const std::shared_ptr<Op> &op) {
+QpDriver::OpState *QpDriver::acquire_locked(const std::shared_ptr<Op> &op) {
   if (free_states_.empty()) {
     states_.push_back(std::make_unique<OpState>());
     free_states_.push_back(states_.back().get());
@@ -156,7 +156,7 @@ Engine::OpState *Engine::acquire_locked(const std::shared_ptr<Op> &op) {
   return st;
 }
 
-void Engine::retire_locked(OpState *st, DoneList *done) {
+void QpDriver::retire_locked(OpState *st, DoneList *done) {
   if (st->prev) st->prev->next = st->next;
   else live_ = st->next;
   if (st->next) st->next->prev = st->prev;
@@ -165,7 +165,7 @@ void Engine::retire_locked(OpState *st, DoneList *done) {
   done->push(st);
 }
 
-ibv_send_wr &Engine::new_request_locked(Slot &slot, ibv_wr_opcode opcode) {
+ibv_send_wr &QpDriver::new_request_locked(Slot &slot, ibv_wr_opcode opcode) {
   ibv_send_wr &wr = slot.wr;
   wr = {};
   wr.wr_id = head_;
@@ -175,7 +175,7 @@ ibv_send_wr &Engine::new_request_locked(Slot &slot, ibv_wr_opcode opcode) {
   return wr;
 }
 
-void Engine::build_locked(OpState *st, Slot &slot) {
+void QpDriver::build_locked(OpState *st, Slot &slot) {
   const auto &segs = st->op->segments();
   ibv_send_wr &wr = new_request_locked(slot, st->op->kind() == OpKind::Read ? IBV_WR_RDMA_READ : IBV_WR_RDMA_WRITE);
   uint32_t len = 0;
@@ -203,7 +203,7 @@ void Engine::build_locked(OpState *st, Slot &slot) {
   st->last_seq = head_++;
 }
 
-void Engine::pump_locked(DoneList *done) {
+void QpDriver::pump_locked(DoneList *done) {
   if (!broken_ && !backlog_.empty() && free_slots_locked() > 0) {
     burst_.clear();
     uint64_t first = head_, covered_before = covered_;
@@ -261,7 +261,7 @@ void Engine::pump_locked(DoneList *done) {
   }
 }
 
-void Engine::fence_locked() {
+void QpDriver::fence_locked() {
   if (free_slots_locked() == 0) return;  // a full ring ends in a signalled request
   Slot &slot = slot_of(head_);
   slot.st = nullptr;
@@ -281,7 +281,7 @@ void Engine::fence_locked() {
   covered_ = head_;
 }
 
-void Engine::breakdown_locked(int err, const std::string &why) {
+void QpDriver::breakdown_locked(int err, const std::string &why) {
   if (broken_) return;
   broken_ = true;
   broken_err_ = err;
@@ -296,7 +296,7 @@ void Engine::breakdown_locked(int err, const std::string &why) {
   if (!closed_ && on_fail_) on_fail_(err, why);
 }
 
-bool Engine::coalesce_locked() const {
+bool QpDriver::coalesce_locked() const {
   uint64_t batch = uint64_t(std::max(cfg_.doorbell_batch, 0));
   return batch > 1 && head_ - tail_ >= batch && backlog_.size() < batch;
 }
@@ -304,7 +304,7 @@ bool Engine::coalesce_locked() const {
 // Queues the operation's requests and posts what the depth allows (completing whatever that
 // finished: a refused post). false if it completed at once (the queue pair was already broken or
 // closed).
-bool Engine::enqueue(const std::shared_ptr<Op> &op, bool urgent) {
+bool QpDriver::enqueue(const std::shared_ptr<Op> &op, bool urgent) {
   DoneList done;
   std::lock_guard<std::mutex> lk(mu_);
   OpState *st = acquire_locked(op);
@@ -326,9 +326,9 @@ bool Engine::enqueue(const std::shared_ptr<Op> &op, bool urgent) {
   return true;
 }
 
-void Engine::post(const std::shared_ptr<Op> &op) { submit(op, false); }
+void QpDriver::post(const std::shared_ptr<Op> &op) { submit(op, false); }
 
-void Engine::submit(const std::shared_ptr<Op> &op, bool urgent) {
+void QpDriver::submit(const std::shared_ptr<Op> &op, bool urgent) {
   // Polling mode: whoever waits for it drives progress; the loop still sees the channel as a
   // backstop. Event mode: a waiter looks once before it sleeps (over rxe the completion is often
   // in the queue already, and the loop thread's event would cost two wake-ups), and that look
@@ -343,7 +343,7 @@ void Engine::submit(const std::shared_ptr<Op> &op, bool urgent) {
   progress(nullptr);  // a completion that landed before the arm raised no event: look once
 }
 
-void Engine::run(const std::shared_ptr<Op> &op) {
+void QpDriver::run(const std::shared_ptr<Op> &op) {
   if (!cfg_.poll_mode) {
     submit(op, true);
     return;
@@ -360,7 +360,7 @@ void Engine::run(const std::shared_ptr<Op> &op) {
   }
 }
 
-bool Engine::start_direct(OpKind kind, const Segment &seg, uint64_t *seq, bool *pending, int *rc, std::string *why) {
+bool QpDriver::start_direct(OpKind kind, const Segment &seg, uint64_t *seq, bool *pending, int *rc, std::string *why) {
   std::lock_guard<std::mutex> lk(mu_);
   // Behind waiting operations it would overtake them (the general path rings for them first).
   if (!cfg_.poll_mode || direct_busy_ || broken_ || closed_ || !backlog_.empty() || free_slots_locked() == 0 ||
@@ -404,14 +404,14 @@ bool Engine::start_direct(OpKind kind, const Segment &seg, uint64_t *seq, bool *
   return true;
 }
 
-int Engine::direct_outcome_locked(std::string *why) {
+int QpDriver::direct_outcome_locked(std::string *why) {
   int rc = direct_.status;
   if (rc) *why = std::move(direct_.why);
   direct_busy_ = false;
   return rc;
 }
 
-int Engine::finish_direct(uint64_t seq, Deadline deadline, std::string *why) {
+int QpDriver::finish_direct(uint64_t seq, Deadline deadline, std::string *why) {
   bool reset = false;
   Deadline flush_deadline = deadline;
   for (unsigned round = 1;; round++) {
@@ -426,19 +426,19 @@ int Engine::finish_direct(uint64_t seq, Deadline deadline, std::string *why) {
       flush_deadline = Deadline::after_ms(kFlushWaitMs);
     } else if (reset && flush_deadline.expired()) {
       // The device never gave the request back: the direct state stays taken (later calls take
-      // the general path) and the engine is broken; recover builds a new one.
+      // the general path) and the driver is broken; recover builds a new one.
       *why = "an operation did not complete within its deadline, and the device did not give it back after the reset";
       return -ETIMEDOUT;
     }
   }
 }
 
-void Engine::progress(Op *waiting) {
+void QpDriver::progress(Op *waiting) {
   std::lock_guard<std::mutex> lk(mu_);
   progress_locked(waiting);
 }
 
-void Engine::progress_locked(Op *waiting, Op *keep) {
+void QpDriver::progress_locked(Op *waiting, Op *keep) {
   DoneList done;
   drain_locked(&done, waiting);
   finish_locked(done, keep);
@@ -446,7 +446,7 @@ void Engine::progress_locked(Op *waiting, Op *keep) {
 
 // ---- completions ----------------------------------------------------------------------------
 
-void Engine::drain_locked(DoneList *done, Op *waiting) {
+void QpDriver::drain_locked(DoneList *done, Op *waiting) {
   ibv_wc wc[kPollBatch];
   bool any = false;
   for (;;) {
@@ -466,7 +466,7 @@ void Engine::drain_locked(DoneList *done, Op *waiting) {
   pump_locked(done);
 }
 
-void Engine::complete_through_locked(const ibv_wc &wc, DoneList *done) {
+void QpDriver::complete_through_locked(const ibv_wc &wc, DoneList *done) {
   if (wc.wr_id < tail_ || wc.wr_id >= head_) return;  // given back by close() already
   for (uint64_t seq = tail_; seq <= wc.wr_id; seq++) {
     Slot &slot = slot_of(seq);
@@ -501,7 +501,7 @@ void Engine::complete_through_locked(const ibv_wc &wc, DoneList *done) {
 // Completes what `done` holds (except `keep`, which Op::cancel completes) and returns the
 // states to the free list. Completing is lock-free and calls nothing back (Op::complete), so it
 // is done under mu_, in the same hold as the drain that found the completions.
-void Engine::finish_locked(DoneList &done, Op *keep) {
+void QpDriver::finish_locked(DoneList &done, Op *keep) {
   for (OpState *st = done.head, *next; st; st = next) {
     next = st->next;
     if (st->op.get() != keep) st->op->complete(st->status, std::move(st->why));
@@ -510,7 +510,7 @@ void Engine::finish_locked(DoneList &done, Op *keep) {
   done = DoneList();
 }
 
-void Engine::recycle_locked(OpState *st) {
+void QpDriver::recycle_locked(OpState *st) {
   st->op.reset();
   st->seg = 0, st->seg_done = 0, st->on_wire = 0, st->last_seq = 0;
   st->urgent = false;
@@ -520,7 +520,7 @@ void Engine::recycle_locked(OpState *st) {
   free_states_.push_back(st);
 }
 
-void Engine::on_channel() {
+void QpDriver::on_channel() {
   ibv_cq *cq;
   void *ctx;
   while (ibv_get_cq_event(channel_, &cq, &ctx) == 0) {
@@ -532,12 +532,12 @@ void Engine::on_channel() {
   progress(nullptr);
 }
 
-void Engine::check_deadlines() {
+void QpDriver::check_deadlines() {
   std::lock_guard<std::mutex> lk(mu_);
   check_deadlines_locked();
 }
 
-void Engine::check_deadlines_locked() {
+void QpDriver::check_deadlines_locked() {
   // Operations nobody waits for: coalesced doorbells ring (in event mode the backstop, in polling
   // mode the only ringer), whatever ended unsignalled gets a fence (polling mode), and a tick for
   // its completion to come before its deadline is judged. Then a round of progress completes what
@@ -565,7 +565,7 @@ void Engine::check_deadlines_locked() {
 // until the loop thread happens to win. So a busy tick is skipped (the waiter is making progress,
 // and checks its own deadline), though not more than kMaxBusyTicks times in a row: operations
 // nobody waits for still get their fence and their deadline.
-void Engine::on_tick() {
+void QpDriver::on_tick() {
   std::unique_lock<std::mutex> lk(mu_, std::try_to_lock);
   if (!lk.owns_lock()) {
     if (cfg_.poll_mode && ++busy_ticks_ < kMaxBusyTicks) return;
@@ -578,7 +578,7 @@ void Engine::on_tick() {
 // Once the queue pair is in ERROR the device hands every posted request back as a flush
 // completion: drain until `returned` (checked under mu_) holds or the deadline passes, completing
 // what comes back — except `keep`, which Op::cancel completes.
-void Engine::await_flush(Deadline deadline, const std::function<bool()> &returned, Op *keep) {
+void QpDriver::await_flush(Deadline deadline, const std::function<bool()> &returned, Op *keep) {
   for (;;) {
     {
       std::lock_guard<std::mutex> lk(mu_);
@@ -590,13 +590,13 @@ void Engine::await_flush(Deadline deadline, const std::function<bool()> &returne
   }
 }
 
-Engine::OpState *Engine::state_of_locked(Op *op) const {
+QpDriver::OpState *QpDriver::state_of_locked(Op *op) const {
   auto *st = static_cast<OpState *>(op->driver_state());
   return st && st->op.get() == op ? st : nullptr;
 }
 
 // Requests not yet built are simply dropped; with none on the wire either, so is the operation.
-bool Engine::withdraw_locked(OpState *st) {
+bool QpDriver::withdraw_locked(OpState *st) {
   for (auto b = backlog_.begin(); b != backlog_.end(); ++b) {
     if (*b == st) {
       backlog_.erase(b);
@@ -611,7 +611,7 @@ bool Engine::withdraw_locked(OpState *st) {
   return true;
 }
 
-void Engine::cancel(Op *op) {
+void QpDriver::cancel(Op *op) {
   Deadline deadline = Deadline::after_ms(kFlushWaitMs);
   {
     // One that still waits for its doorbell (coalesced, or behind a full ring) has nothing on
@@ -636,7 +636,7 @@ void Engine::cancel(Op *op) {
   }, op);
 }
 
-void Engine::close(int err, const std::string &why) {
+void QpDriver::close(int err, const std::string &why) {
   Deadline deadline = Deadline::after_ms(kFlushWaitMs);
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -669,7 +669,7 @@ void Engine::close(int err, const std::string &why) {
         auto *w = static_cast<Watch *>(h->data);
         if (--w->open_handles == 0) delete w;
       };
-      w->engine.reset();
+      w->driver.reset();
       uv_close(reinterpret_cast<uv_handle_t *>(&w->channel), done);
       uv_close(reinterpret_cast<uv_handle_t *>(&w->control), done);
       uv_close(reinterpret_cast<uv_handle_t *>(&w->timer), done);

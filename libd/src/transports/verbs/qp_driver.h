@@ -35,7 +35,7 @@
 // perftest's --post_list batch the same way. Synchronous calls ring at once.
 //
 // The direct path: a blocking one-segment call in polling mode builds its request straight into
-// a slot, marked as the engine's one direct operation, and spins for it: no Op, no shared
+// a slot, marked as the driver's one direct operation, and spins for it: no Op, no shared
 // pointers, no live list. Over rxe the time between the doorbell's system call returning and the
 // next one is spent mostly on the code and data pages the path touches (each a translation and
 // TLB refill under TCG), so fewer structures is lower latency (docs/benchmarks.md, session 10).
@@ -66,7 +66,7 @@
 
 namespace libd::verbs {
 
-class Engine : public OpDriver, public std::enable_shared_from_this<Engine> {
+class QpDriver : public OpDriver, public std::enable_shared_from_this<QpDriver> {
  public:
   struct Config {
     int depth = 64;
@@ -83,8 +83,8 @@ class Engine : public OpDriver, public std::enable_shared_from_this<Engine> {
   using FailFn = std::function<void(int err, const std::string &why)>;
 
   // Completion channel, completion queue and queue pair (RESET state). 0 or -errno + last_error.
-  static int create(std::shared_ptr<Device> dev, const Config &cfg, FailFn on_fail, std::shared_ptr<Engine> *out);
-  ~Engine() override;
+  static int create(std::shared_ptr<Device> dev, const Config &cfg, FailFn on_fail, std::shared_ptr<QpDriver> *out);
+  ~QpDriver() override;
 
   ibv_qp *qp() const { return qp_; }
   bool poll_mode() const { return cfg_.poll_mode; }
@@ -98,10 +98,10 @@ class Engine : public OpDriver, public std::enable_shared_from_this<Engine> {
   // Bytes of a write that travel inline, as the device granted.
   int inline_size() const { return max_inline_; }
   void set_local(std::shared_ptr<Mr> mr);
-  // The rdma_cm identifier the queue pair was connected with: it lives as long as the engine.
+  // The rdma_cm identifier the queue pair was connected with: it lives as long as the driver.
   void attach_cm(std::unique_ptr<CmLink> link);
   // Watches the completion channel and the control socket (whose closing means the grant or the
-  // server is gone) on the shared loop; the engine closes control_fd when it is destroyed.
+  // server is gone) on the shared loop; the driver closes control_fd when it is destroyed.
   void start(int control_fd);
 
   // NOTIFY on the control connection (proto/frame.h): the owner learns this holder finished.
@@ -112,9 +112,9 @@ class Engine : public OpDriver, public std::enable_shared_from_this<Engine> {
   // Synchronous: polling mode spins here until done or the deadline; event mode = post().
   void run(const std::shared_ptr<Op> &op);
   // The direct path (polling mode): a synchronous one-segment operation that fits one request
-  // runs without an Op object, its state in the engine (one at a time). start_direct posts it
+  // runs without an Op object, its state in the driver (one at a time). start_direct posts it
   // signalled and polls once; false if it is not taken (another direct one runs, operations wait
-  // in the backlog, the ring is full, the engine is broken, or it needs splitting): the general
+  // in the backlog, the ring is full, the driver is broken, or it needs splitting): the general
   // path runs it. If that one poll found it given back, *pending is false and *rc its outcome
   // (0 or -errno with *why); otherwise finish_direct spins until the request is
   // given back, or resets the queue pair at `deadline` and waits (bounded) for the flush.
@@ -158,14 +158,14 @@ class Engine : public OpDriver, public std::enable_shared_from_this<Engine> {
   };
   struct Watch;
 
-  Engine() = default;
+  QpDriver() = default;
   // An operation's state from the free list, linked into the live list. Under mu_.
   OpState *acquire_locked(const std::shared_ptr<Op> &op);
   // Off the live list and onto `done`. Under mu_.
   void retire_locked(OpState *st, DoneList *done);
   // Cleared and back on the free list. Under mu_.
   void recycle_locked(OpState *st);
-  // Its state, if `op` is live on this engine. Under mu_.
+  // Its state, if `op` is live on this driver. Under mu_.
   OpState *state_of_locked(Op *op) const;
   // Drops what of `st` is not yet built; true if nothing of it was on the wire either and the
   // state went back (the caller completes the operation). Under mu_.
