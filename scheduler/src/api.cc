@@ -23,6 +23,20 @@ void reply(httplib::Response &res, int status, const json &body) {
   if (!body.is_null()) res.set_content(dump_json(body), "application/json");
 }
 
+// The HTTP status of each kind of refusal from the engine.
+int http_status(Refusal kind) {
+  switch (kind) {
+    case Refusal::kNone: return 200;
+    case Refusal::kUnauthorized: return 401;
+    case Refusal::kInvalid: return 400;
+    case Refusal::kNotFound: return 404;
+    case Refusal::kConflict: return 409;
+    case Refusal::kBusy: return 429;
+    case Refusal::kInternal: return 500;
+  }
+  return 500;
+}
+
 void error(httplib::Response &res, int status, const std::string &msg, json extra = json::object()) {
   json body = {{"error", msg}, {"code", txid()}};
   body.update(extra);
@@ -399,12 +413,11 @@ void install_routes(httplib::Server &srv, Store &store, Engine &engine, ApiOptio
         bool counted;
         ~Done() { if (counted) n->fetch_sub(1); }
       } done{waiting.get(), wait > 0};
-      json record;
-      bool finished = false;
-      std::string id = table == "apps" ? engine.invoke_app(ns, *doc, params, wait, &record, &finished)
-                                       : engine.invoke_action(ns, *doc, params, wait, &record, &finished);
-      if (id.empty()) return error(res, 429, record.value("error", "too many activations in flight"));
-      invocation_reply(res, id, finished, record, req.get_param_value("result") == "true");
+      Engine::Started started;
+      EngineError e = table == "apps" ? engine.invoke_app(ns, *doc, params, wait, &started)
+                                      : engine.invoke_action(ns, *doc, params, wait, &started);
+      if (e) return error(res, http_status(e.kind), e.message);
+      invocation_reply(res, started.id, started.finished, started.record, req.get_param_value("result") == "true");
     };
   };
 
@@ -440,13 +453,14 @@ void install_runtime_routes(httplib::Server &srv, Engine &engine) {
   srv.Post("/v1/actions/([^/]+)/elements", [&engine, bearer](const httplib::Request &req, httplib::Response &res) {
     json body, out;
     if (!parse_body(req, res, &body, false)) return;
-    int status = engine.runtime_invoke(bearer(req), req.matches[1], body, &out);
-    reply(res, status, out);
+    if (EngineError e = engine.runtime_invoke(bearer(req), req.matches[1], body, &out))
+      return reply(res, http_status(e.kind), {{"error", e.message}});
+    reply(res, 201, out);
   });
   srv.Delete("/v1/actions/([^/]+)/elements/([^/]+)", [&engine, bearer](const httplib::Request &req, httplib::Response &res) {
-    json out;
-    int status = engine.runtime_release(bearer(req), req.matches[1], req.matches[2], &out);
-    reply(res, status, status == 204 ? json() : out);
+    if (EngineError e = engine.runtime_release(bearer(req), req.matches[1], req.matches[2]))
+      return reply(res, http_status(e.kind), {{"error", e.message}});
+    reply(res, 204, json());
   });
 
   srv.set_exception_handler(internal_error);

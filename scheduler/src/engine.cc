@@ -59,7 +59,7 @@ Engine::~Engine() {
   instance_pool_->shutdown();
 }
 
-std::string Engine::start(std::shared_ptr<Activation> act, int64_t wait_ms, json *record, bool *finished) {
+EngineError Engine::start(std::shared_ptr<Activation> act, int64_t wait_ms, Started *out) {
   act->id = random_hex(16);
   act->requested_ms = now_ms();
   act->record = {{"activationId", act->id}, {"namespace", act->ns}, {"name", act->name}, {"subject", act->ns},
@@ -71,12 +71,10 @@ std::string Engine::start(std::shared_ptr<Activation> act, int64_t wait_ms, json
   {
     std::lock_guard<std::mutex> lk(mu_);
     Usage &u = usage_[act->ns];
-    if (u.activations >= quotas_.activations) {
-      *finished = false;
-      *record = {{"error", "namespace '" + act->ns + "' has its quota of " + std::to_string(quotas_.activations) +
-                               " activations in flight; try again when some have finished"}};
-      return "";
-    }
+    if (u.activations >= quotas_.activations)
+      return refuse(Refusal::kBusy, "namespace '" + act->ns + "' has its quota of " +
+                                        std::to_string(quotas_.activations) +
+                                        " activations in flight; try again when some have finished");
     u.activations++;
     running_[act->id] = act;
   }
@@ -88,30 +86,31 @@ std::string Engine::start(std::shared_ptr<Activation> act, int64_t wait_ms, json
     running_.erase(act->id);
     cpu_cv_.notify_all();
   }).detach();
-  *finished = false;
+  out->id = act->id;
+  out->finished = false;
   if (wait_ms > 0) {
     std::unique_lock<std::mutex> lk(act->mu);
     if (act->cv.wait_for(lk, std::chrono::milliseconds(wait_ms), [&] { return act->done; })) {
-      *finished = true;
-      *record = act->record;
+      out->finished = true;
+      out->record = act->record;
     }
   }
-  return act->id;
+  return {};
 }
 
-std::string Engine::invoke_app(const std::string &ns, const json &app, const json &params, int64_t wait_ms,
-                               json *record, bool *finished) {
+EngineError Engine::invoke_app(const std::string &ns, const json &app, const json &params, int64_t wait_ms,
+                               Started *out) {
   auto act = std::make_shared<Activation>();
   act->ns = ns;
   act->name = app["name"];
   act->kind = "app";
   act->doc = app;
   act->params = params.is_object() ? params : json::object();
-  return start(act, wait_ms, record, finished);
+  return start(act, wait_ms, out);
 }
 
-std::string Engine::invoke_action(const std::string &ns, const json &action, const json &params, int64_t wait_ms,
-                                  json *record, bool *finished) {
+EngineError Engine::invoke_action(const std::string &ns, const json &action, const json &params, int64_t wait_ms,
+                                  Started *out) {
   auto act = std::make_shared<Activation>();
   act->ns = ns;
   act->name = action["name"];
@@ -121,7 +120,7 @@ std::string Engine::invoke_action(const std::string &ns, const json &action, con
   for (auto &p : action.value("parameters", json::array()))
     if (auto key = get_string(p, "key")) act->params[*key] = p["value"];
   if (params.is_object()) act->params.update(params);
-  return start(act, wait_ms, record, finished);
+  return start(act, wait_ms, out);
 }
 
 void Engine::finish(const std::shared_ptr<Activation> &act, const std::string &status, const json &result) {
@@ -220,44 +219,53 @@ void Engine::run_app(const std::shared_ptr<Activation> &act) {
   }
   act->code_key = code_key(act, "apps");
   act->code_files = act->doc["files"];
-  const Manifest &m = act->manifest;
+  std::string why;
+  if (!create_app_memory(act, &why)) {
+    release_app_memory(act);
+    finish(act, "whisk internal error", {{"error", why}});
+    return;
+  }
+  WaveResults out;
+  run_waves(act, &out);
+  release_app_memory(act);
+  if (!out.failure.is_null()) {
+    finish(act, out.failure_status, out.failure);
+    return;
+  }
+  finish(act, "success", app_result(act->manifest, out.results));
+}
 
-  // Memory elements live as long as the activation (or until released).
-  auto cleanup = [&] {
-    std::vector<Activation::Placed> placed;
-    {
-      std::lock_guard<std::mutex> lk(act->mu);
-      for (auto &[n, p] : act->memory) placed.push_back(p);
-      for (auto &[k, p] : act->runtime_elements) placed.push_back(p);
-      act->memory.clear();
-      act->runtime_elements.clear();
-    }
-    for (auto &p : placed) {
-      host(p.host)->remove_element(p.id);
-      unplace_memory(act->ns, p.host, p.size);
-    }
-    std::lock_guard<std::mutex> lk(mu_);
-    for (auto &t : act->tokens) tokens_.erase(t);
-  };
-  for (auto &[name, d] : m.elements) {
+bool Engine::create_app_memory(const std::shared_ptr<Activation> &act, std::string *why) {
+  for (auto &[name, d] : act->manifest.elements) {
     if (d.kind != "memory") continue;
-    std::string id = act->id + "-" + name, why;
-    int h = place_memory(act->ns, d.size, -1, &why);
-    if (h >= 0 && host(h)->create_element(id, d.size, &why)) {
-      unplace_memory(act->ns, h, d.size);
-      h = -1;
-    }
-    if (h < 0) {
-      cleanup();
-      finish(act, "whisk internal error", {{"error", "cannot place memory element '" + name + "': " + why}});
-      return;
+    PlacedMemory placed;
+    if (create_memory(act->ns, act->id + "-" + name, d.size, -1, &placed, why)) {
+      *why = "cannot place memory element '" + name + "': " + *why;
+      return false;
     }
     std::lock_guard<std::mutex> lk(act->mu);
-    act->memory[name] = {id, h, d.size};
+    act->memory[name] = placed;
   }
+  return true;
+}
 
+void Engine::release_app_memory(const std::shared_ptr<Activation> &act) {
+  std::vector<PlacedMemory> placed;
+  {
+    std::lock_guard<std::mutex> lk(act->mu);
+    for (auto &[n, p] : act->memory) placed.push_back(p);
+    for (auto &[k, p] : act->runtime_elements) placed.push_back(p);
+    act->memory.clear();
+    act->runtime_elements.clear();
+  }
+  for (auto &p : placed) release_memory(act->ns, p);
+  std::lock_guard<std::mutex> lk(mu_);
+  for (auto &t : act->tokens) tokens_.erase(t);
+}
+
+void Engine::run_waves(const std::shared_ptr<Activation> &act, WaveResults *out) {
   // Waves: an element starts once all its parents are done; its instances run side by side.
-  std::map<std::string, json> results;  // element -> list of its instances' results
+  const Manifest &m = act->manifest;
   std::map<std::string, int> level;
   int max_level = 0;
   for (auto &n : m.order) {
@@ -266,67 +274,67 @@ void Engine::run_app(const std::shared_ptr<Activation> &act) {
     level[n] = l;
     max_level = std::max(max_level, l);
   }
-  json failure;
-  std::string failure_status;
-  for (int l = 0; l <= max_level && failure.is_null(); l++) {
-    struct Run {
-      std::string element;
-      int instance;
-      ComputeOutcome outcome;
-    };
-    std::vector<Run> runs;
+  for (int l = 0; l <= max_level && out->failure.is_null(); l++) {
+    std::vector<WaveRun> runs;
     for (auto &n : m.order)
       if (level[n] == l)
         for (int i = 0; i < m.elements.at(n).parallelism; i++) runs.push_back({n, i, {}});
-    // The wave's instances run on the shared instance pool (bounded threads); this activation's
-    // thread waits for all of them.
-    std::latch wave_done(std::ptrdiff_t(runs.size()));
-    for (auto &r : runs) {
-      json parents = json::object();
-      for (auto &p : m.parents.count(r.element) ? m.parents.at(r.element) : std::vector<std::string>{})
-        parents[p] = results.at(p);
-      instance_pool_->enqueue([this, &act, &wave_done, rp = &r, parents = std::move(parents)] {
-        try {
-          rp->outcome = run_instance(act, rp->element, rp->instance, parents);
-        } catch (const std::exception &e) {
-          rp->outcome = ComputeOutcome{};
-          rp->outcome.status = "whisk internal error";
-          rp->outcome.error = {{"type", "InternalError"}, {"message", "the scheduler failed: " + valid_utf8(e.what())}};
-        }
-        wave_done.count_down();
-      });
-    }
-    wave_done.wait();
+    run_wave(act, out->results, &runs);
     for (auto &r : runs) {
       std::string tag = r.element + "#" + std::to_string(r.instance);
-      {
-        std::lock_guard<std::mutex> lk(act->mu);
-        if (!r.outcome.start.empty()) act->starts[r.outcome.start]++;
-        // "2024-01-01T00:00:00.000Z stderr: ..." gets the instance after its time stamp; a line
-        // from an agent that does not start with one gets it in front.
-        for (auto &line : r.outcome.logs)
-          act->logs.push_back(line.size() >= 25 && line[24] == ' ' ? line.substr(0, 25) + tag + " " + line.substr(25)
-                                                                  : tag + " " + line);
-        act->init_ms = std::max(act->init_ms, r.outcome.init_ms);
+      keep_instance_logs(act, tag, r.outcome);
+      if (!r.outcome.ok && r.outcome.status != "skipped" && out->failure.is_null()) {
+        out->failure = {{"error", "element '" + tag + "' failed: " + r.outcome.error.value("message", std::string("?"))},
+                        {"element", r.element}, {"instance", r.instance}, {"cause", r.outcome.error}};
+        out->failure_status = r.outcome.status;
       }
-      if (!r.outcome.ok && r.outcome.status != "skipped" && failure.is_null()) {
-        failure = {{"error", "element '" + tag + "' failed: " + r.outcome.error.value("message", std::string("?"))},
-                   {"element", r.element}, {"instance", r.instance}, {"cause", r.outcome.error}};
-        failure_status = r.outcome.status;
-      }
-      if (!results.count(r.element)) results[r.element] = json::array();
+      if (!out->results.count(r.element)) out->results[r.element] = json::array();
     }
     for (auto &r : runs)
-      if (r.outcome.ok) results[r.element].push_back(r.outcome.result);
+      if (r.outcome.ok) out->results[r.element].push_back(r.outcome.result);
   }
-  cleanup();
-  if (!failure.is_null()) {
-    finish(act, failure_status, failure);
-    return;
+}
+
+void Engine::run_wave(const std::shared_ptr<Activation> &act, const std::map<std::string, json> &results,
+                      std::vector<WaveRun> *runs) {
+  // The wave's instances run on the shared instance pool (bounded threads); this activation's
+  // thread waits for all of them.
+  const Manifest &m = act->manifest;
+  std::latch wave_done(std::ptrdiff_t(runs->size()));
+  for (auto &r : *runs) {
+    json parents = json::object();
+    for (auto &p : m.parents.count(r.element) ? m.parents.at(r.element) : std::vector<std::string>{})
+      parents[p] = results.at(p);
+    instance_pool_->enqueue([this, &act, &wave_done, rp = &r, parents = std::move(parents)] {
+      try {
+        rp->outcome = run_instance(act, rp->element, rp->instance, parents);
+      } catch (const std::exception &e) {
+        rp->outcome = ComputeOutcome{};
+        rp->outcome.status = "whisk internal error";
+        rp->outcome.error = {{"type", "InternalError"}, {"message", "the scheduler failed: " + valid_utf8(e.what())}};
+      }
+      wave_done.count_down();
+    });
   }
+  wave_done.wait();
+}
+
+void Engine::keep_instance_logs(const std::shared_ptr<Activation> &act, const std::string &tag,
+                                const ComputeOutcome &o) {
+  std::lock_guard<std::mutex> lk(act->mu);
+  if (!o.start.empty()) act->starts[o.start]++;
+  // "2024-01-01T00:00:00.000Z stderr: ..." gets the instance after its time stamp; a line from an
+  // agent that does not start with one gets it in front.
+  for (auto &line : o.logs)
+    act->logs.push_back(line.size() >= 25 && line[24] == ' ' ? line.substr(0, 25) + tag + " " + line.substr(25)
+                                                            : tag + " " + line);
+  act->init_ms = std::max(act->init_ms, o.init_ms);
+}
+
+json Engine::app_result(const Manifest &m, const std::map<std::string, json> &results) {
   // The invocation's result is the sinks' result (one sink of one instance: its return value).
   auto sink_result = [&](const std::string &s) {
-    return m.elements.at(s).parallelism == 1 ? results[s][0] : results[s];
+    return m.elements.at(s).parallelism == 1 ? results.at(s)[0] : results.at(s);
   };
   json result;
   if (m.sinks.size() == 1) {
@@ -336,7 +344,7 @@ void Engine::run_app(const std::shared_ptr<Activation> &act) {
     for (auto &s : m.sinks) result[s] = sink_result(s);
   }
   if (!result.is_object()) result = json{{"result", result}};  // OpenWhisk results are objects
-  finish(act, "success", result);
+  return result;
 }
 
 ComputeOutcome Engine::run_instance(const std::shared_ptr<Activation> &act, const std::string &element, int instance,
@@ -391,8 +399,10 @@ ComputeOutcome Engine::run_instance(const std::shared_ptr<Activation> &act, cons
       std::lock_guard<std::mutex> lk(act->mu);
       mem = act->memory.at(t.element);
     }
-    if (host(mem.host)->grant(mem.id, spec.aid, t.rights, tname, transport_between(mem.host, h), &g, &why))
+    if (grant_memory(mem, spec.aid, t.rights, tname, h, &g, &why)) {
+      revoke_grants(me.grants);  // the ones made for this instance so far
       return fail("whisk internal error", "GrantError", why);
+    }
     spec.transports.push_back(g);
     me.memory.push_back(t.element);
     me.grants.emplace_back(mem.host, g.grant_id);
@@ -460,13 +470,8 @@ void Engine::instance_failed(const std::shared_ptr<Activation> &act, const std::
   }
   // Free what it held at once rather than when the activation ends: its grants (connections and
   // remote keys), the memory it invoked at run time, its runtime token.
-  std::string why;
-  for (auto &[h, grant] : me.grants)
-    host(h)->revoke(grant, &why);  // an element already gone took its grants along
-  for (auto &p : invoked) {
-    host(p.host)->remove_element(p.id);
-    unplace_memory(act->ns, p.host, p.size);
-  }
+  revoke_grants(me.grants);
+  for (auto &p : invoked) release_memory(act->ns, p);
   {
     std::lock_guard<std::mutex> lk(mu_);
     tokens_.erase(me.token);

@@ -3,6 +3,7 @@
 // returned, everything cleaned up) or a single OpenWhisk action. Also answers the runtime endpoint
 // that running actions call to grow and shrink their memory.
 #pragma once
+#include <atomic>
 #include <condition_variable>
 #include <map>
 #include <memory>
@@ -15,6 +16,7 @@
 #include "agent.h"
 #include "hosts.h"
 #include "action_limits.h"
+#include "engine_error.h"
 #include "metrics.h"
 #include "manifest.h"
 #include "quotas.h"
@@ -27,6 +29,13 @@ class ThreadPool;
 namespace scad {
 
 struct Activation;
+
+// A memory element where it was placed: its id on the host, the host, its bytes.
+struct PlacedMemory {
+  std::string id;
+  int host = -1;
+  uint64_t size = 0;
+};
 
 // Compute instances of applications run on a pool of this many threads, shared by every activation
 // (an instance mostly waits: for cpu, for its process); more wait their turn in the queue.
@@ -42,18 +51,24 @@ class Engine {
   // The largest pool and cpus of any host (for validating manifests).
   Capacity capacity();
 
-  // Starts an activation; returns its id. Waits up to wait_ms for it to finish: then *record holds
-  // the finished record and *finished is true. "" when the namespace has its quota of activations
-  // in flight (*record then holds {"error"}).
-  std::string invoke_app(const std::string &ns, const json &app, const json &params, int64_t wait_ms,
-                         json *record, bool *finished);
-  std::string invoke_action(const std::string &ns, const json &action, const json &params, int64_t wait_ms,
-                            json *record, bool *finished);
+  // An activation started: its id, and when it finished within the wait, its record.
+  struct Started {
+    std::string id;
+    bool finished = false;
+    json record;
+  };
+  // Starts an activation, and waits up to wait_ms for it to finish. kBusy when the namespace has its
+  // quota of activations in flight.
+  EngineError invoke_app(const std::string &ns, const json &app, const json &params, int64_t wait_ms, Started *out);
+  EngineError invoke_action(const std::string &ns, const json &action, const json &params, int64_t wait_ms,
+                            Started *out);
   const Quotas &quotas() const { return quotas_; }
 
-  // The runtime endpoint (docs/runtime-endpoint.md). Return an HTTP status and fill *reply.
-  int runtime_invoke(const std::string &token, const std::string &aid, const json &body, json *reply);
-  int runtime_release(const std::string &token, const std::string &aid, const std::string &name, json *reply);
+  // The runtime endpoint (docs/runtime-endpoint.md): a running instance, by its token, creates a
+  // memory element of its activation (*reply: the new transport's name, durl and configuration)
+  // and releases one.
+  EngineError runtime_invoke(const std::string &token, const std::string &aid, const json &body, json *reply);
+  EngineError runtime_release(const std::string &token, const std::string &aid, const std::string &name);
 
   // A deleted action or application: every host removes the code it kept of it.
   void forget_code(const std::string &ns, const std::string &kind, const std::string &name);
@@ -64,11 +79,30 @@ class Engine {
   void set_metrics(Metrics *m) { metrics_ = m; }
 
  private:
-  std::string start(std::shared_ptr<Activation> act, int64_t wait_ms, json *record, bool *finished);
+  EngineError start(std::shared_ptr<Activation> act, int64_t wait_ms, Started *out);
   // The body of an activation's thread: runs it, and whatever goes wrong inside becomes a
   // "whisk internal error" record (never an exception leaving the thread).
   void run(const std::shared_ptr<Activation> &act);
+  // An application: its memory created, its compute elements run in waves (an element once all its
+  // parents are done, its instances side by side), its memory released, its result the sinks'.
   void run_app(const std::shared_ptr<Activation> &act);
+  bool create_app_memory(const std::shared_ptr<Activation> &act, std::string *why);
+  void release_app_memory(const std::shared_ptr<Activation> &act);  // and its runtime tokens
+  struct WaveRun {
+    std::string element;
+    int instance;
+    ComputeOutcome outcome;
+  };
+  struct WaveResults {
+    std::map<std::string, json> results;  // element -> its instances' results
+    json failure;                         // the first instance that failed, if one did
+    std::string failure_status;
+  };
+  void run_waves(const std::shared_ptr<Activation> &act, WaveResults *out);
+  void run_wave(const std::shared_ptr<Activation> &act, const std::map<std::string, json> &results,
+                std::vector<WaveRun> *runs);
+  void keep_instance_logs(const std::shared_ptr<Activation> &act, const std::string &tag, const ComputeOutcome &o);
+  static json app_result(const Manifest &m, const std::map<std::string, json> &results);
   // One compute instance of an application, on a thread of its own.
   ComputeOutcome run_instance(const std::shared_ptr<Activation> &act, const std::string &element, int instance,
                               const json &parents);
@@ -93,6 +127,17 @@ class Engine {
   std::thread watcher_;
   bool stopping_ = false;  // under mu_
   std::condition_variable stop_cv_;
+  // The life of a memory element and its grants, written once (engine_elements.cc): placed and
+  // created, with nothing left behind when either fails; granted to a client over the transport
+  // between the two hosts; released (its grants die with it) with its bytes given back to the
+  // namespace's quota.
+  int create_memory(const std::string &ns, const std::string &id, uint64_t size, int near, PlacedMemory *out,
+                    std::string *why);
+  int grant_memory(const PlacedMemory &mem, const std::string &client, unsigned rights, const std::string &trans_name,
+                   int client_host, TransportGrant *out, std::string *why);
+  void release_memory(const std::string &ns, const PlacedMemory &mem);
+  void revoke_grants(const std::vector<std::pair<int, std::string>> &grants);  // (host, grant id)
+
   // Placement. A memory element goes where the most pool is free (preferring `near`); a compute
   // element next to the memory it reaches when that host has cpus, else where most cpu is free.
   // Both count against the namespace's quota of elements and bytes.
@@ -129,8 +174,8 @@ class Engine {
   };
   std::map<std::string, Caller> tokens_;  // runtime token -> the compute instance holding it
   // The running compute instance a runtime request comes from; false (reply filled) if none.
-  bool find_caller(const std::string &token, const std::string &aid, Caller *out, json *reply);
-  uint64_t counter_ = 0;
+  EngineError find_caller(const std::string &token, const std::string &aid, Caller *out);
+  std::atomic<uint64_t> counter_{0};  // names of elements made at run time
 };
 
 }  // namespace scad

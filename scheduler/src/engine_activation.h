@@ -1,6 +1,7 @@
 // What the engine keeps of one activation while it runs, shared by the engine's files
 // (engine.cc: start, run, the DAG and the record; engine_hosts.cc: hosts and placement;
-// engine_runtime.cc: the runtime endpoint). Not part of the engine's interface.
+// engine_runtime.cc: the runtime endpoint; engine_elements.cc: the life of memory elements and
+// grants). Not part of the engine's interface.
 #pragma once
 #include <condition_variable>
 #include <map>
@@ -9,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "engine.h"
 #include "manifest.h"
 
 namespace scad {
@@ -25,11 +27,7 @@ struct Activation {
   int64_t requested_ms = 0;
   json record;
   std::vector<std::string> logs;
-  struct Placed {
-    std::string id;
-    int host;
-    uint64_t size;
-  };
+  using Placed = PlacedMemory;
   std::map<std::string, Placed> memory;            // manifest name -> element, alive during the activation
   std::map<std::string, Placed> runtime_elements;  // aid/name -> element (action.runtime.invoke)
   std::vector<std::string> tokens;

@@ -7,31 +7,27 @@
 
 namespace scad {
 
-bool Engine::find_caller(const std::string &token, const std::string &aid, Caller *out, json *reply) {
+EngineError Engine::find_caller(const std::string &token, const std::string &aid, Caller *out) {
   std::lock_guard<std::mutex> lk(mu_);
   auto it = tokens_.find(token);
-  if (it == tokens_.end() || it->second.aid != aid) {
-    *reply = {{"error", "unknown or expired token for action '" + aid + "'"}};
-    return false;
-  }
+  if (it == tokens_.end() || it->second.aid != aid)
+    return refuse(Refusal::kUnauthorized, "unknown or expired token for action '" + aid + "'");
   *out = it->second;
-  return true;
+  return {};
 }
 
-int Engine::runtime_invoke(const std::string &token, const std::string &aid, const json &body, json *reply) {
+EngineError Engine::runtime_invoke(const std::string &token, const std::string &aid, const json &body, json *reply) {
   Caller c;
-  if (!find_caller(token, aid, &c, reply)) return 401;
+  if (auto e = find_caller(token, aid, &c)) return e;
   if (!body.is_object() || !body.contains("template") || !body["template"].is_string() || !body.contains("name") ||
       !body["name"].is_string()) {
-    *reply = {{"error", "the body must be {\"template\": NAME, \"name\": TRANSPORT, \"props\": {...}}"}};
-    return 400;
+    return refuse(Refusal::kInvalid, "the body must be {\"template\": NAME, \"name\": TRANSPORT, \"props\": {...}}");
   }
   std::string tmpl = body["template"], name = body["name"];
   const Manifest &m = c.act->manifest;
   auto it = m.elements.find(tmpl);
   if (c.act->kind != "app" || it == m.elements.end() || it->second.kind != "memory") {
-    *reply = {{"error", "template '" + tmpl + "' is not a memory element of application '" + c.act->name + "'"}};
-    return 409;
+    return refuse(Refusal::kConflict, "template '" + tmpl + "' is not a memory element of application '" + c.act->name + "'");
   }
   uint64_t size = it->second.size;
   json props = body.value("props", json::object());
@@ -39,8 +35,7 @@ int Engine::runtime_invoke(const std::string &token, const std::string &aid, con
     const json &s = props["size"];
     if (!((s.is_number_unsigned() && (size = s.get<uint64_t>()) > 0) ||
           (s.is_string() && parse_byte_size(s.get<std::string>(), &size) && size > 0))) {
-      *reply = {{"error", "props.size must be a positive number of bytes or a size such as 1GiB"}};
-      return 400;
+      return refuse(Refusal::kInvalid, "props.size must be a positive number of bytes or a size such as 1GiB");
     }
   }
   std::string key = aid + "/" + name;
@@ -48,51 +43,41 @@ int Engine::runtime_invoke(const std::string &token, const std::string &aid, con
   {
     std::lock_guard<std::mutex> lk(c.act->mu);
     if (c.act->runtime_elements.count(key)) {
-      *reply = {{"error", "this action already has an element named '" + name + "'"}};
-      return 409;
+      return refuse(Refusal::kConflict, "this action already has an element named '" + name + "'");
     }
   }
-  int h = place_memory(c.act->ns, size, c.host, &why);
-  if (h >= 0 && host(h)->create_element(id, size, &why)) {
-    unplace_memory(c.act->ns, h, size);
-    h = -1;
-  }
-  if (h < 0) {
-    *reply = {{"error", "cannot place a memory element of " + std::to_string(size) + " bytes: " + why}};
-    return 409;
+  PlacedMemory placed;
+  if (create_memory(c.act->ns, id, size, c.host, &placed, &why)) {
+    return refuse(Refusal::kConflict, "cannot place a memory element of " + std::to_string(size) + " bytes: " + why);
   }
   TransportGrant g;
-  if (host(h)->grant(id, aid, 3, name, transport_between(h, c.host), &g, &why)) {
-    host(h)->remove_element(id);
-    unplace_memory(c.act->ns, h, size);
-    *reply = {{"error", why}};
-    return 500;
+  if (grant_memory(placed, aid, kRightRead | kRightWrite, name, c.host, &g, &why)) {
+    release_memory(c.act->ns, placed);
+    return refuse(Refusal::kInternal, why);
   }
   {
     std::lock_guard<std::mutex> lk(c.act->mu);
-    c.act->runtime_elements[key] = {id, h, size};
+    c.act->runtime_elements[key] = placed;
   }
   *reply = {{"name", name}, {"durl", g.durl}, {"config", g.config}};
-  return 201;
+  return {};
 }
 
-int Engine::runtime_release(const std::string &token, const std::string &aid, const std::string &name, json *reply) {
+EngineError Engine::runtime_release(const std::string &token, const std::string &aid, const std::string &name) {
   Caller c;
-  if (!find_caller(token, aid, &c, reply)) return 401;
+  if (auto e = find_caller(token, aid, &c)) return e;
   Activation::Placed p;
   {
     std::lock_guard<std::mutex> lk(c.act->mu);
     auto it = c.act->runtime_elements.find(aid + "/" + name);
     if (it == c.act->runtime_elements.end()) {
-      *reply = {{"error", "this action has no element named '" + name + "'"}};
-      return 404;
+      return refuse(Refusal::kNotFound, "this action has no element named '" + name + "'");
     }
     p = it->second;
     c.act->runtime_elements.erase(it);
   }
-  host(p.host)->remove_element(p.id);  // revokes the grant: the caller's connection closes at once
-  unplace_memory(c.act->ns, p.host, p.size);
-  return 204;
+  release_memory(c.act->ns, p);  // revokes the grant: the caller's connection closes at once
+  return {};
 }
 
 void Engine::forget_code(const std::string &ns, const std::string &kind, const std::string &name) {

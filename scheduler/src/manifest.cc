@@ -238,7 +238,7 @@ std::vector<std::string> validate_manifest(const json &doc, const std::set<std::
             }
             td.element = t["element"];
             std::string rights = t.contains("rights") ? get_string(t, "rights").value_or("?") : "rw";
-            td.rights = rights == "r" ? 1 : rights == "w" ? 2 : rights == "rw" ? 3 : 0;
+            td.rights = rights == "r" ? kRightRead : rights == "w" ? kRightWrite : rights == "rw" ? kRightRead | kRightWrite : 0;
             if (!td.rights) p.push_back(tw + ": rights must be r, w or rw");
             for (auto &[k, v] : t.items())
               if (k != "element" && k != "rights") p.push_back(tw + ": unknown field '" + k + "'");

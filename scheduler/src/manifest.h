@@ -12,9 +12,12 @@ namespace scad {
 
 using nlohmann::json;
 
+// A grant's rights, as libd numbers them (LIBD_RIGHT_READ, LIBD_RIGHT_WRITE).
+constexpr unsigned kRightRead = 1, kRightWrite = 2;
+
 struct TransportDecl {
-  std::string element;  // the memory element it reaches
-  unsigned rights = 3;  // LIBD_RIGHT_READ | LIBD_RIGHT_WRITE
+  std::string element;                      // the memory element it reaches
+  unsigned rights = kRightRead | kRightWrite;
 };
 
 struct ElementDecl {
