@@ -310,6 +310,7 @@ ComputeOutcome Agent::run_compute(const ComputeSpec &spec) {
   workers_->release(std::move(w), true);
   o.ok = reply.ok;
   o.init_ms = reply.init_ms;
+  o.transports = std::move(reply.transports);
   if (o.ok) {
     o.status = "success";
     o.result = std::move(reply.result);

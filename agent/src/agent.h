@@ -16,6 +16,7 @@
 #include "cgroup.h"
 #include "sandbox.h"
 #include "element_host.h"
+#include "transport_usage.h"
 
 namespace scad {
 
@@ -72,6 +73,7 @@ struct ComputeOutcome {
   int64_t duration_ms = 0;
   int64_t init_ms = 0;        // loading the user's code, as the launcher measured it
   std::string start;          // warm | prewarmed | cold
+  TransportUsage transports;  // what its transports moved, per kind
 };
 
 // Creates home (0700) if missing, and refuses one that is not a directory of this process's own

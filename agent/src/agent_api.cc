@@ -40,7 +40,8 @@ ComputeSpec spec_from_json(const json &j) {
 
 json to_json(const ComputeOutcome &o) {
   return {{"ok", o.ok}, {"result", o.result}, {"error", o.error}, {"status", o.status}, {"logs", o.logs},
-          {"duration_ms", o.duration_ms}, {"init_ms", o.init_ms}, {"start", o.start}};
+          {"duration_ms", o.duration_ms}, {"init_ms", o.init_ms}, {"start", o.start},
+          {"transports", to_json(o.transports)}};
 }
 
 bool outcome_from_json(const json &j, ComputeOutcome *out, std::string *why) {
@@ -66,6 +67,7 @@ bool outcome_from_json(const json &j, ComputeOutcome *out, std::string *why) {
   o.duration_ms = std::max<int64_t>(0, get_int(j, "duration_ms").value_or(0));
   o.init_ms = std::max<int64_t>(0, get_int(j, "init_ms").value_or(0));
   o.start = get_string(j, "start").value_or("");
+  if (j.contains("transports")) o.transports = transport_usage_from_json(j["transports"]);
   *out = std::move(o);
   return true;
 }
@@ -148,7 +150,7 @@ void install_agent_routes(httplib::Server &srv, Agent &agent, const std::string 
       return fail(res, 400, std::string("bad compute spec: ") + e.what());
     }
     ComputeOutcome o = agent.run_compute(spec);
-    metrics->run_finished(o.status, o.start, double(o.duration_ms) / 1000);
+    metrics->run_finished(o.status, o.start, double(o.duration_ms) / 1000, o.transports);
     res.set_content(dump_json(to_json(o)), "application/json");
   });
   // Prometheus scrapes without credentials: the metrics are aggregates that name no tenant.

@@ -24,14 +24,17 @@ AgentMetrics::AgentMetrics()
                      .Name("scad_agent_pool_used_bytes")
                      .Help("Bytes of the pool held by memory elements")
                      .Register(*registry_)
-                     .Add({})) {}
+                     .Add({})),
+      transports_(*registry_, "scad_agent") {}
 
-void AgentMetrics::run_finished(const std::string &status, const std::string &start, double seconds) {
+void AgentMetrics::run_finished(const std::string &status, const std::string &start, double seconds,
+                                const TransportUsage &transports) {
   static const prometheus::Histogram::BucketBoundaries kBuckets = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
                                                                    1,     2.5,  5,     10,   30,  60,  300};
   runs_.Add({{"status", status}}).Increment();
   durations_.Add({}, kBuckets).Observe(seconds);
   if (!start.empty()) starts_.Add({{"start", start}}).Increment();
+  transports_.add(transports);
 }
 
 std::string AgentMetrics::render(uint64_t pool_bytes, uint64_t pool_used) {

@@ -1,11 +1,13 @@
 // The one line the Python launcher writes per run (scad.launcher): {"ok": true, "result": ...} or
-// {"ok": false, "error": {"type", "message", "traceback"}}, with "init_ms". The line comes from a
+// {"ok": false, "error": {"type", "message", "traceback"}}, with "init_ms" and "transports". The line comes from a
 // process that runs user code, so it is read as untrusted input: any other shape is refused here,
 // and nothing in it can make the agent throw.
 #pragma once
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
+
+#include "transport_usage.h"
 
 namespace scad {
 
@@ -15,6 +17,7 @@ struct LauncherReply {
   nlohmann::json error;   // {"type": string, "message": string}, when not ok
   std::string traceback;  // when not ok, if the launcher sent one
   int64_t init_ms = 0;
+  TransportUsage transports;  // what the run's transports moved
 };
 
 // false, with *why, when the line is not a launcher reply.

@@ -203,6 +203,7 @@ void Engine::run_action(const std::shared_ptr<Activation> &act) {
   act->first_start_ms = now_ms();
   ComputeOutcome o = host(h)->run_compute(spec);
   release_cpu(h, 1);
+  if (metrics_) metrics_->transports_used(o.transports);
   act->logs = o.logs;
   act->init_ms = o.init_ms;
   if (!o.start.empty()) act->starts[o.start]++;
@@ -436,6 +437,7 @@ ComputeOutcome Engine::run_instance(const std::shared_ptr<Activation> &act, cons
     for (auto &tg : spec.transports) act->wiring[spec.aid + ":" + tg.durl] = host_id;
   }
   outcome = host(h)->run_compute(spec);
+  if (metrics_) metrics_->transports_used(outcome.transports);
   if (!outcome.ok) instance_failed(act, spec.aid, outcome);
   {
     // The instance is over: its runtime token with it (what it invoked lives on until the

@@ -31,7 +31,8 @@ Metrics::Metrics()
       ended_(BuildCounter()
                  .Name("scad_api_connections_ended_total")
                  .Help("Public API connections the guard ended, by reason (deadline, stalled)")
-                 .Register(*registry_)) {}
+                 .Register(*registry_)),
+      transports_(*registry_, "scad") {}
 
 void Metrics::activation_started() { in_flight_.Increment(); }
 

@@ -77,7 +77,7 @@ def hosts(tmp_path):
         url = dict(l.split("=", 1) for l in (home / "wskprops").read_text().split())["APIHOST"]
         sched_argv[sched_argv.index("--port") + 1] = url.rsplit(":", 1)[1]  # a restart keeps the address
         for key, i, pool, cpus in (("a", 2, "0", "2"), ("b", 3, "256MiB", "0")):
-            line = start(names[key], [str(BUILD / "runtime" / "scad-agent"), "--scheduler", url, "--address",
+            line = start(names[key], [str(BUILD / "agent" / "scad-agent"), "--scheduler", url, "--address",
                                       f"{NET}.{i}", "--token-file", str(token if key == "a" else token_b),
                                       "--id", f"host-{key}",
                                       "--home", str(tmp_path / f"agent-{key}"), "--pool", pool, "--cpus", cpus,

@@ -310,7 +310,7 @@ def test_a_remote_agent_has_metrics_of_its_own(tmp_path):
     try:
         import disagg
         pythonpath = f"{os.path.dirname(disagg.__file__)}:{ROOT / 'bindings' / 'python'}"
-        agent = subprocess.Popen([str(BUILD / "runtime" / "scad-agent"), "--scheduler", plat.url, "--address", "127.0.0.1",
+        agent = subprocess.Popen([str(BUILD / "agent" / "scad-agent"), "--scheduler", plat.url, "--address", "127.0.0.1",
                                   "--token-file", str(token), "--id", "metered", "--home", str(tmp_path / "agent"),
                                   "--pool", "256MiB", "--python", sys.executable, "--pythonpath", pythonpath],
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -326,5 +326,14 @@ def test_a_remote_agent_has_metrics_of_its_own(tmp_path):
         assert v[("scad_agent_runs_total", frozenset({("status", "success")}))] == instances >= 2
         assert v[("scad_agent_pool_bytes", frozenset())] == 256 << 20
         assert v[("scad_agent_pool_used_bytes", frozenset())] == 0  # the activation freed its memory
+        # What the runs' transports moved (sumsq, n=1000: generate writes 8000 bytes of one host's
+        # element over shm, the four partials read their quarters), on the agent and the scheduler.
+        with urllib.request.urlopen(plat.url + "/metrics", timeout=10) as r:
+            s = metric_values(r.read().decode())
+        for prefix, vals in (("scad_agent", v), ("scad", s)):
+            shm = lambda what, op: vals[(f"{prefix}_transport_{what}_total", frozenset({("transport", "shm"), ("op", op)}))]  # noqa: E731
+            assert shm("bytes", "write") == 8000 and shm("operations", "write") >= 1, prefix
+            assert shm("bytes", "read") >= 8000 and shm("operations", "read") >= 4, prefix
+            assert vals[(f"{prefix}_transport_errors_total", frozenset({("transport", "shm")}))] == 0, prefix
     finally:
         stop_processes(procs)

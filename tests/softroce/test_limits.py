@@ -32,7 +32,7 @@ def platform(tmp_path):
     try:
         import disagg
         pythonpath = f"{os.path.dirname(disagg.__file__)}:{ROOT / 'bindings' / 'python'}"
-        agent = subprocess.Popen([str(BUILD / "runtime" / "scad-agent"), "--scheduler", plat.url, "--address", "127.0.0.1",
+        agent = subprocess.Popen([str(BUILD / "agent" / "scad-agent"), "--scheduler", plat.url, "--address", "127.0.0.1",
                                   "--token-file", str(token), "--id", "limited", "--home", str(tmp_path / "agent"),
                                   "--python", sys.executable, "--pythonpath", pythonpath],
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

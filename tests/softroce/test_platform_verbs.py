@@ -40,7 +40,7 @@ def cluster(tmp_path):
         pythonpath = f"{os.path.dirname(disagg.__file__)}:{ROOT / 'bindings' / 'python'}"
         banners = {}
         for key, pool, cpus, verbs in (("a", "0", "2", "auto"), ("b", "256MiB", "0", verbs_b)):
-            p = subprocess.Popen([str(BUILD / "runtime" / "scad-agent"), "--scheduler", platform.url, "--address", ADDR,
+            p = subprocess.Popen([str(BUILD / "agent" / "scad-agent"), "--scheduler", platform.url, "--address", ADDR,
                                   "--token-file", str(token), "--id", f"host-{key}", "--home", str(tmp_path / key),
                                   "--pool", pool, "--cpus", cpus, "--verbs", verbs, "--python", sys.executable,
                                   "--pythonpath", pythonpath], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

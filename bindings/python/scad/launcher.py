@@ -126,7 +126,8 @@ def _parents(folder):
 
 def run_action(spec, keep_module=False):
     """Returns {"ok": True, "result": ...} or {"ok": False, "error": {"type", "message", "traceback"}},
-    with "init_ms" (loading the code and wiring the action) and "run_ms" (main itself)."""
+    with "init_ms" (loading the code and wiring the action), "run_ms" (main itself) and
+    "transports" (what the action's transports moved, per kind)."""
     action = None
     t0 = time.monotonic()
     timing = {}
@@ -157,15 +158,43 @@ def run_action(spec, keep_module=False):
         timing["run_ms"] = int((time.monotonic() - t1) * 1000)
         # The result must be JSON (no NaN, no lone surrogates): say so here, not in the host.
         json.dumps(result, allow_nan=False, ensure_ascii=False).encode("utf-8")
-        return {"ok": True, "result": result, **timing}
+        reply = {"ok": True, "result": result}
     except BaseException as e:  # noqa: BLE001 - a user's SystemExit or KeyboardInterrupt is an error result too
-        return {"ok": False, "error": {"type": _text(type(e).__name__), "message": _text(str(e)),
-                                       "traceback": _text(traceback.format_exc())}, **timing}
+        reply = {"ok": False, "error": {"type": _text(type(e).__name__), "message": _text(str(e)),
+                                        "traceback": _text(traceback.format_exc())}}
     finally:
         with _current_lock:
             _current.update(aid=None, action=None)
+        transports = transport_usage(action) if action is not None else {}
         if action is not None:
             action.terminate()
+    return {**reply, **timing, "transports": transports}
+
+
+_KINDS = {"rdma_shm": "shm", "rdma_tcp": "tcp", "rdma_uverbs": "verbs", "rdma_local": "local"}
+
+
+def transport_usage(action):
+    """libd's counters of the action's client transports, summed per kind (shm, tcp, verbs, local),
+    for the platform's /metrics."""
+    out = {}
+    try:
+        names = action.transport_names()
+    except Exception:  # noqa: BLE001 - a terminated or broken action moved nothing more
+        return out
+    for name in names:
+        try:
+            t = action.get_transport(name, "rdma")
+            kind = _KINDS.get(t.impl)
+            stats = t.stats() if kind else None
+        except Exception:  # noqa: BLE001 - a server transport, or one already gone
+            continue
+        if stats is None:
+            continue
+        total = out.setdefault(kind, dict.fromkeys(("read_ops", "write_ops", "read_bytes", "write_bytes", "errors"), 0))
+        for key in total:
+            total[key] += stats[key]
+    return out
 
 
 END_OF_RUN = "\x00scad:end-of-run\x00"  # on stderr after each run: the agent reads its output up to here
