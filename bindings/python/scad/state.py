@@ -12,7 +12,9 @@ application's code runs both ways and only the storage differs:
 An element (a transport name; in Redis a key prefix) is cut into `slots` equal slots, so that the
 instances of a stage write side by side without coordinating: slot i holds an 8-byte length (plus
 one: zero is a slot never written) and the array's bytes. Every call counts its bytes, operations and seconds (`counters()`), which the
-applications return so that a benchmark can split data movement from compute.
+applications return so that a benchmark can split data movement from compute; the time spent
+asking the runtime for memory and giving it back (grow, release) is counted apart
+(runtime_seconds).
 
     st = open_state(action, args)
     st.put("shards", i, array, slots=parts)           # this instance's output
@@ -64,6 +66,7 @@ class MemoryState:
         self._transports: Dict[str, Any] = {}
         self._names: Dict[str, str] = {}  # element -> the transport that holds it now (grow)
         self._generation = 0
+        self._control = 0.0  # asking the runtime for memory and giving it back (not data movement)
         self._counters = _Counters()
 
     def _transport(self, element: str):
@@ -129,8 +132,10 @@ class MemoryState:
             return
         self._generation += 1
         new = f"{element}-{self._generation}"
-        t0 = time.perf_counter()
+        c0 = time.perf_counter()
         self._action.runtime.invoke(template, new, {"size": int(size)})
+        self._control += time.perf_counter() - c0
+        t0 = time.perf_counter()
         if current:
             old, fresh = self._transport(current), self._transport(new)
             block = numpy.empty(min(have, 64 << 20), dtype=numpy.uint8)
@@ -151,11 +156,13 @@ class MemoryState:
             self._drop(current)
 
     def _drop(self, name: str) -> None:
+        c0 = time.perf_counter()
         self._transports.pop(name, None)
         self._action.runtime.release(name)
+        self._control += time.perf_counter() - c0
 
     def counters(self) -> Dict[str, Any]:
-        return self._counters.as_dict()
+        return dict(self._counters.as_dict(), runtime_seconds=round(self._control, 6))
 
 
 class RedisState:
@@ -233,9 +240,10 @@ def carried(args: Dict[str, Any], *parents: str) -> Dict[str, Dict[str, Any]]:
 
 def merge_counters(*parts: Dict[str, Any]) -> Dict[str, Any]:
     """The sum of several stages' or instances' counters."""
-    total = {"read_bytes": 0, "write_bytes": 0, "ops": 0, "seconds": 0.0}
+    total = {"read_bytes": 0, "write_bytes": 0, "ops": 0, "seconds": 0.0, "runtime_seconds": 0.0}
     for p in parts:
         for k in total:
             total[k] += p.get(k, 0)
     total["seconds"] = round(total["seconds"], 6)
+    total["runtime_seconds"] = round(total["runtime_seconds"], 6)
     return total
