@@ -8,7 +8,7 @@
     scad element list
     scad host list
     scad host key ID [--keys FILE]
-    scad proxy [--port 8080]                  OpenWhisk's action runtime contract (/init, /run)
+    scad proxy [--port 8080]                  an OpenWhisk action container's server (/init, /run)
 
 Credentials and the API host come from $SCAD_HOME/wskprops (written by `scad up`), or --apihost
 and --auth. Every command takes --json for output meant for scripts.
