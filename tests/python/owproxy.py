@@ -66,10 +66,11 @@ class Stream:
 
 
 class Proxy:
-    def __init__(self, *extra, python=sys.executable, env=None, module="scad.cli", command=("proxy",)):
+    def __init__(self, *extra, python=(sys.executable,), env=None, module="scad.cli", command=("proxy",)):
+        """python: the interpreter's command (a fresh venv's, or one run inside the image)."""
         env = env if env is not None else {
             "PYTHONPATH": f"{BUILD / 'python'}:{ROOT / 'bindings' / 'python'}", "PATH": "/usr/bin:/bin"}
-        self.proc = subprocess.Popen([python, "-m", module, *command, "--port", "0", *extra],
+        self.proc = subprocess.Popen([*python, "-m", module, *command, "--port", "0", *extra],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         self.out = Stream(self.proc.stdout)
         self.err = Stream(self.proc.stderr)

@@ -179,17 +179,20 @@ def test_concurrent_runs_are_serialised(proxy):
 
 
 def test_the_ow_environment_of_each_run(proxy):
-    code = ("import os\ndef main(args):\n"
-            "    return {k: v for k, v in os.environ.items() if k.startswith('__OW_') or k in ('GREETING', 'LIMITS')}\n")
+    code = ("import os\nAT_IMPORT = os.environ.get('GREETING')\ndef main(args):\n"
+            "    env = {k: v for k, v in os.environ.items() if k.startswith('__OW_') or k in ('GREETING', 'LIMITS')}\n"
+            "    return {**env, 'at_import': AT_IMPORT}\n")
     assert proxy.init(code, env={"GREETING": "hi", "LIMITS": {"n": 3}})[0] == 200
     run = {"api_host": "https://ow.example", "api_key": SECRET, "namespace": "guest", "action_name": "/guest/x",
            "action_version": "0.0.1", "activation_id": "9f0c", "transaction_id": "tid", "deadline": "1700000000000"}
     status, env = proxy.run({"p": 1}, **run)
     assert status == 200
-    assert env == {"GREETING": "hi", "LIMITS": '{"n": 3}', **{f"__OW_{k.upper()}": v for k, v in run.items()}}
+    assert env == {"GREETING": "hi", "LIMITS": '{"n": 3}', "at_import": "hi",
+                   **{f"__OW_{k.upper()}": v for k, v in run.items()}}
     # The next activation, without api_key (the action lost its provide-api-key annotation): none left.
     status, env = proxy.run({}, activation_id="9f0d", namespace="guest")
-    assert env == {"GREETING": "hi", "LIMITS": '{"n": 3}', "__OW_ACTIVATION_ID": "9f0d", "__OW_NAMESPACE": "guest"}
+    assert env == {"GREETING": "hi", "LIMITS": '{"n": 3}', "at_import": "hi",
+                   "__OW_ACTIVATION_ID": "9f0d", "__OW_NAMESPACE": "guest"}
 
 
 def test_secrets_never_reach_the_logs(proxy):

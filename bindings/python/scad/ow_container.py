@@ -66,6 +66,10 @@ class ActionContainer:
             env = value.get("env") or {}
             if not isinstance(env, dict):
                 return 400, _json({"error": "Error unmarshaling request: \"env\" must be an object"})
+            # The action's parameters bound at create time, set before the import (module-level
+            # code reads them), as the runtimes set them.
+            for key, v in env.items():
+                os.environ[str(key)] = _env_text(v)
             folder = self._code_folder()
             try:
                 fn = ow_code.load(value, folder)
@@ -79,8 +83,6 @@ class ActionContainer:
                 message = ("The action failed to generate or locate a binary. See logs for details." if e.kind == "build"
                            else "Cannot start action. Check logs for details.")
                 return 502, _json({"error": message})
-            for key, v in env.items():  # the action's parameters bound at create time, as the runtimes set them
-                os.environ[str(key)] = _env_text(v)
             self.main, self.wants_action = fn, takes_action(fn)
             return 200, b'{"ok":true}'
 
