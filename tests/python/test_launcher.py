@@ -117,3 +117,21 @@ def test_launcher_as_a_program_prints_only_the_result_on_stdout(memd):
     proc = subprocess.run([sys.executable, "-m", "scad.launcher"], input="{not json", capture_output=True, text=True,
                           timeout=60, env=env)
     assert proc.returncode == 2 and json.loads(proc.stdout)["error"]["message"].startswith("bad spec")
+
+
+def test_the_action_object_goes_only_to_a_main_that_asks_for_it():
+    from scad.main_signature import takes_action
+    assert takes_action(lambda args, action: None)
+    assert takes_action(lambda args, act: None)            # Scad's form under another name
+    assert takes_action(lambda args, action=None: None)    # named for it: asked for
+    assert takes_action(lambda *args: None)
+    assert not takes_action(lambda args: None)             # OpenWhisk's form
+    assert not takes_action(lambda args, verbose=False: None)
+    assert not takes_action(lambda args, *, action: None)
+
+
+def test_a_main_with_a_default_second_parameter_keeps_its_default(tmp_path):
+    code = tmp_path / "verbose.py"
+    code.write_text("def main(args, verbose=False):\n    return {'verbose': verbose}\n")
+    out = run_action({"aid": "v", "code": str(code), "args": {}})
+    assert out["ok"] and out["result"] == {"verbose": False}, out

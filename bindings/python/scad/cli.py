@@ -8,7 +8,7 @@
     scad element list
     scad host list
     scad host key ID [--keys FILE]
-    scad proxy [--port 8080]                  OpenWhisk's action runtime contract (/init, /run)
+    scad proxy [--port 8080]                  an OpenWhisk action container's server (/init, /run)
 
 Credentials and the API host come from $SCAD_HOME/wskprops (written by `scad up`), or --apihost
 and --auth. Every command takes --json for output meant for scripts.
@@ -275,10 +275,8 @@ def cmd_host_key(args):
 
 
 def cmd_proxy(args):
-    from scad.proxy import serve
-    serve(args.host, args.port, ready=lambda addr: print(f"scad proxy: /init and /run on {addr[0]}:{addr[1]}",
-                                                         flush=True))
-    return 0
+    from scad.proxy import run
+    return run(args)
 
 
 def parser():
@@ -328,8 +326,8 @@ def parser():
     key.add_argument("--keys", help="the scheduler's host-keys file (default $SCAD_HOME/host-keys)")
     key.set_defaults(fn=cmd_host_key)
     proxy = sub.add_parser("proxy", help="serve OpenWhisk's action runtime contract (/init, /run)")
-    proxy.add_argument("--host", default="127.0.0.1", help="0.0.0.0 inside an OpenWhisk action container")
-    proxy.add_argument("--port", type=int, default=8080)
+    from scad.proxy import add_arguments as proxy_arguments
+    proxy_arguments(proxy)
     proxy.set_defaults(fn=cmd_proxy, json=False)
     return p
 

@@ -28,6 +28,7 @@ import traceback
 import uuid
 
 from scad.action import Action
+from scad.main_signature import takes_action
 
 
 _loaded = {}  # (code path, mtime) -> module: what a warm process keeps
@@ -66,14 +67,7 @@ def _text(s):
 
 def call_main(fn, args, action):
     """main(args, action) as Scad's actions take it; main(args) as plain OpenWhisk actions do."""
-    import inspect
-    try:
-        params = [p for p in inspect.signature(fn).parameters.values()
-                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-        takes_action = len(params) >= 2 or any(p.kind == p.VAR_POSITIONAL for p in inspect.signature(fn).parameters.values())
-    except (TypeError, ValueError):
-        takes_action = True
-    return fn(args, action) if takes_action else fn(args)
+    return fn(args, action) if takes_action(fn) else fn(args)
 
 
 _current = {"aid": None, "action": None}  # the run in progress, for peer notices
