@@ -16,7 +16,6 @@ range, bad argument), KeyError (no such transport), TimeoutError (deadline), Con
 gone: the transport is in ERROR until recover()), PermissionError (the grant does not allow it).
 Every call that waits releases the GIL; threads may share a transport.
 """
-import asyncio
 import errno as _errno
 import mmap
 import os
@@ -567,6 +566,9 @@ cdef class Operation:
         return rc == -_errno.ECANCELED
 
     def __await__(self):
+        # Imported here: asyncio (with ssl) is a third of a compute process's start otherwise, and
+        # whoever awaits has it loaded already.
+        import asyncio
         loop = asyncio.get_running_loop()
         return loop.run_in_executor(None, self.wait).__await__()
 

@@ -19,9 +19,7 @@ the memory elements both instances reach.
 import json
 import os
 import threading
-import urllib.error
-import urllib.parse
-import urllib.request
+from urllib.parse import quote
 
 
 class RuntimeRequestError(RuntimeError):
@@ -59,6 +57,11 @@ class RuntimeClient:
             return self._failures[0] if self._failures else None
 
     def _request(self, method, path, body=None):
+        # Imported on first use: urllib.request (with http.client and ssl) is 10-20 ms of every
+        # compute process's start otherwise, and most actions never call the runtime.
+        import urllib.error
+        import urllib.request
+
         if not self.url:
             raise RuntimeRequestError(0, "no runtime endpoint: this action was not started by a Scad runtime, "
                                          "or its manifest gives it no network (SCAD_RUNTIME_URL is not set)")
@@ -81,7 +84,7 @@ class RuntimeClient:
             raise RuntimeRequestError(0, f"runtime at {self.url} unreachable: {getattr(e, 'reason', e)}") from None
 
     def _path(self, *parts):
-        return "/v1/actions/" + "/".join(urllib.parse.quote(str(p), safe="") for p in (self._action.id, *parts))
+        return "/v1/actions/" + "/".join(quote(str(p), safe="") for p in (self._action.id, *parts))
 
     def invoke(self, template, trans, props=None):
         """Starts a new element from `template`, joins it to this action as transport `trans` and
