@@ -19,6 +19,10 @@
 
 namespace scad {
 
+// At the start of each line the action printed to its stdout (scad/launcher.py, STDOUT_MARK): the
+// launcher sends both streams down one pipe, and this tells them apart for the logs.
+constexpr char kStdoutMark[] = "\x1fscad:stdout\x1f";
+
 using nlohmann::json;
 
 Agent::Agent(AgentOptions opts) : opts_(std::move(opts)) {}
@@ -209,6 +213,7 @@ ComputeOutcome Agent::run_compute(const ComputeSpec &spec) {
   json launcher = {{"aid", spec.aid}, {"main", spec.main}, {"args", spec.args},
                    {"transports", transports}, {"runtime_url", spec.runtime_url},
                    {"runtime_token", spec.runtime_token}};
+  if (!spec.env.empty()) launcher["env"] = spec.env;
   std::string code;  // names the action's code for the warm pool: one process per code and function
   if (!spec.network && !sandbox_) {
     o.status = "whisk internal error";
@@ -275,7 +280,12 @@ ComputeOutcome Agent::run_compute(const ComputeSpec &spec) {
   // so every later dump of the record works.
   auto add_logs = [&](const std::string &text) {
     std::istringstream in(text);
-    for (std::string line; std::getline(in, line);) o.logs.push_back(stamp + " stderr: " + valid_utf8(line));
+    for (std::string line; std::getline(in, line);) {
+      // The launcher marks the lines the action printed to stdout (both streams share one pipe).
+      bool out = line.rfind(kStdoutMark, 0) == 0;
+      if (out) line.erase(0, sizeof kStdoutMark - 1);
+      o.logs.push_back(stamp + (out ? " stdout: " : " stderr: ") + valid_utf8(line));
+    }
   };
   LauncherReply reply;
   std::string bad_reply;
@@ -287,7 +297,7 @@ ComputeOutcome Agent::run_compute(const ComputeSpec &spec) {
   if (r.timed_out) {
     workers_->release(std::move(w), false);
     o.status = "action developer error";
-    o.error = {{"type", "TimeoutError"},
+    o.error = {{"type", "TimeoutError"}, {"timeout_ms", spec.timeout_ms},
                {"message", "the compute element ran longer than its limit of " + std::to_string(spec.timeout_ms) + " ms"}};
     return o;
   }

@@ -62,6 +62,10 @@ struct ComputeSpec {
   uint64_t log_bytes = 10ull << 20;  // output kept in the activation's logs; the rest is dropped
   std::string tenant;                // the namespace it runs for: its sandbox's uid
   bool network = true;               // false: a sandbox with a network namespace of its own
+  // Environment variables for this run only (OpenWhisk's __OW_*: activation id, deadline, the API
+  // key when the action asks for it): they travel with the spec on the process's private pipe,
+  // never on a command line, and the launcher removes them when the run ends.
+  std::map<std::string, std::string> env;
 };
 
 struct ComputeOutcome {

@@ -15,7 +15,8 @@ json to_json(const ComputeSpec &s) {
   return {{"aid", s.aid}, {"code", s.code}, {"code_key", s.code_key}, {"code_files", s.code_files},
           {"main", s.main}, {"args", s.args}, {"transports", t}, {"runtime_url", s.runtime_url},
           {"runtime_token", s.runtime_token}, {"timeout_ms", s.timeout_ms},
-          {"cpu", s.cpu}, {"memory", s.memory}, {"log_bytes", s.log_bytes}, {"tenant", s.tenant}, {"network", s.network}};
+          {"cpu", s.cpu}, {"memory", s.memory}, {"log_bytes", s.log_bytes}, {"tenant", s.tenant}, {"network", s.network},
+          {"env", s.env}};
 }
 
 ComputeSpec spec_from_json(const json &j) {
@@ -35,6 +36,10 @@ ComputeSpec spec_from_json(const json &j) {
   s.log_bytes = j.value("log_bytes", uint64_t(10) << 20);
   s.tenant = j.value("tenant", "");
   s.network = j.value("network", true);
+  // Only OpenWhisk's variables, as text: a spec cannot set PATH or LD_PRELOAD for the launcher.
+  if (j.contains("env") && j["env"].is_object())
+    for (auto &[k, v] : j["env"].items())
+      if (k.rfind("__OW_", 0) == 0 && v.is_string()) s.env[k] = v.get<std::string>();
   return s;
 }
 

@@ -24,6 +24,17 @@ std::string range_text(const Known &k, const LimitRange &r) {
   return "from " + std::to_string(r.min) + " to " + std::to_string(r.max) + unit;
 }
 
+// OpenWhisk's words for a limit outside its range (TimeLimit, MemoryLimit, LogLimit,
+// ConcurrencyLimit), after its prefix for a body it cannot accept.
+std::string out_of_range(const Known &k, int64_t v, const LimitRange &r) {
+  std::string what = std::string(k.name) == "timeout" ? "duration" : std::string(k.name) == "logs" ? "log size" : k.name;
+  std::string unit = std::string(k.name) == "timeout" ? " milliseconds" : *k.unit ? std::string(" ") + k.unit : "";
+  bool low = v < r.min;
+  return "The request content was malformed:\nrequirement failed: " + what + " " + std::to_string(v) + unit +
+         (low ? " below" : " exceeds") + " allowed threshold of " + std::to_string(low ? r.min : r.max) + unit +
+         " (limits." + k.name + ")";
+}
+
 bool parse_int(const std::string &s, int64_t *out) {
   if (s.empty() || s.size() > 15) return false;
   int64_t v = 0;
@@ -84,8 +95,12 @@ bool validate_limits(const json &limits, const LimitRanges &r, json *out, std::s
     }
     const LimitRange &range = r.*(k->range);
     auto v = get_int(limits, k->name);
-    if (!v || *v < range.min || *v > range.max) {
+    if (!v) {
       *why = "limits: '" + key + "' must be an integer " + range_text(*k, range) + "; got " + dump_json(value).substr(0, 64);
+      return false;
+    }
+    if (*v < range.min || *v > range.max) {
+      *why = out_of_range(*k, *v, range);
       return false;
     }
     result[k->name] = *v;

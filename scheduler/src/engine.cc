@@ -12,6 +12,7 @@
 #include <fstream>
 #include <thread>
 
+#include "action_response.h"
 #include "engine_activation.h"
 #include "flags.h"
 #include "safe_json.h"
@@ -22,22 +23,24 @@ namespace {
 int64_t now_ms() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
-int status_code(const std::string &status) {
-  if (status == "success") return 0;
-  if (status == "application error") return 1;
-  if (status == "action developer error") return 2;
-  return 3;  // whisk internal error
-}
 }  // namespace
 
 
 // "ns/kind/name/VERSION-HASH": the agents keep one copy of each; versions never repeat, and the
 // hash of the content makes a key that names other files impossible even if they did.
+// The code key's name part: "package@name" for an action in a package (the agents take keys of
+// exactly three parts, ns/kind/name).
+static std::string code_name(const std::string &entity) {
+  std::string n = entity;
+  std::replace(n.begin(), n.end(), '/', '@');
+  return n;
+}
+
 static std::string code_key(const std::shared_ptr<Activation> &act, const char *kind) {
   std::string hash = get_string(act->doc, "code_hash").value_or("");
   if (hash.empty())  // stored before documents carried their hash
     hash = sha256_hex(act->kind == "app" ? dump_json(act->doc["files"]) : dump_json(act->doc["exec"]["code"]));
-  return act->ns + "/" + kind + "/" + act->name + "/" + std::to_string(get_int(act->doc, "version").value_or(1)) +
+  return act->ns + "/" + kind + "/" + code_name(act->entity.empty() ? act->name : act->entity) + "/" + std::to_string(get_int(act->doc, "version").value_or(1)) +
          "-" + hash.substr(0, 16);
 }
 
@@ -59,15 +62,32 @@ Engine::~Engine() {
   instance_pool_->shutdown();
 }
 
+// The limits an action runs under, as OpenWhisk's records annotate them.
+static json limits_annotation(const ActionLimits &l) {
+  return {{"timeout", l.timeout_ms}, {"memory", l.memory_bytes >> 20}, {"logs", l.log_bytes >> 20}, {"concurrency", 1}};
+}
+
 EngineError Engine::start(std::shared_ptr<Activation> act, int64_t wait_ms, Started *out) {
   act->id = random_hex(16);
   act->requested_ms = now_ms();
+  if (act->entity.empty()) act->entity = act->name;
+  // OpenWhisk's record: a semantic version, the entity's path and kind, the limits it runs under.
+  json annotations = json::array({{{"key", "path"}, {"value", act->ns + "/" + act->entity}}});
+  if (act->kind == "app") {
+    annotations.push_back({{"key", "kind"}, {"value", "scad:app"}});
+  } else {
+    const json exec = act->doc.value("exec", json::object());
+    annotations.push_back({{"key", "kind"}, {"value", exec.value("kind", std::string("python:3"))}});
+    annotations.push_back({{"key", "limits"}, {"value", limits_annotation(effective_limits(act->doc, limits_))}});
+  }
+  if (act->kind == "sequence" && act->ctx.cause.empty()) annotations.push_back({{"key", "topmost"}, {"value", true}});
+  if (act->ctx.in_sequence) annotations.push_back({{"key", "causedBy"}, {"value", "sequence"}});
   act->record = {{"activationId", act->id}, {"namespace", act->ns}, {"name", act->name}, {"subject", act->ns},
-                 {"version", std::to_string(act->doc.value("version", int64_t(1)))}, {"start", act->requested_ms},
-                 {"end", 0}, {"duration", 0}, {"response", {{"status", "running"}, {"success", false}}},
-                 {"logs", json::array()},
-                 {"annotations", json::array({{{"key", "kind"}, {"value", act->kind == "app" ? "scad:app" : "python:3"}},
-                                              {{"key", "path"}, {"value", act->ns + "/" + act->name}}})}};
+                 {"version", "0.0." + std::to_string(act->doc.value("version", int64_t(1)))}, {"publish", false},
+                 {"start", act->requested_ms}, {"end", 0}, {"duration", 0},
+                 {"response", {{"status", "running"}, {"success", false}}}, {"logs", json::array()},
+                 {"annotations", annotations}};
+  if (!act->ctx.cause.empty()) act->record["cause"] = act->ctx.cause;
   {
     std::lock_guard<std::mutex> lk(mu_);
     Usage &u = usage_[act->ns];
@@ -79,7 +99,7 @@ EngineError Engine::start(std::shared_ptr<Activation> act, int64_t wait_ms, Star
     running_[act->id] = act;
   }
   if (metrics_) metrics_->activation_started();
-  store_.put_activation(act->record);
+  store_.put_activation(act->record, act->entity);
   std::thread([this, act] {
     run(act);
     std::lock_guard<std::mutex> lk(mu_);
@@ -110,20 +130,30 @@ EngineError Engine::invoke_app(const std::string &ns, const json &app, const jso
 }
 
 EngineError Engine::invoke_action(const std::string &ns, const json &action, const json &params, int64_t wait_ms,
-                                  Started *out) {
+                                  Started *out, const InvokeContext &ctx) {
   auto act = std::make_shared<Activation>();
   act->ns = ns;
   act->name = action["name"];
-  act->kind = "action";
+  act->entity = action.contains("package") ? action["package"].get<std::string>() + "/" + act->name : act->name;
+  const json exec = action.value("exec", json::object());
+  act->kind = exec.value("kind", std::string()) == "sequence" ? "sequence" : "action";
   act->doc = action;
+  act->ctx = ctx;
+  // OpenWhisk's order: the package's parameters, the action's over them, the invocation's over both.
+  json package = json::object();
+  if (action.contains("package"))
+    package = store_.get_doc("packages", ns, action["package"].get<std::string>()).value_or(json::object());
   act->params = json::object();
-  for (auto &p : action.value("parameters", json::array()))
-    if (auto key = get_string(p, "key")) act->params[*key] = p["value"];
+  for (const json &bound : {package.value("parameters", json::array()), action.value("parameters", json::array())})
+    for (auto &p : bound.is_array() ? bound : json::array())
+      if (auto key = get_string(p, "key")) act->params[*key] = p["value"];
   if (params.is_object()) act->params.update(params);
+  if (params.is_array()) act->params = params;  // a sequence passing on an array result, as OpenWhisk
   return start(act, wait_ms, out);
 }
 
-void Engine::finish(const std::shared_ptr<Activation> &act, const std::string &status, const json &result) {
+void Engine::finish(const std::shared_ptr<Activation> &act, const std::string &status, const json &result,
+                    int64_t size) {
   {
     // Before the caller can see the record: whoever it tells may invoke again at once.
     std::lock_guard<std::mutex> lk(mu_);
@@ -135,19 +165,27 @@ void Engine::finish(const std::shared_ptr<Activation> &act, const std::string &s
   act->record["duration"] = end - act->record["start"].get<int64_t>();
   act->record["response"] = {{"status", status}, {"statusCode", status_code(status)}, {"success", status == "success"},
                              {"result", result}};
+  if (size >= 0) act->record["response"]["size"] = size;
   act->record["logs"] = act->logs;
   if (metrics_) {
     metrics_->activation_finished(act->kind == "app" ? "app" : "action", status,
                                   double(end - act->record["start"].get<int64_t>()) / 1000);
     for (auto &[how, n] : act->starts) metrics_->instance_started(how, n);
   }
-  int64_t wait = act->first_start_ms ? act->first_start_ms - act->requested_ms : 0;
-  act->record["annotations"].push_back({{"key", "waitTime"}, {"value", wait}});
-  act->record["annotations"].push_back({{"key", "initTime"}, {"value", act->init_ms}});
-  act->record["annotations"].push_back({{"key", "starts"}, {"value", act->starts}});
-  if (!act->wiring.empty()) act->record["annotations"].push_back({{"key", "wiring"}, {"value", act->wiring}});
+  json &annotations = act->record["annotations"];
+  if (act->kind != "sequence") {
+    int64_t wait = act->first_start_ms ? act->first_start_ms - act->requested_ms : 0;
+    annotations.push_back({{"key", "waitTime"}, {"value", wait}});
+    // As OpenWhisk: initTime only when a process had to load the code (not a warm one).
+    bool initialized = false;
+    for (auto &[how, n] : act->starts) initialized |= how != "warm" && n > 0;
+    if (initialized) annotations.push_back({{"key", "initTime"}, {"value", act->init_ms}});
+    annotations.push_back({{"key", "starts"}, {"value", act->starts}});
+  }
+  if (act->timed_out) annotations.push_back({{"key", "timeout"}, {"value", true}});
+  if (!act->wiring.empty()) annotations.push_back({{"key", "wiring"}, {"value", act->wiring}});
   try {
-    store_.put_activation(act->record);
+    store_.put_activation(act->record, act->entity);
   } catch (const std::exception &e) {  // the waiting caller still gets the record
     fprintf(stderr, "scad-server: cannot store activation %s: %s\n", act->id.c_str(), e.what());
   }
@@ -159,6 +197,7 @@ void Engine::run(const std::shared_ptr<Activation> &act) {
   std::string what;
   try {
     if (act->kind == "app") run_app(act);
+    else if (act->kind == "sequence") run_sequence(act);
     else run_action(act);
     return;
   } catch (const std::exception &e) {
@@ -181,9 +220,28 @@ void Engine::run(const std::shared_ptr<Activation> &act) {
   }
 }
 
+std::map<std::string, std::string> Engine::ow_env(const std::shared_ptr<Activation> &act, int64_t deadline_ms) {
+  std::map<std::string, std::string> env = {
+      {"__OW_API_HOST", api_host_},
+      {"__OW_ACTIVATION_ID", act->id},
+      {"__OW_DEADLINE", std::to_string(deadline_ms)},
+      {"__OW_ACTION_NAME", "/" + act->ns + "/" + act->entity},
+      {"__OW_ACTION_VERSION", act->record.value("version", std::string("0.0.1"))},
+      {"__OW_NAMESPACE", act->ns},
+      {"__OW_TRANSACTION_ID", act->ctx.txid},
+  };
+  // The caller's key only for an action that asks for it, as OpenWhisk (which annotates every new
+  // action provide-api-key: false unless its author says otherwise).
+  for (auto &a : act->doc.value("annotations", json::array()))
+    if (get_string(a, "key").value_or("") == "provide-api-key" && a.contains("value") && a["value"] == true &&
+        !act->ctx.api_key.empty())
+      env["__OW_API_KEY"] = act->ctx.api_key;
+  return env;
+}
+
 void Engine::run_action(const std::shared_ptr<Activation> &act) {
   ComputeSpec spec;
-  spec.aid = act->ns + "-" + act->name + "-" + act->id.substr(0, 8);
+  spec.aid = act->ns + "-" + code_name(act->entity) + "-" + act->id.substr(0, 8);
   spec.tenant = act->ns;
   spec.code = "action.py";
   spec.code_key = code_key(act, "actions");
@@ -201,13 +259,16 @@ void Engine::run_action(const std::shared_ptr<Activation> &act) {
   }
   acquire_cpu(h, 1);
   act->first_start_ms = now_ms();
+  spec.env = ow_env(act, act->first_start_ms + limits.timeout_ms);
   ComputeOutcome o = host(h)->run_compute(spec);
   release_cpu(h, 1);
   if (metrics_) metrics_->transports_used(o.transports);
   act->logs = o.logs;
   act->init_ms = o.init_ms;
   if (!o.start.empty()) act->starts[o.start]++;
-  finish(act, o.status, o.ok ? (o.result.is_object() ? o.result : json{{"result", o.result}}) : json{{"error", o.error}});
+  ActionResponse r = action_response(o);
+  act->timed_out = r.timed_out;
+  finish(act, r.status, r.result, r.size);
 }
 
 void Engine::run_app(const std::shared_ptr<Activation> &act) {

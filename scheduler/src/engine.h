@@ -41,6 +41,14 @@ struct PlacedMemory {
 // (an instance mostly waits: for cpu, for its process); more wait their turn in the queue.
 constexpr size_t kInstanceThreads = 64;
 
+// What an action's invocation carries besides its parameters (OpenWhisk's).
+struct InvokeContext {
+  std::string api_key;  // the caller's "uuid:key": for actions annotated provide-api-key only; never stored
+  std::string txid;     // the request's transaction id (__OW_TRANSACTION_ID)
+  std::string cause;    // the activation (a sequence's, a trigger's) that caused this one
+  bool in_sequence = false;  // a sequence's component (annotated causedBy: sequence)
+};
+
 class Engine {
  public:
   Engine(Store &store, std::string runtime_url, LimitRanges limits = {}, Quotas quotas = {});
@@ -60,8 +68,11 @@ class Engine {
   // Starts an activation, and waits up to wait_ms for it to finish. kBusy when the namespace has its
   // quota of activations in flight.
   EngineError invoke_app(const std::string &ns, const json &app, const json &params, int64_t wait_ms, Started *out);
+  using InvokeContext = scad::InvokeContext;
   EngineError invoke_action(const std::string &ns, const json &action, const json &params, int64_t wait_ms,
-                            Started *out);
+                            Started *out, const InvokeContext &ctx = {});
+  // Where actions reach the REST API (__OW_API_HOST); set before the first invoke.
+  void set_api_host(std::string url) { api_host_ = std::move(url); }
   const Quotas &quotas() const { return quotas_; }
 
   // The runtime endpoint (docs/runtime-endpoint.md): a running instance, by its token, creates a
@@ -107,7 +118,14 @@ class Engine {
   ComputeOutcome run_instance(const std::shared_ptr<Activation> &act, const std::string &element, int instance,
                               const json &parents);
   void run_action(const std::shared_ptr<Activation> &act);
-  void finish(const std::shared_ptr<Activation> &act, const std::string &status, const json &result);
+  // A sequence (engine_sequence.cc): its components one after the other, each one's result the
+  // next one's parameters.
+  void run_sequence(const std::shared_ptr<Activation> &act);
+  // The __OW_* variables of an action's run.
+  std::map<std::string, std::string> ow_env(const std::shared_ptr<Activation> &act, int64_t deadline_ms);
+  // size: the result's length as JSON text (response.size), -1 to leave it out.
+  void finish(const std::shared_ptr<Activation> &act, const std::string &status, const json &result,
+              int64_t size = -1);
   // A compute instance ended without a result (crash, timeout, exception): frees its grants, the
   // memory it invoked and its token at once, and notifies the activation's running instances.
   void instance_failed(const std::shared_ptr<Activation> &act, const std::string &aid, const ComputeOutcome &o);
@@ -154,6 +172,7 @@ class Engine {
 
   Store &store_;
   std::string runtime_url_;
+  std::string api_host_;
   LimitRanges limits_;
   Quotas quotas_;
   struct Usage {

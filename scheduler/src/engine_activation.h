@@ -18,7 +18,10 @@ namespace scad {
 using nlohmann::json;
 
 struct Activation {
-  std::string id, ns, name, kind;  // kind: app | action
+  std::string id, ns, name, kind;  // kind: app | action | sequence
+  std::string entity;               // the action's path in its namespace: "name" or "package/name"
+  Engine::InvokeContext ctx;        // its caller's key (never stored), transaction, cause
+  bool timed_out = false;
   json doc;                         // the app or action document
   json params;
   Manifest manifest;

@@ -1,6 +1,8 @@
 // The runtime endpoint's side of the engine: a running instance (by its token) creates and
 // releases memory elements of its activation; and the elements a namespace has now.
 #include "engine.h"
+
+#include <algorithm>
 #include "engine_activation.h"
 #include "flags.h"
 #include "safe_json.h"
@@ -86,7 +88,9 @@ void Engine::forget_code(const std::string &ns, const std::string &kind, const s
     std::lock_guard<std::mutex> lk(mu_);
     for (auto &h : hosts_) all.push_back(h.agent);
   }
-  for (auto &h : all) h->remove_code(ns + "/" + kind + "/" + name);
+  std::string key = name;  // an action in a package is kept as "package@name" (engine.cc, code_name)
+  std::replace(key.begin(), key.end(), '/', '@');
+  for (auto &h : all) h->remove_code(ns + "/" + kind + "/" + key);
 }
 
 json Engine::elements(const std::string &ns) {

@@ -146,6 +146,7 @@ int main(int argc, char **argv) {
   std::string runtime_url = "http://" + host + ":" + std::to_string(runtime_port);
   scad::Metrics metrics;  // before the engine: its threads count into it until the end
   scad::Engine engine(store, runtime_url, limits, quotas);
+  engine.set_api_host(url);
   engine.set_metrics(&metrics);
   if (local_agent) engine.add_host(std::make_shared<scad::LocalHost>(agent));
   // Slow or greedy clients of the public API (a header line every few seconds, or hundreds of

@@ -92,6 +92,12 @@ int Store::open(const std::string &path, std::string *why) {
                                        updated INTEGER NOT NULL, PRIMARY KEY (namespace, name));
       CREATE TABLE IF NOT EXISTS actions (namespace TEXT NOT NULL, name TEXT NOT NULL, doc TEXT NOT NULL,
                                           updated INTEGER NOT NULL, PRIMARY KEY (namespace, name));
+      CREATE TABLE IF NOT EXISTS packages (namespace TEXT NOT NULL, name TEXT NOT NULL, doc TEXT NOT NULL,
+                                           updated INTEGER NOT NULL, PRIMARY KEY (namespace, name));
+      CREATE TABLE IF NOT EXISTS triggers (namespace TEXT NOT NULL, name TEXT NOT NULL, doc TEXT NOT NULL,
+                                           updated INTEGER NOT NULL, PRIMARY KEY (namespace, name));
+      CREATE TABLE IF NOT EXISTS rules (namespace TEXT NOT NULL, name TEXT NOT NULL, doc TEXT NOT NULL,
+                                        updated INTEGER NOT NULL, PRIMARY KEY (namespace, name));
       CREATE TABLE IF NOT EXISTS activations (id TEXT PRIMARY KEY, namespace TEXT NOT NULL, name TEXT NOT NULL,
                                               start INTEGER NOT NULL, finished INTEGER NOT NULL, record TEXT NOT NULL);
       CREATE INDEX IF NOT EXISTS activations_by_ns ON activations (namespace, start DESC);
@@ -128,7 +134,8 @@ std::optional<std::string> Store::authenticate(const std::string &uuid, const st
 }
 
 static void check_table(const std::string &t) {
-  if (t != "apps" && t != "actions") throw std::invalid_argument("unknown table " + t);
+  if (t != "apps" && t != "actions" && t != "packages" && t != "triggers" && t != "rules")
+    throw std::invalid_argument("unknown table " + t);
 }
 
 void Store::put_doc(const std::string &table, const std::string &ns, const std::string &name, const json &doc) {
@@ -188,13 +195,15 @@ int64_t Store::next_version(const std::string &table, const std::string &ns, con
   return std::stoll(up.text(0));
 }
 
-void Store::put_activation(const json &r) {
+void Store::put_activation(const json &r, const std::string &entity) {
   std::lock_guard<std::mutex> lk(mu_);
   Stmt q(db_, "INSERT INTO activations (id, namespace, name, start, finished, record) VALUES (?, ?, ?, ?, ?, ?) "
               "ON CONFLICT (id) DO UPDATE SET finished = excluded.finished, record = excluded.record");
+  // The name column is what `?name=` filters on: the entity path ("package/name" for an action in
+  // a package), as OpenWhisk's view keys it; the record keeps OpenWhisk's plain name.
   q.bind(1, r["activationId"].get<std::string>())
       .bind(2, r["namespace"].get<std::string>())
-      .bind(3, r["name"].get<std::string>())
+      .bind(3, entity.empty() ? r["name"].get<std::string>() : entity)
       .bind(4, r["start"].get<int64_t>())
       .bind(5, int64_t(r.value("end", int64_t(0)) != 0))
       .bind(6, dump_json(r))
@@ -203,24 +212,58 @@ void Store::put_activation(const json &r) {
 
 std::optional<json> Store::get_activation(const std::string &ns, const std::string &id) {
   std::lock_guard<std::mutex> lk(mu_);
-  Stmt q(db_, "SELECT record FROM activations WHERE namespace = ? AND id = ?");
+  Stmt q(db_, "SELECT record FROM activations WHERE namespace = ? AND id = ? AND finished = 1");
   q.bind(1, ns).bind(2, id);
   if (!q.step()) return std::nullopt;
   return json::parse(q.text(0));
 }
 
-std::vector<json> Store::list_activations(const std::string &ns, const std::string &name, int limit, int skip) {
-  std::lock_guard<std::mutex> lk(mu_);
-  Stmt q(db_, name.empty() ? "SELECT record FROM activations WHERE namespace = ? ORDER BY start DESC LIMIT ? OFFSET ?"
-                           : "SELECT record FROM activations WHERE namespace = ? AND name = ? ORDER BY start DESC LIMIT ? OFFSET ?");
+// The WHERE clause of a listing and its bindings after the namespace.
+static std::string activation_filter(const Store::ActivationQuery &f) {
+  std::string where = " WHERE namespace = ? AND finished = 1";
+  if (!f.name.empty()) where += " AND name = ?";
+  if (f.since > 0) where += " AND start >= ?";
+  if (f.upto > 0) where += " AND start <= ?";
+  return where;
+}
+
+static int bind_filter(Stmt &q, const std::string &ns, const Store::ActivationQuery &f) {
   int i = 1;
   q.bind(i++, ns);
-  if (!name.empty()) q.bind(i++, name);
-  q.bind(i++, int64_t(limit));
-  q.bind(i++, int64_t(skip));
+  if (!f.name.empty()) q.bind(i++, f.name);
+  if (f.since > 0) q.bind(i++, f.since);
+  if (f.upto > 0) q.bind(i++, f.upto);
+  return i;
+}
+
+std::vector<json> Store::list_activations(const std::string &ns, const ActivationQuery &f) {
+  std::lock_guard<std::mutex> lk(mu_);
+  Stmt q(db_, "SELECT record FROM activations" + activation_filter(f) + " ORDER BY start DESC LIMIT ? OFFSET ?");
+  int i = bind_filter(q, ns, f);
+  q.bind(i++, int64_t(f.limit));
+  q.bind(i++, int64_t(f.skip));
   std::vector<json> out;
   while (q.step()) out.push_back(json::parse(q.text(0)));
   return out;
+}
+
+int64_t Store::count_activations(const std::string &ns, const ActivationQuery &f) {
+  std::lock_guard<std::mutex> lk(mu_);
+  Stmt q(db_, "SELECT COUNT(*) FROM activations" + activation_filter(f));
+  bind_filter(q, ns, f);
+  if (!q.step()) return 0;
+  return std::stoll(q.text(0));
+}
+
+// The entity path of a stored record: its "path" annotation without the namespace.
+static std::string entity_of(const json &r) {
+  for (auto &a : r.value("annotations", json::array()))
+    if (a.is_object() && a.value("key", "") == "path" && a["value"].is_string()) {
+      std::string path = a["value"];
+      auto slash = path.find('/');
+      if (slash != std::string::npos) return path.substr(slash + 1);
+    }
+  return "";
 }
 
 int Store::fail_unfinished(const std::string &why) {
@@ -235,7 +278,7 @@ int Store::fail_unfinished(const std::string &why) {
     r["duration"] = r["end"].get<int64_t>() - r["start"].get<int64_t>();
     r["response"] = {{"status", "whisk internal error"}, {"statusCode", 3}, {"success", false},
                      {"result", {{"error", why}}}};
-    put_activation(r);
+    put_activation(r, entity_of(r));
   }
   return int(open.size());
 }

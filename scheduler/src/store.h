@@ -41,10 +41,20 @@ class Store {
   // files under it).
   int64_t next_version(const std::string &table, const std::string &ns, const std::string &name);
 
-  // Activation records.
-  void put_activation(const json &record);  // keyed by activationId
+  // Activation records. A record is stored when its activation starts (so a restarted scheduler
+  // can close it) but only finished ones are read back: OpenWhisk clients poll GET until it
+  // stops answering 404.
+  // Keyed by activationId; entity: what `?name=` finds it by ("package/name"; "" for its name).
+  void put_activation(const json &record, const std::string &entity = "");
   std::optional<json> get_activation(const std::string &ns, const std::string &id);
-  std::vector<json> list_activations(const std::string &ns, const std::string &name, int limit, int skip);
+  // Which finished activations a listing covers, newest first (OpenWhisk's query parameters).
+  struct ActivationQuery {
+    std::string name;             // "" for all; else the entity path, "name" or "package/name"
+    int64_t since = 0, upto = 0;  // start times in ms, inclusive; 0: unbounded
+    int limit = 30, skip = 0;
+  };
+  std::vector<json> list_activations(const std::string &ns, const ActivationQuery &q);
+  int64_t count_activations(const std::string &ns, const ActivationQuery &q);
   // Marks activations that were running when the scheduler stopped; returns how many.
   int fail_unfinished(const std::string &why);
 

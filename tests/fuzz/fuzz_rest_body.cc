@@ -6,6 +6,8 @@
 #include <string>
 
 #include "action_limits.h"
+#include "action_response.h"
+#include "entity_ref.h"
 #include "manifest.h"
 #include "safe_json.h"
 
@@ -29,6 +31,22 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (!t || *t < ranges.timeout_ms.min || *t > ranges.timeout_ms.max) abort();
   }
   scad::effective_limits(body, ranges);
+  // Names of entities (sequence components, rules' triggers and actions) and an action's result
+  // as the controller reads them.
+  if (body.is_object() && body.contains("components") && body["components"].is_array())
+    for (auto &c : body["components"])
+      if (c.is_string()) {
+        scad::EntityRef ref;
+        if (scad::parse_entity_ref(c.get<std::string>(), "ns", &ref) && (ref.name.empty() || ref.ns.empty())) abort();
+      }
+  scad::ComputeOutcome o;
+  o.ok = !body.contains("error");
+  o.result = body;
+  o.error = body.contains("error") ? body["error"] : nlohmann::json();
+  o.status = o.ok ? "success" : "application error";
+  auto r = scad::action_response(o, 256);
+  if (!r.result.is_object() && !r.result.is_array()) abort();
+  scad::dump_json(r.result);
   if (body.is_object() && body.contains("manifest") && body["manifest"].is_object())
     scad::validate_manifest(body["manifest"], {"a.py"}, scad::Capacity{}, nullptr);
   return 0;

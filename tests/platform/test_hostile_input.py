@@ -80,7 +80,7 @@ def test_valid_limits_are_stored_with_defaults_and_applied(platform):
     assert body["limits"] == {"timeout": 500, "memory": 128, "logs": 10, "concurrency": 1}
     status, rec = platform.call("POST", f"{ACTIONS}/sleepy", {"s": 30}, params="?blocking=true")
     assert status == 502 and rec["response"]["status"] == "action developer error"
-    assert "limit of 500 ms" in rec["response"]["result"]["error"]["message"]
+    assert rec["response"]["result"]["error"] == "The action exceeded its time limits of 500 milliseconds."
     assert rec["duration"] < 10000
 
 

@@ -115,7 +115,7 @@ def test_a_child_in_its_own_session_dies_with_the_action_at_its_timeout(platform
     gate = Gate()
     try:
         status, rec = run(platform, "spawner", {"gate": gate.address}, code=SPAWNS, limits={"timeout": 3000})
-        assert status == 502 and "limit of 3000 ms" in rec["response"]["result"]["error"]["message"], rec["response"]
+        assert status == 502 and "time limits of 3000 milliseconds" in rec["response"]["result"]["error"], rec["response"]
         conn = child_connection(gate)
         assert conn.recv(1) == b"", "the child outlived its action"
     finally:

@@ -221,11 +221,15 @@ def cmd_app(args):
     return 0
 
 
+# The top-level statusCode of listed activations (OpenWhisk's short form).
+STATUSES = {0: "success", 1: "application error", 2: "action developer error", 3: "whisk internal error"}
+
+
 def cmd_activation(args):
     c = Client.from_args(args)
     if args.action == "list":
         _, data = c.ok("GET", c.ns_path("activations"), params={"limit": args.limit})
-        lines = [f"{a['activationId']}  {a['name']:24} {a['response']['status']:24} {a['duration']} ms" for a in data]
+        lines = [f"{a['activationId']}  {a['name']:24} {STATUSES.get(a.get('statusCode'), '?'):24} {a.get('duration', 0)} ms" for a in data]
         out(args, "\n".join(lines) or "no activations", data)
     elif args.action == "get":
         _, data = c.ok("GET", c.ns_path("activations", args.id))

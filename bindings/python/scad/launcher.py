@@ -5,8 +5,9 @@ when main raises; an exception becomes an error result, never a crash of the hos
 As a program (what the host agent starts):
     python -m scad.launcher < spec.json
 where spec is {"aid", "code", "main", "args", "transports": [{"durl", "config"}], "options",
-"runtime_url", "runtime_token"}. The user's prints go to stderr; stdout carries exactly one JSON
-line: the result.
+"runtime_url", "runtime_token", "env"}. The user's output goes to stderr, each line it printed to
+stdout marked with STDOUT_MARK (the agent logs those as stdout); stdout carries exactly one JSON
+line: the result. "env" holds OpenWhisk's __OW_* variables, set for the run only.
 
     python -m scad.launcher --serve
 keeps the interpreter for many runs (the agent's warm and pre-warmed pools): one spec per line on
@@ -18,6 +19,7 @@ OpenWhisk container does; the agent reuses a process only for the same action.
 """
 import contextlib
 import importlib.util
+import io
 import json
 import os
 import queue
@@ -118,6 +120,100 @@ def _parents(folder):
         out.append(folder)
 
 
+STDOUT_MARK = "\x1fscad:stdout\x1f"  # agent/src/agent.cc, kStdoutMark
+
+
+class MarkedStdout(io.TextIOBase):
+    """sys.stdout while an action runs: what it prints goes to stderr (fd 1 carries results), each
+    line marked so that the agent can log it as stdout, as OpenWhisk's logs tell the streams apart."""
+
+    def __init__(self, err):
+        self._err = err
+        self._line_start = True
+
+    @property
+    def encoding(self):
+        return getattr(self._err, "encoding", "utf-8")
+
+    def writable(self):
+        return True
+
+    def fileno(self):
+        return self._err.fileno()
+
+    def write(self, s):
+        if not s:
+            return 0
+        pieces = s.split("\n")
+        out = []
+        for i, piece in enumerate(pieces):
+            last = i == len(pieces) - 1
+            if piece and self._line_start:
+                out.append(STDOUT_MARK)
+            out.append(piece if last else piece + "\n")
+            if not last:
+                self._line_start = True
+            elif piece:
+                self._line_start = False
+        self._err.write("".join(out))
+        return len(s)
+
+    def flush(self):
+        self._err.flush()
+
+    @property
+    def buffer(self):
+        """sys.stdout.buffer: bytes, marked the same way."""
+        return _MarkedBytes(self)
+
+    def _write_bytes(self, b):
+        self._err.flush()  # what was written as text comes first
+        pieces = bytes(b).split(b"\n")
+        out = []
+        for i, piece in enumerate(pieces):
+            last = i == len(pieces) - 1
+            if piece and self._line_start:
+                out.append(STDOUT_MARK.encode())
+            out.append(piece if last else piece + b"\n")
+            if not last:
+                self._line_start = True
+            elif piece:
+                self._line_start = False
+        self._err.buffer.write(b"".join(out))
+        return len(b)
+
+    def end_line(self):
+        """Ends a last line printed without a newline, so that the next run's output starts a line."""
+        if not self._line_start:
+            self._err.write("\n")
+            self._line_start = True
+        self._err.flush()
+
+
+class _MarkedBytes(io.RawIOBase):
+    """MarkedStdout's binary side (sys.stdout.buffer)."""
+
+    def __init__(self, text):
+        self._text = text
+
+    def writable(self):
+        return True
+
+    def write(self, b):
+        return self._text._write_bytes(b)
+
+    def flush(self):
+        self._text._err.buffer.flush()
+
+
+def _ow_env(spec):
+    """The run's __OW_* variables (only those names, only text)."""
+    env = spec.get("env")
+    if not isinstance(env, dict):
+        return {}
+    return {k: v for k, v in env.items() if isinstance(k, str) and k.startswith("__OW_") and isinstance(v, str)}
+
+
 def run_action(spec, keep_module=False):
     """Returns {"ok": True, "result": ...} or {"ok": False, "error": {"type", "message", "traceback"}},
     with "init_ms" (loading the code and wiring the action), "run_ms" (main itself) and
@@ -125,7 +221,9 @@ def run_action(spec, keep_module=False):
     action = None
     t0 = time.monotonic()
     timing = {}
+    env = _ow_env(spec)
     try:
+        os.environ.update(env)
         # The uid switch comes first: a device opened as root (a verbs context) refuses commands
         # from the same process once its credentials changed.
         code = _place_code(spec) if "files" in spec else spec["code"]
@@ -157,6 +255,9 @@ def run_action(spec, keep_module=False):
         reply = {"ok": False, "error": {"type": _text(type(e).__name__), "message": _text(str(e)),
                                         "traceback": _text(traceback.format_exc())}}
     finally:
+        # A warm process runs the next activation too: its id, deadline and key must not stay.
+        for k in env:
+            os.environ.pop(k, None)
         with _current_lock:
             _current.update(aid=None, action=None)
         transports = transport_usage(action) if action is not None else {}
@@ -259,8 +360,10 @@ def serve():
         except ValueError as e:
             result = {"ok": False, "error": {"type": "ValueError", "message": f"bad spec: {e}"}}
         else:
-            with contextlib.redirect_stdout(sys.stderr):
+            marked = MarkedStdout(sys.stderr)
+            with contextlib.redirect_stdout(marked):
                 result = run_action(spec, keep_module=True)
+            marked.end_line()
         sys.stderr.flush()
         out.write(json.dumps(result) + "\n")
         out.flush()
@@ -278,8 +381,10 @@ def main():
         print(json.dumps({"ok": False, "error": {"type": "ValueError", "message": f"bad spec: {e}"}}))
         return 2
     channel = _private_result_channel()
-    with contextlib.redirect_stdout(sys.stderr):
+    marked = MarkedStdout(sys.stderr)
+    with contextlib.redirect_stdout(marked):
         out = run_action(spec)
+    marked.end_line()
     channel.write(json.dumps(out) + "\n")
     channel.flush()
     return 0 if out["ok"] else 1
