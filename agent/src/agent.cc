@@ -321,6 +321,7 @@ ComputeOutcome Agent::run_compute(const ComputeSpec &spec) {
   o.ok = reply.ok;
   o.init_ms = reply.init_ms;
   o.transports = std::move(reply.transports);
+  o.transfers = std::move(reply.transfers);
   if (o.ok) {
     o.status = "success";
     o.result = std::move(reply.result);

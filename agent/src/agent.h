@@ -78,6 +78,7 @@ struct ComputeOutcome {
   int64_t init_ms = 0;        // loading the user's code, as the launcher measured it
   std::string start;          // warm | prewarmed | cold
   TransportUsage transports;  // what its transports moved, per kind
+  std::vector<TransferRecord> transfers;  // and per transport
 };
 
 // Creates home (0700) if missing, and refuses one that is not a directory of this process's own

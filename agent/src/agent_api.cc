@@ -46,7 +46,7 @@ ComputeSpec spec_from_json(const json &j) {
 json to_json(const ComputeOutcome &o) {
   return {{"ok", o.ok}, {"result", o.result}, {"error", o.error}, {"status", o.status}, {"logs", o.logs},
           {"duration_ms", o.duration_ms}, {"init_ms", o.init_ms}, {"start", o.start},
-          {"transports", to_json(o.transports)}};
+          {"transports", to_json(o.transports)}, {"transfers", to_json(o.transfers)}};
 }
 
 bool outcome_from_json(const json &j, ComputeOutcome *out, std::string *why) {
@@ -73,6 +73,7 @@ bool outcome_from_json(const json &j, ComputeOutcome *out, std::string *why) {
   o.init_ms = std::max<int64_t>(0, get_int(j, "init_ms").value_or(0));
   o.start = get_string(j, "start").value_or("");
   if (j.contains("transports")) o.transports = transport_usage_from_json(j["transports"]);
+  if (j.contains("transfers")) o.transfers = transfers_from_json(j["transfers"]);
   *out = std::move(o);
   return true;
 }

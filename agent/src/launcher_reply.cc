@@ -18,6 +18,7 @@ bool parse_launcher_reply(const std::string &line, LauncherReply *out, std::stri
   r.ok = *ok;
   r.init_ms = std::max<int64_t>(0, get_int(j, "init_ms").value_or(0));
   if (j.contains("transports")) r.transports = transport_usage_from_json(j["transports"]);
+  if (j.contains("transfers")) r.transfers = transfers_from_json(j["transfers"]);
   if (r.ok) {
     if (!j.contains("result")) {
       *why = "it has \"ok\": true but no \"result\"";

@@ -17,7 +17,8 @@ struct LauncherReply {
   nlohmann::json error;   // {"type": string, "message": string}, when not ok
   std::string traceback;  // when not ok, if the launcher sent one
   int64_t init_ms = 0;
-  TransportUsage transports;  // what the run's transports moved
+  TransportUsage transports;  // what the run's transports moved, per kind
+  std::vector<TransferRecord> transfers;  // and per transport
 };
 
 // false, with *why, when the line is not a launcher reply.

@@ -1,5 +1,7 @@
 #include "transport_usage.h"
 
+#include <algorithm>
+
 namespace scad {
 
 using nlohmann::json;
@@ -14,6 +16,26 @@ uint64_t count_of(const json &o, const char *key) {
   int64_t v = it->get<int64_t>();
   return v < 0 ? 0 : std::min(uint64_t(v), kMaxCount);
 }
+
+bool known_kind(const std::string &kind) {
+  return kind == "shm" || kind == "tcp" || kind == "verbs" || kind == "local";
+}
+
+TransportCounts counts_of(const json &o) {
+  TransportCounts c;
+  c.read_ops = count_of(o, "read_ops");
+  c.write_ops = count_of(o, "write_ops");
+  c.read_bytes = count_of(o, "read_bytes");
+  c.write_bytes = count_of(o, "write_bytes");
+  c.errors = count_of(o, "errors");
+  c.busy_ns = count_of(o, "busy_ns");
+  return c;
+}
+
+json counts_json(const TransportCounts &c) {
+  return {{"read_ops", c.read_ops}, {"write_ops", c.write_ops}, {"read_bytes", c.read_bytes},
+          {"write_bytes", c.write_bytes}, {"errors", c.errors}, {"busy_ns", c.busy_ns}};
+}
 }  // namespace
 
 TransportUsage transport_usage_from_json(const json &j) {
@@ -22,22 +44,40 @@ TransportUsage transport_usage_from_json(const json &j) {
   for (const char *kind : {"shm", "tcp", "verbs", "local"}) {
     auto it = j.find(kind);
     if (it == j.end() || !it->is_object()) continue;
-    TransportCounts c;
-    c.read_ops = count_of(*it, "read_ops");
-    c.write_ops = count_of(*it, "write_ops");
-    c.read_bytes = count_of(*it, "read_bytes");
-    c.write_bytes = count_of(*it, "write_bytes");
-    c.errors = count_of(*it, "errors");
-    out[kind] = c;
+    out[kind] = counts_of(*it);
   }
   return out;
 }
 
 json to_json(const TransportUsage &usage) {
   json out = json::object();
-  for (auto &[kind, c] : usage)
-    out[kind] = {{"read_ops", c.read_ops}, {"write_ops", c.write_ops}, {"read_bytes", c.read_bytes},
-                 {"write_bytes", c.write_bytes}, {"errors", c.errors}};
+  for (auto &[kind, c] : usage) out[kind] = counts_json(c);
+  return out;
+}
+
+std::vector<TransferRecord> transfers_from_json(const json &j) {
+  std::vector<TransferRecord> out;
+  if (!j.is_array()) return out;
+  for (auto &e : j) {
+    if (out.size() >= kMaxTransferRecords) break;
+    if (!e.is_object()) continue;
+    auto name = e.find("transport"), kind = e.find("kind");
+    if (name == e.end() || kind == e.end() || !name->is_string() || !kind->is_string()) continue;
+    const std::string &n = name->get_ref<const std::string &>(), &k = kind->get_ref<const std::string &>();
+    if (n.empty() || n.size() > 64 || !known_kind(k)) continue;
+    out.push_back({n, k, counts_of(e)});
+  }
+  return out;
+}
+
+json to_json(const std::vector<TransferRecord> &transfers) {
+  json out = json::array();
+  for (auto &t : transfers) {
+    json e = counts_json(t.counts);
+    e["transport"] = t.transport;
+    e["kind"] = t.kind;
+    out.push_back(std::move(e));
+  }
   return out;
 }
 

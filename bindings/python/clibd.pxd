@@ -53,6 +53,7 @@ cdef extern from "libd.h" nogil:
         uint64_t read_bytes, write_bytes
         uint64_t errors
         uint64_t latency_ns_hist[40]
+    int libd_transport_busy_ns(libd_transport *trans, uint64_t *ns)
     int libd_transport_stats(libd_transport *trans, libd_stats *out)
     uint64_t libd_stats_percentile_ns(const libd_stats *stats, double p)
 

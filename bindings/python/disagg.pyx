@@ -329,13 +329,16 @@ cdef class LibdTransport:
         _check(clibd.libd_transport_set(self._tr(), _b(key), _b(value)))
 
     def stats(self):
-        """Counters: ops, bytes, errors and latency percentiles (ns)."""
+        """Counters: ops, bytes, errors, latency percentiles (ns) and the time operations took
+        (busy_ns: exact while every operation is timed, then estimated from the timed sample)."""
         cdef clibd.libd_stats s
+        cdef uint64_t busy = 0
         _check(clibd.libd_transport_stats(self._tr(), &s))
+        _check(clibd.libd_transport_busy_ns(self._tr(), &busy))
         return {"read_ops": s.read_ops, "write_ops": s.write_ops, "read_bytes": s.read_bytes,
                 "write_bytes": s.write_bytes, "errors": s.errors,
                 "latency_p50_ns": clibd.libd_stats_percentile_ns(&s, 0.5),
-                "latency_p99_ns": clibd.libd_stats_percentile_ns(&s, 0.99)}
+                "latency_p99_ns": clibd.libd_stats_percentile_ns(&s, 0.99), "busy_ns": busy}
 
     def __enter__(self):
         return self

@@ -126,6 +126,10 @@ typedef struct libd_stats {
     uint64_t latency_ns_hist[LIBD_HIST_BUCKETS];
 } libd_stats;
 int libd_transport_stats(libd_transport *trans, libd_stats *out);
+/* Time the transport's operations took, in nanoseconds (since 1.2): the timed operations' sum
+ * scaled to all that succeeded (exact while every one is timed, then an estimate from the one in
+ * 64 that is). What a platform reports as time spent in transfers. */
+int libd_transport_busy_ns(libd_transport *trans, uint64_t *ns);
 /* Median (p=0.5) or any percentile of the latency histogram, in nanoseconds (bucket midpoint). */
 uint64_t libd_stats_percentile_ns(const libd_stats *stats, double p);
 

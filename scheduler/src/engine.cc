@@ -184,6 +184,8 @@ void Engine::finish(const std::shared_ptr<Activation> &act, const std::string &s
   }
   if (act->timed_out) annotations.push_back({{"key", "timeout"}, {"value", true}});
   if (!act->wiring.empty()) annotations.push_back({{"key", "wiring"}, {"value", act->wiring}});
+  // Where the time went: per instance, what each transport moved and how long it took.
+  if (!act->transfers.empty()) annotations.push_back({{"key", "transfers"}, {"value", act->transfers}});
   try {
     store_.put_activation(act->record, act->entity);
   } catch (const std::exception &e) {  // the waiting caller still gets the record
@@ -266,6 +268,7 @@ void Engine::run_action(const std::shared_ptr<Activation> &act) {
   act->logs = o.logs;
   act->init_ms = o.init_ms;
   if (!o.start.empty()) act->starts[o.start]++;
+  keep_transfers(act, act->name, o);
   ActionResponse r = action_response(o);
   act->timed_out = r.timed_out;
   finish(act, r.status, r.result, r.size);
@@ -391,6 +394,25 @@ void Engine::keep_instance_logs(const std::shared_ptr<Activation> &act, const st
     act->logs.push_back(line.size() >= 25 && line[24] == ' ' ? line.substr(0, 25) + tag + " " + line.substr(25)
                                                             : tag + " " + line);
   act->init_ms = std::max(act->init_ms, o.init_ms);
+  keep_transfers_locked(act, tag, o);
+}
+
+void Engine::keep_transfers(const std::shared_ptr<Activation> &act, const std::string &instance,
+                            const ComputeOutcome &o) {
+  std::lock_guard<std::mutex> lk(act->mu);
+  keep_transfers_locked(act, instance, o);
+}
+
+void Engine::keep_transfers_locked(const std::shared_ptr<Activation> &act, const std::string &instance,
+                                   const ComputeOutcome &o) {
+  if (o.transfers.empty()) return;
+  json list = json::array();
+  for (auto &t : o.transfers)
+    list.push_back({{"transport", t.transport}, {"kind", t.kind}, {"read_ops", t.counts.read_ops},
+                    {"write_ops", t.counts.write_ops}, {"read_bytes", t.counts.read_bytes},
+                    {"write_bytes", t.counts.write_bytes}, {"errors", t.counts.errors},
+                    {"seconds", double(t.counts.busy_ns) / 1e9}});
+  act->transfers[instance] = std::move(list);
 }
 
 json Engine::app_result(const Manifest &m, const std::map<std::string, json> &results) {

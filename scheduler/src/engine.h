@@ -113,6 +113,9 @@ class Engine {
   void run_wave(const std::shared_ptr<Activation> &act, const std::map<std::string, json> &results,
                 std::vector<WaveRun> *runs);
   void keep_instance_logs(const std::shared_ptr<Activation> &act, const std::string &tag, const ComputeOutcome &o);
+  void keep_transfers(const std::shared_ptr<Activation> &act, const std::string &instance, const ComputeOutcome &o);
+  void keep_transfers_locked(const std::shared_ptr<Activation> &act, const std::string &instance,
+                             const ComputeOutcome &o);
   static json app_result(const Manifest &m, const std::map<std::string, json> &results);
   // One compute instance of an application, on a thread of its own.
   ComputeOutcome run_instance(const std::shared_ptr<Activation> &act, const std::string &element, int instance,

@@ -37,6 +37,8 @@ struct Activation {
   bool done = false;
   int64_t first_start_ms = 0, init_ms = 0;
   std::map<std::string, int> starts;  // warm / prewarmed / cold: how its compute elements started
+  // What each instance's transports moved and the time it took ("element#i" -> its transports).
+  json transfers = json::object();
   struct Instance {  // a compute instance while it runs
     std::string element;
     int instance = 0, host = 0;

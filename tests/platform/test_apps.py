@@ -1,9 +1,11 @@
 """The applications in actions/ (sort, query, logreg, elastic), each run twice at a small size:
 with their intermediate state in memory elements and in Redis (Debian's redis-server, started
 here), through the same code. Both runs must give the same, correct answer."""
+import os
 import shutil
 import socket
 import subprocess
+import sys
 
 import pytest
 
@@ -80,6 +82,30 @@ def test_an_application_gives_the_same_answer_from_memory_elements_and_from_redi
     elif name == "elastic":
         assert in_memory["grown"] == 2  # room for 4, then 8, then 16 chunks for 11
         assert in_memory["bytes"] == params["chunks"] * params["chunk_kib"] * 1024
+
+
+def test_the_record_says_where_the_time_went(apps_platform):
+    """Each instance's transports in the activation record: what they moved and how long it took."""
+    status, rec = apps_platform.invoke("sort", {"n": 100_000})
+    assert status == 200 and rec["response"]["status"] == "success", rec["response"]
+    transfers = next(a["value"] for a in rec["annotations"] if a["key"] == "transfers")
+    assert sorted(transfers) == sorted([f"{e}#{i}" for e in ("generate", "partition", "merge") for i in range(4)]
+                                       + ["check#0"])
+    gen = {t["transport"]: t for t in transfers["generate#0"]}
+    assert set(gen) == {"input"} and gen["input"]["kind"] == "shm"
+    assert gen["input"]["write_bytes"] == 25_000 * 8 + 8 and gen["input"]["write_ops"] == 2
+    assert gen["input"]["read_ops"] == 0 and gen["input"]["errors"] == 0 and gen["input"]["seconds"] > 0
+    merge = {t["transport"]: t for t in transfers["merge#2"]}
+    assert merge["buckets"]["read_ops"] == 2 * 4 and merge["output"]["write_ops"] == 2
+    assert sum(t["read_bytes"] for t in transfers["check#0"]) >= 100_000 * 8
+    # `scad activation get` shows it as a table after the record.
+    env = dict(os.environ, SCAD_HOME=str(apps_platform.home),
+               PYTHONPATH=f"{ROOT / 'build' / 'python'}:{ROOT / 'bindings' / 'python'}")
+    shown = subprocess.run([sys.executable, "-m", "scad.cli", "activation", "get", rec["activationId"]],
+                           capture_output=True, text=True, env=env, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    rows = [line.split() for line in shown.stdout.splitlines() if line.startswith("merge#2 ")]
+    assert sorted(r[1] for r in rows) == ["buckets", "output"] and all(r[2] == "shm" for r in rows), shown.stdout
 
 
 def test_the_elastic_job_gives_back_what_it_grew(apps_platform):

@@ -147,3 +147,22 @@ TEST(Hosting, CallsOnAServerThatIsNotServingSayWhy) {
   EXPECT_EQ(-EOPNOTSUPP, libd_trdma_server_add_element(libd_action_get_transport(c.get(), "m"), "x", 4096));
   EXPECT_GE(libd_verbs_available(), 0);
 }
+
+TEST(Counters, TheTimeOperationsTookIsCounted) {
+  auto a = make_action("timed");
+  ASSERT_EQ(0, libd_action_add_transport(a.get(), "m;local;size,1MiB"));
+  auto *t = libd_action_get_transport(a.get(), "m");
+  uint64_t ns = 1;
+  ASSERT_EQ(0, libd_transport_busy_ns(t, &ns));
+  EXPECT_EQ(0u, ns);  // nothing ran yet
+  char *buf = nullptr;
+  ASSERT_EQ(0, libd_trdma_reg(t, 1 << 20, reinterpret_cast<void **>(&buf)));
+  for (int i = 0; i < 200; i++) ASSERT_EQ(0, libd_trdma_write(t, 1 << 20, 0, buf));
+  ASSERT_EQ(0, libd_transport_busy_ns(t, &ns));
+  // 200 writes of 1 MiB take at least the time of copying 200 MiB once at 100 GB/s.
+  EXPECT_GT(ns, 2'000'000u);
+  libd_stats s;
+  ASSERT_EQ(0, libd_transport_stats(t, &s));
+  EXPECT_EQ(200u, s.write_ops);
+  EXPECT_EQ(-EINVAL, libd_transport_busy_ns(t, nullptr));
+}

@@ -233,7 +233,7 @@ def cmd_activation(args):
         out(args, "\n".join(lines) or "no activations", data)
     elif args.action == "get":
         _, data = c.ok("GET", c.ns_path("activations", args.id))
-        out(args, json.dumps(data, indent=2), data)
+        out(args, json.dumps(data, indent=2) + _transfer_table(data), data)
     elif args.action == "logs":
         _, data = c.ok("GET", c.ns_path("activations", args.id, "logs"))
         out(args, "\n".join(data["logs"]), data)
@@ -241,6 +241,21 @@ def cmd_activation(args):
         _, data = c.ok("GET", c.ns_path("activations", args.id, "result"))
         out(args, json.dumps(data, indent=2), data)
     return 0
+
+
+def _transfer_table(record):
+    """Where the time went: each instance's transports, what they moved and how long it took."""
+    transfers = next((a.get("value") for a in record.get("annotations", []) if a.get("key") == "transfers"), None)
+    if not isinstance(transfers, dict) or not transfers:
+        return ""
+    lines = ["", "", f"{'instance':20} {'transport':16} {'kind':5} {'reads':>7} {'read MiB':>9} {'writes':>7} "
+             f"{'written MiB':>11} {'seconds':>9}"]
+    for instance, entries in sorted(transfers.items()):
+        for t in entries:
+            lines.append(f"{instance:20} {t['transport']:16} {t['kind']:5} {t['read_ops']:>7} "
+                         f"{t['read_bytes'] / 2**20:>9.2f} {t['write_ops']:>7} {t['write_bytes'] / 2**20:>11.2f} "
+                         f"{t['seconds']:>9.4f}")
+    return "\n".join(lines)
 
 
 def cmd_element(args):

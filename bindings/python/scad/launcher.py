@@ -217,7 +217,7 @@ def _ow_env(spec):
 def run_action(spec, keep_module=False):
     """Returns {"ok": True, "result": ...} or {"ok": False, "error": {"type", "message", "traceback"}},
     with "init_ms" (loading the code and wiring the action), "run_ms" (main itself) and
-    "transports" (what the action's transports moved, per kind)."""
+    "transports" (what the action's transports moved, per kind) and "transfers" (per transport)."""
     action = None
     t0 = time.monotonic()
     timing = {}
@@ -260,23 +260,27 @@ def run_action(spec, keep_module=False):
             os.environ.pop(k, None)
         with _current_lock:
             _current.update(aid=None, action=None)
-        transports = transport_usage(action) if action is not None else {}
+        transports, transfers = transport_usage(action) if action is not None else ({}, [])
         if action is not None:
             action.terminate()
-    return {**reply, **timing, "transports": transports}
+    return {**reply, **timing, "transports": transports, "transfers": transfers}
 
 
 _KINDS = {"rdma_shm": "shm", "rdma_tcp": "tcp", "rdma_uverbs": "verbs", "rdma_local": "local"}
 
 
+_COUNTS = ("read_ops", "write_ops", "read_bytes", "write_bytes", "errors", "busy_ns")
+
+
 def transport_usage(action):
-    """libd's counters of the action's client transports, summed per kind (shm, tcp, verbs, local),
-    for the platform's /metrics."""
-    out = {}
+    """libd's counters of the action's client transports: per transport ("transfers": name, kind,
+    operations, bytes, errors and the time they took, for the activation record) and summed per
+    kind (shm, tcp, verbs, local; "transports", for the platform's /metrics)."""
+    out, transfers = {}, []
     try:
         names = action.transport_names()
     except Exception:  # noqa: BLE001 - a terminated or broken action moved nothing more
-        return out
+        return out, transfers
     for name in names:
         try:
             t = action.get_transport(name, "rdma")
@@ -286,10 +290,11 @@ def transport_usage(action):
             continue
         if stats is None:
             continue
-        total = out.setdefault(kind, dict.fromkeys(("read_ops", "write_ops", "read_bytes", "write_bytes", "errors"), 0))
+        transfers.append({"transport": name, "kind": kind, **{k: stats[k] for k in _COUNTS}})
+        total = out.setdefault(kind, dict.fromkeys(_COUNTS, 0))
         for key in total:
             total[key] += stats[key]
-    return out
+    return out, transfers
 
 
 END_OF_RUN = "\x00scad:end-of-run\x00"  # on stderr after each run: the agent reads its output up to here

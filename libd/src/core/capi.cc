@@ -167,6 +167,12 @@ int libd_transport_stats(libd_transport *t, libd_stats *out) {
   T(t)->stats(out);
   return 0;
 }
+int libd_transport_busy_ns(libd_transport *t, uint64_t *ns) {
+  CHECK_T(t);
+  if (!ns) return set_error(-EINVAL, "NULL ns");
+  *ns = T(t)->busy_ns();
+  return 0;
+}
 
 int libd_trdma_reg(libd_transport *t, size_t size, void **buf) { CHECK_T(t); return T(t)->reg(size, buf); }
 int libd_trdma_remote(libd_transport *t, uint64_t *size, unsigned *rights) {

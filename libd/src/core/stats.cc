@@ -16,10 +16,19 @@ void Stats::record(OpKind kind, uint64_t bytes, int64_t latency_ns, bool ok) {
   }
   if (latency_ns < 0) return;
   uint64_t ns = latency_ns > 0 ? uint64_t(latency_ns) : 1;
+  timed_ops_.fetch_add(1, relaxed);
+  timed_ns_.fetch_add(ns, relaxed);
   int bucket = 63 - __builtin_clzll(ns);
   if (bucket >= LIBD_HIST_BUCKETS) bucket = LIBD_HIST_BUCKETS - 1;
   hist_[bucket].fetch_add(1, relaxed);
   timed_any_.store(true, relaxed);
+}
+
+uint64_t Stats::busy_ns() const {
+  uint64_t timed = timed_ops_.load(), ns = timed_ns_.load();
+  if (timed == 0) return 0;
+  uint64_t ops = read_ops_.load() + write_ops_.load();
+  return uint64_t(double(ns) * double(ops > timed ? ops : timed) / double(timed));
 }
 
 uint64_t Stats::in_flight() const {

@@ -27,12 +27,16 @@ class Stats {
   // exclusive I/O lock); otherwise an upper bound.
   uint64_t in_flight() const;
   void snapshot(libd_stats *out) const;
+  // Time spent in operations, in nanoseconds: the timed ones' sum scaled to every operation that
+  // succeeded (exact while every one is timed, an estimate from the sample after that).
+  uint64_t busy_ns() const;
 
  private:
   std::atomic<uint64_t> read_ops_{0}, write_ops_{0}, read_bytes_{0}, write_bytes_{0}, errors_{0};
   std::atomic<uint64_t> hist_[LIBD_HIST_BUCKETS] = {};
   std::atomic<uint64_t> started_{0};
   std::atomic<bool> timed_any_{false};
+  std::atomic<uint64_t> timed_ops_{0}, timed_ns_{0};
 };
 
 }  // namespace libd

@@ -70,6 +70,7 @@ class Transport : public libd_transport {
   int message(std::string *out);
   virtual int set(const std::string &key, const std::string &value);
   void stats(libd_stats *out) const { stats_->snapshot(out); }
+  uint64_t busy_ns() const { return stats_->busy_ns(); }
   int64_t timeout_ms() const { return timeout_ms_; }
 
   // ---- rdma (client) ----
