@@ -112,3 +112,19 @@ def test_the_elastic_job_gives_back_what_it_grew(apps_platform):
     run(apps_platform, "elastic", {"chunks": 9, "chunk_kib": 16})
     status, elements = apps_platform.call("GET", "/api/v1/namespaces/_/elements")
     assert status == 200 and elements == [], elements  # nothing left once the activation ended
+
+
+def test_application_instances_see_openwhisks_variables(apps_platform):
+    code = ("import os\n\ndef main(args):\n"
+            "    return {k: v for k, v in os.environ.items() if k.startswith('__OW_')}\n")
+    manifest = "name: owenv\nelements:\n  probe: {kind: compute, code: probe.py, timeout: 30000}\n"
+    status, body = apps_platform.call("PUT", "/api/v1/namespaces/_/apps/owenv",
+                                      {"manifest": manifest, "files": {"probe.py": code}})
+    assert status == 200, body
+    status, rec = apps_platform.invoke("owenv")
+    assert status == 200 and rec["response"]["status"] == "success", rec["response"]
+    env = rec["response"]["result"]
+    assert env["__OW_ACTIVATION_ID"] == rec["activationId"]
+    assert env["__OW_NAMESPACE"] == rec["namespace"] and env["__OW_ACTION_NAME"].endswith("/owenv")
+    assert rec["start"] < int(env["__OW_DEADLINE"]) <= rec["end"] + 30_000
+    assert "__OW_API_KEY" not in env  # not asked for (provide-api-key)
