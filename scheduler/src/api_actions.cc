@@ -72,8 +72,7 @@ void put_action(Store &store, const ApiOptions &opts, const httplib::Request &re
   if (!package.empty() && !store.get_doc("packages", ns, package))
     return error(res, 404, "The requested resource does not exist.");
   auto old = store.get_doc("actions", ns, entity);
-  if (old && req.get_param_value("overwrite") != "true")
-    return error(res, 409, "resource already exists: use ?overwrite=true to replace action '" + entity + "'");
+  if (!may_write(req, res, old, "action", entity)) return;
   // An update (overwrite=true) merges: what the request leaves out is kept from the stored action.
   json exec_in = body.contains("exec") ? body["exec"] : old ? (*old)["exec"] : json();
   if (!exec_in.is_object())

@@ -43,18 +43,9 @@ void package_routes(Routes &routes, Store &store, Engine &) {
     if (body.contains("binding") && !(body["binding"].is_object() && body["binding"].empty()))
       return error(res, 400, "package bindings are not supported by this platform");
     auto old = store.get_doc("packages", ns, name);
-    if (old && req.get_param_value("overwrite") != "true")
-      return error(res, 409, "resource already exists: use ?overwrite=true to replace package '" + name + "'");
-    auto field = [&](const char *key, json dflt) {
-      return body.contains(key) ? body[key] : old ? old->value(key, dflt) : dflt;
-    };
-    json params = field("parameters", json::array()), annotations = field("annotations", json::array());
-    json publish = field("publish", false);
-    if (!key_value_list(params) || !key_value_list(annotations))
-      return error(res, 400, "parameters and annotations must be lists of {\"key\": NAME, \"value\": VALUE}");
-    if (!publish.is_boolean()) return error(res, 400, "publish must be true or false");
-    json doc = {{"namespace", ns}, {"name", name}, {"parameters", params}, {"annotations", annotations},
-                {"publish", publish}, {"version", store.next_version("packages", ns, name)}};
+    json doc;
+    if (!may_write(req, res, old, "package", name) || !entity_fields(res, body, old, &doc)) return;
+    doc.update({{"namespace", ns}, {"name", name}, {"version", store.next_version("packages", ns, name)}});
     store.put_doc("packages", ns, name, doc);
     reply(res, 200, package_view(doc));
   });

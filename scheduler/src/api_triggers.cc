@@ -103,18 +103,10 @@ void trigger_routes(Routes &routes, Store &store, Engine &engine, std::shared_pt
     if (!key_value(body.value("annotations", json::array()), "feed").is_null())
       return error(res, 400, "trigger feeds are not supported by this platform");
     auto old = store.get_doc("triggers", ns, name);
-    if (old && req.get_param_value("overwrite") != "true")
-      return error(res, 409, "resource already exists: use ?overwrite=true to replace trigger '" + name + "'");
-    auto field = [&](const char *key, json dflt) {
-      return body.contains(key) ? body[key] : old ? old->value(key, dflt) : dflt;
-    };
-    json params = field("parameters", json::array()), annotations = field("annotations", json::array());
-    json publish = field("publish", false);
-    if (!key_value_list(params) || !key_value_list(annotations))
-      return error(res, 400, "parameters and annotations must be lists of {\"key\": NAME, \"value\": VALUE}");
-    if (!publish.is_boolean()) return error(res, 400, "publish must be true or false");
-    json doc = {{"namespace", ns}, {"name", name}, {"parameters", params}, {"annotations", annotations},
-                {"publish", publish}, {"limits", json::object()}, {"version", store.next_version("triggers", ns, name)}};
+    json doc;
+    if (!may_write(req, res, old, "trigger", name) || !entity_fields(res, body, old, &doc)) return;
+    doc.update({{"namespace", ns}, {"name", name}, {"limits", json::object()},
+                {"version", store.next_version("triggers", ns, name)}});
     store.put_doc("triggers", ns, name, doc);
     reply(res, 200, trigger_view(store, doc));
   });
@@ -154,8 +146,7 @@ void trigger_routes(Routes &routes, Store &store, Engine &engine, std::shared_pt
     if (ns.empty() || !check_name(res, "rule", name) || !parse_body(req, res, &body, false)) return;
     if (!body.is_object()) return error(res, 400, "The request content was malformed: the body must be a rule");
     auto old = store.get_doc("rules", ns, name);
-    if (old && req.get_param_value("overwrite") != "true")
-      return error(res, 409, "resource already exists: use ?overwrite=true to replace rule '" + name + "'");
+    if (!may_write(req, res, old, "rule", name)) return;
     std::string trigger = local_name(body.value("trigger", old ? json("/" + ns + "/" + (*old)["trigger"]["name"].get<std::string>()) : json()), ns);
     std::string action = local_name(body.value("action", old ? json("/" + ns + "/" + (*old)["action"]["name"].get<std::string>()) : json()), ns);
     if (trigger.empty() || action.empty())

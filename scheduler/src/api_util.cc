@@ -113,6 +113,31 @@ json key_value(const json &list, const std::string &key) {
   return nullptr;
 }
 
+bool entity_fields(httplib::Response &res, const json &body, const std::optional<json> &old, json *doc) {
+  auto field = [&](const char *key, json dflt) {
+    return body.contains(key) ? body[key] : old ? old->value(key, dflt) : dflt;
+  };
+  json params = field("parameters", json::array()), annotations = field("annotations", json::array());
+  json publish = field("publish", false);
+  if (!key_value_list(params) || !key_value_list(annotations)) {
+    error(res, 400, "parameters and annotations must be lists of {\"key\": NAME, \"value\": VALUE}");
+    return false;
+  }
+  if (!publish.is_boolean()) {
+    error(res, 400, "publish must be true or false");
+    return false;
+  }
+  *doc = {{"parameters", params}, {"annotations", annotations}, {"publish", publish}};
+  return true;
+}
+
+bool may_write(const httplib::Request &req, httplib::Response &res, const std::optional<json> &old,
+               const std::string &kind, const std::string &name) {
+  if (!old || req.get_param_value("overwrite") == "true") return true;
+  error(res, 409, "resource already exists: use ?overwrite=true to replace " + kind + " '" + name + "'");
+  return false;
+}
+
 void internal_error(const httplib::Request &, httplib::Response &res, std::exception_ptr ep) {
   std::string what = "unknown";
   try {

@@ -7,6 +7,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <string>
@@ -40,6 +41,14 @@ bool check_name(httplib::Response &res, const std::string &what, const std::stri
 bool key_value_list(const json &j);
 // The value of a key in such a list, or null.
 json key_value(const json &list, const std::string &key);
+
+// The fields every entity (package, trigger) has: parameters, annotations and publish, from a PUT's
+// body, and where the body leaves one out, from the stored document `old` (what ?overwrite=true
+// keeps). Starts *doc with them, or answers 400 and returns false.
+bool entity_fields(httplib::Response &res, const json &body, const std::optional<json> &old, json *doc);
+// A PUT on an entity that exists needs ?overwrite=true: false with the 409 sent otherwise.
+bool may_write(const httplib::Request &req, httplib::Response &res, const std::optional<json> &old,
+               const std::string &kind, const std::string &name);
 
 // The exception handler: a 500 with OpenWhisk's body.
 void internal_error(const httplib::Request &, httplib::Response &res, std::exception_ptr ep);
