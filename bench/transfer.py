@@ -1,0 +1,226 @@
+#!/usr/bin/env python3
+"""One-sided transfers through this project's Python APIs beside the peers our users would pick
+instead, in one run, with ratios:
+
+    bench/transfer.py [--quick] [--no-setup] [--transports shm,tcp] [--apis ...] [--skip-peers]
+
+Ours (the project's .venv and build): plain libd transport reads and writes (`libd`), scad.connect
+(`connect`), scad.rdma (`rdma`), scad.tensor_transport (`tensor`). Peers (their own environment,
+.bench-venv, made by bench/peer-venv from the package registry): NIXL 1.5.1 (CPU-only, UCX inside)
+over UCX tcp and over UCX shared memory, and Mooncake Transfer Engine over tcp. Everything stays on
+this host and on 127.0.0.1.
+
+Each API runs as a pair of processes (the owner lends memory, the active side reads or writes it;
+bench/transfer_pair.py). Two kinds of figure, both medians, in microseconds per operation:
+  - an *operation* (connect, rdma, tensor, and NIXL / Mooncake driven the same way): lend the
+    memory, hand the record to the peer, the peer moves the bytes, the owner learns it finished
+    and ends the loan; timed in the owner;
+  - a *transfer* (libd, and NIXL / Mooncake with memory registered and connected once): one read
+    or write; timed in the active side.
+Sizes 64 B .. 16 MiB, read and write, 1 and 16 in flight (per operation: the batch's time / 16).
+The ratio is the peer's time over ours: above 1, ours is faster. Raw results go to bench/out/.
+"""
+import argparse
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+BENCH = ROOT / "bench"
+SIZES = [64, 4096, 65536, 1 << 20, 16 << 20]
+QUICK_SIZES = [64, 65536, 1 << 20]
+OURS = ("libd", "connect", "rdma", "tensor")
+NAMES = {"libd": "libd", "connect": "scad.connect", "rdma": "scad.rdma", "tensor": "scad.tensor_transport",
+         "nixl": "NIXL 1.5.1", "mooncake": "Mooncake TE"}
+# UCX transports NIXL uses. Shared memory: its UCX backend creates endpoints with peer error
+# handling, which UCX's shared-memory transports do not offer for active messages, so with
+# UCX_TLS=shm alone the agent cannot even start ("no active messages transport ... no peer failure
+# handler"); with tcp beside it, tcp carries the active messages (connection set-up, notifications)
+# and UCX moves the data by cross-memory attach (cma) or shared memory.
+NIXL_TLS = {"tcp": "tcp", "shm": "shm,tcp"}
+MOONCAKE_TRANSPORTS = ("tcp",)  # the PyPI build has tcp (and rdma); no shared-memory protocol
+
+
+def human(n):
+    for unit, f in (("MiB", 1 << 20), ("KiB", 1024)):
+        if n >= f:
+            return f"{n // f} {unit}"
+    return f"{n} B"
+
+
+def plan_for(api, sizes, mode):
+    """Cells (mode, size, op, inflight); the 1 MiB read of one at a time goes first, so that the
+    pair's very first operation (cold: memory server start, first connection) is that one."""
+    ops = ("read",) if api == "tensor" else ("read", "write")  # Ray's transport only reads
+    cells = [(mode, s, op, k) for s in sizes for op in ops for k in (1, 16)]
+    head = (mode, 1 << 20, "read", 1)
+    if head in cells:
+        cells.remove(head)
+        cells.insert(0, head)
+    return cells
+
+
+def run_worker(python, script, api, transport, plan, env, log):
+    argv = [python, str(BENCH / script), "owner", api, transport, json.dumps(plan)]
+    t0 = time.time()
+    proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=log, text=True, env=env, timeout=900)
+    rows, error = [], None
+    for line in proc.stdout.splitlines():
+        if line.startswith("@@"):
+            msg = json.loads(line[2:])
+            if "error" in msg:
+                error = msg["error"]
+            else:
+                rows.append(msg)
+    crash = ""
+    if proc.returncode != 0 and error is None:
+        if len(rows) == len(plan):  # seen with NIXL: SIGSEGV in the agent's teardown, after every figure
+            crash = f" (the process then ended with status {proc.returncode})"
+        else:
+            error = f"exit status {proc.returncode} after {len(rows)} of {len(plan)} cells"
+    print(f"  {NAMES[api]:22} {transport:4} {len(rows):3} cells in {time.time() - t0:5.1f} s{crash}"
+          + (f"  FAILED: {error}" if error else ""), flush=True)
+    return rows, error
+
+
+def per_op_us(row):
+    return statistics.median(row["times"]) / row["inflight"] * 1e6
+
+
+def fmt(x, width=9, digits=1):
+    return f"{'-':>{width}}" if x is None else f"{x:{width}.{digits}f}"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help=f"sizes {', '.join(map(human, QUICK_SIZES))} only")
+    ap.add_argument("--no-setup", action="store_true", help="skip scripts/setup (the build is up to date)")
+    ap.add_argument("--transports", default="shm,tcp")
+    ap.add_argument("--apis", default=",".join(OURS))
+    ap.add_argument("--skip-peers", action="store_true")
+    args = ap.parse_args()
+    t_start = time.time()
+    if not args.no_setup:
+        subprocess.run([str(ROOT / "scripts/setup")], check=True)
+    ours_python = str(ROOT / ".venv/bin/python")
+    peer_python = None
+    if not args.skip_peers:
+        peer_python = subprocess.run([str(BENCH / "peer-venv")], check=True, capture_output=True,
+                                     text=True).stdout.strip().splitlines()[-1]
+    sizes = QUICK_SIZES if args.quick else SIZES
+    transports = args.transports.split(",")
+    apis = args.apis.split(",")
+    out = BENCH / "out"
+    out.mkdir(exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    log_path = out / f"transfer-{stamp}.log"
+    rows, failures, notes = [], {}, []
+    base_env = dict(os.environ, PYTHONUNBUFFERED="1")
+    with open(log_path, "w") as log:
+        for transport in transports:
+            print(f"measuring over {transport} ...", flush=True)
+            for api in apis:
+                got, err = run_worker(ours_python, "transfer_scad.py", api, transport,
+                                      plan_for(api, sizes, "xfer" if api == "libd" else "op"), base_env, log)
+                rows += got
+                if err:
+                    failures[(api, transport)] = err
+            if args.skip_peers:
+                continue
+            # NIXL: operations and steady-state transfers.
+            env = dict(base_env, UCX_TLS=NIXL_TLS[transport], UCX_NET_DEVICES="lo")
+            for mode in ("op", "xfer"):
+                got, err = run_worker(peer_python, "transfer_peers.py", "nixl", transport,
+                                      plan_for("nixl", sizes, mode), env, log)
+                rows += got
+                if err:
+                    failures[("nixl", transport, mode)] = err
+            if transport in MOONCAKE_TRANSPORTS:
+                for mode in ("op", "xfer"):
+                    got, err = run_worker(peer_python, "transfer_peers.py", "mooncake", transport,
+                                          plan_for("mooncake", sizes, mode), base_env, log)
+                    rows += got
+                    if err:
+                        failures[("mooncake", transport, mode)] = err
+    if not args.skip_peers:
+        notes.append(f"NIXL over shm is UCX_TLS={NIXL_TLS['shm']}: with shared memory alone its UCX backend "
+                     "cannot start (UCX: 'no active messages transport ... no peer failure handler').")
+        notes.append("Mooncake has no figure over shm: the transfer engine on PyPI (0.3.13.post1) offers tcp and "
+                     "rdma only (its shared-memory transport is in a later release); tried protocol shm and "
+                     "MC_USE_TENT=1, both run tcp.")
+        notes.append("scad.tensor_transport has no write: Ray's tensor transport is one-sided and only reads "
+                     "(the destination pulls).")
+    report(rows, sizes, transports, apis, failures, notes)
+    path = out / f"transfer-{stamp}.json"
+    path.write_text(json.dumps({"rows": rows, "failures": {" ".join(k): v for k, v in failures.items()}}, indent=1))
+    print(f"\nraw results: {path.relative_to(ROOT)}, worker logs: {log_path.relative_to(ROOT)}; "
+          f"took {time.time() - t_start:.0f} s")
+
+
+def index(rows):
+    return {(r["api"], r["transport"], r["mode"], r["size"], r["op"], r["inflight"]): r for r in rows}
+
+
+def report(rows, sizes, transports, apis, failures, notes):
+    ix = index(rows)
+    med = lambda key: per_op_us(ix[key]) if key in ix else None  # noqa: E731
+    checks = []
+    print()
+    print("Microseconds per operation (median); x = the peer's time / ours (above 1: ours is faster).")
+    print("libd rows: one transfer on a connected transport, beside the peers' steady-state transfers;")
+    print("API rows: one whole operation (lend, hand over, transfer, completion, end), beside the peers' operations.")
+    unverified = [r for r in rows if not r.get("verified", True)]
+    for transport in transports:
+        title = {"shm": "shm (same host)", "tcp": "tcp (127.0.0.1)"}.get(transport, transport)
+        print(f"\n== {title}")
+        print(f"{'API':22} {'size':>7} {'op':5} {'k':>2} | {'ours':>9} {'GB/s':>6} | {'NIXL':>9} {'x':>6} | "
+              f"{'Mooncake':>9} {'x':>6}")
+        for api in apis:
+            mode = "xfer" if api == "libd" else "op"
+            for size in sizes:
+                for op in ("read", "write"):
+                    for k in (1, 16):
+                        ours = med((api, transport, mode, size, op, k))
+                        if ours is None and (api == "tensor" and op == "write"):
+                            continue
+                        nixl = med(("nixl", transport, mode, size, op, k))
+                        moon = med(("mooncake", transport, mode, size, op, k))
+                        xn = nixl / ours if ours and nixl else None
+                        xm = moon / ours if ours and moon else None
+                        gbs = size / (ours * 1e3) if ours else None
+                        print(f"{NAMES[api]:22} {human(size):>7} {op:5} {k:>2} | {fmt(ours)} {fmt(gbs, 6, 2)} | "
+                              f"{fmt(nixl)} {fmt(xn, 6, 2)} | {fmt(moon)} {fmt(xm, 6, 2)}")
+                        for peer, x in (("NIXL", xn), ("Mooncake", xm)):
+                            if x is not None:
+                                checks.append((f"{transport} {NAMES[api]} {human(size)} {op} x{k} vs {peer}", x))
+    print("\nSet-up + one 1 MiB transfer, one at a time (median µs; first: the pair's very first operation)")
+    print(f"{'transport':9} {'API':22} | {'read':>9} {'write':>9} {'first':>9}")
+    for transport in transports:
+        for api in list(apis) + ["nixl", "mooncake"]:
+            for mode in (("xfer",) if api == "libd" else ("op",)):
+                r = med((api, transport, mode, 1 << 20, "read", 1))
+                w = med((api, transport, mode, 1 << 20, "write", 1))
+                row = ix.get((api, transport, mode, 1 << 20, "read", 1))
+                if r is None and w is None:
+                    continue
+                label = NAMES[api] + (" (transfer)" if mode == "xfer" else "")
+                print(f"{transport:9} {label:22} | {fmt(r)} {fmt(w)} {fmt(row['first'] * 1e6 if row else None)}")
+    missed = [(n, x) for n, x in checks if x < 1]
+    print(f"\ntarget (ahead of NIXL and Mooncake in every cell both can run): {len(checks) - len(missed)} of "
+          f"{len(checks)} met")
+    for n, x in missed:
+        print(f"  MISSED {n}: {x:.2f}")
+    for n in notes:
+        print("note:", n)
+    for key, err in failures.items():
+        print("FAILED:", " ".join(key), err)
+    for r in unverified:
+        print(f"DATA CHECK FAILED: {r['api']} {r['transport']} {r['mode']} {human(r['size'])} {r['op']} x{r['inflight']}")
+
+
+if __name__ == "__main__":
+    main()

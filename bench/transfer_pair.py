@@ -1,0 +1,122 @@
+"""What both kinds of worker of bench/transfer.py share (standard library only, so it runs in the
+project's environment and in the peers' own, .bench-venv).
+
+A worker pair is two processes on this host: the *owner* lends memory and the *active* side reads
+or writes it. The driver starts the owner with a plan (a list of cells); the owner starts its
+active side itself and talks to it over a pipe, one JSON line each way per command, so the
+channel that carries a record (metadata, a buffer handle, a descriptor list) to the peer is the
+same for every API. Lines meant for the other side start with "@@"; what libraries print on
+stdout goes to stderr (claim_stdout).
+
+A cell is (mode, size, op, inflight):
+  op    one operation as users run it, timed in the owner: lend the memory (register, grant),
+        hand the record over, the peer moves the bytes, the owner learns it finished and ends the
+        loan. `inflight` operations run at once (each its own memory and record).
+  xfer  steady-state transfers, timed in the active side: memory registered and connected once,
+        then reads or writes of `size`, `inflight` of them at a time (each from its own local
+        slot, all to the same remote range, as bench/transports.py does).
+"""
+import json
+import os
+import subprocess
+import sys
+import time
+
+PREFIX = "@@"
+WARMUP = 2
+MIN_REPS = 5
+MAX_REPS = 200
+
+
+def budget_s():
+    return float(os.environ.get("BENCH_TRANSFER_BUDGET", "0.25"))
+
+
+def fill_value(index):
+    """The byte a cell's lent memory holds (the active side checks it arrived)."""
+    return 1 + index % 250
+
+
+class Channel:
+    """One JSON line each way, over a pipe (stdin/stdout of the other process)."""
+
+    def __init__(self, rfile, wfile):
+        self.r, self.w = rfile, wfile
+
+    def send(self, msg):
+        self.w.write(PREFIX + json.dumps(msg, separators=(",", ":")) + "\n")
+        self.w.flush()
+
+    def recv(self):
+        while True:
+            line = self.r.readline()
+            if not line:
+                raise EOFError("the other side of the pair closed its pipe")
+            if line.startswith(PREFIX):
+                msg = json.loads(line[len(PREFIX):])
+                if "error" in msg:
+                    raise RuntimeError(f"the active side failed: {msg['error']}")
+                return msg
+
+
+_proto_out = None
+
+
+def claim_stdout():
+    """Keeps this process's stdout for the protocol and sends everything else written to fd 1
+    (libraries' own logging) to stderr. Call before the libraries are loaded."""
+    global _proto_out
+    if _proto_out is None:
+        _proto_out = os.fdopen(os.dup(1), "w")
+        os.dup2(2, 1)
+        sys.stdout = sys.stderr
+    return _proto_out
+
+
+def stdio_channel():
+    return Channel(sys.stdin, claim_stdout())
+
+
+def start_active(argv, env=None):
+    """Starts the active side; its stderr goes to ours (the driver keeps it in a log)."""
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
+                            bufsize=1)
+    return proc, Channel(proc.stdout, proc.stdin)
+
+
+def measure(cycle):
+    """Runs cycle() (which returns the seconds of one batch) a few times for warm-up, then until the
+    time budget is spent (at least MIN_REPS, at most MAX_REPS). Returns (first, times): the very
+    first batch (cold) and the measured ones."""
+    first = cycle()
+    for _ in range(WARMUP - 1):
+        cycle()
+    times = []
+    start = time.perf_counter()
+    budget = budget_s()
+    while len(times) < MAX_REPS and (len(times) < MIN_REPS or time.perf_counter() - start < budget):
+        times.append(cycle())
+    return first, times
+
+
+async def measure_async(cycle):
+    first = await cycle()
+    for _ in range(WARMUP - 1):
+        await cycle()
+    times = []
+    start = time.perf_counter()
+    budget = budget_s()
+    while len(times) < MAX_REPS and (len(times) < MIN_REPS or time.perf_counter() - start < budget):
+        times.append(await cycle())
+    return first, times
+
+
+def emit(row):
+    """A result line for the driver (the owner's stdout)."""
+    out = claim_stdout()
+    out.write(PREFIX + json.dumps(row, separators=(",", ":")) + "\n")
+    out.flush()
+
+
+def fail(msg):
+    emit({"error": msg})

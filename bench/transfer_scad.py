@@ -1,0 +1,238 @@
+"""bench/transfer.py's worker for this project's APIs, in the project's environment (.venv and the
+build's disagg module). One process is the owner, the other the active side (transfer_pair.py).
+
+    python bench/transfer_scad.py owner API TRANSPORT PLAN_JSON     (prints one result line per cell)
+
+API: libd (plain transport reads and writes, xfer cells), connect (scad.connect), rdma (scad.rdma),
+tensor (scad.tensor_transport); TRANSPORT: shm or tcp (forced on the active side).
+"""
+import asyncio
+import base64
+import json
+import os
+import pathlib
+import pickle
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "build" / "python"), str(ROOT / "bindings" / "python"), str(ROOT / "bench")]
+
+import numpy  # noqa: E402
+
+from transfer_pair import claim_stdout, Channel, emit, fail, fill_value, measure, measure_async, start_active, stdio_channel  # noqa: E402
+
+perf = time.perf_counter
+
+
+def arrays(count, size, value):
+    return [numpy.full(size, value, dtype=numpy.uint8) for _ in range(count)]
+
+
+def check(local, value):
+    return all(int(a[0]) == value and int(a[-1]) == value for a in local)
+
+
+# ---- the owner ---------------------------------------------------------------------------------
+class Owner:
+    def __init__(self, api, transport):
+        self.api, self.transport = api, transport
+        argv = [sys.executable, __file__, "active", api, transport]
+        self.proc, self.peer = start_active(argv)
+        self.connector = self.manager = self.tensors = None
+        self.objects = 0
+
+    async def run(self, plan):
+        for index, (mode, size, op, inflight) in enumerate(plan):
+            value = fill_value(index)
+            if mode == "xfer":
+                row = self.xfer(size, op, inflight, value)
+            else:
+                row = await self.op(size, op, inflight, value)
+            row.update(api=self.api, transport=self.transport, mode=mode, size=size, op=op, inflight=inflight)
+            emit(row)
+        self.peer.send({"cmd": "quit"})
+        self.proc.wait(30)
+
+    # Steady-state transfers: the owner only serves one lent array, the active side measures.
+    def xfer(self, size, op, inflight, value):
+        from scad import _memserver
+        action, srv, ep = _memserver.start(f"bench-owner-{os.getpid()}", "127.0.0.1", False)
+        remote = numpy.full(size, value, dtype=numpy.uint8)
+        srv.expose("x", remote.ctypes.data, remote.nbytes)
+        config = srv.grant_ex("x", "*", rights="rw")
+        self.peer.send({"cmd": "xfer", "config": config, "endpoint": ep, "size": size, "op": op,
+                        "inflight": inflight, "value": value})
+        row = self.peer.recv()
+        if op == "write":
+            row["verified"] = row["verified"] and int(remote[0]) == 255 - value
+        action.terminate()
+        return row
+
+    async def op(self, size, op, inflight, value):
+        lent = arrays(inflight, size, value)
+        self.peer.send({"cmd": "prepare", "size": size, "op": op, "inflight": inflight, "value": value})
+        self.peer.recv()
+        cycle = {"connect": self.connect_cycle, "rdma": self.rdma_cycle, "tensor": self.tensor_cycle}[self.api]
+        first, times = await measure_async(lambda: cycle(lent, op))
+        verified = True
+        if op == "write":
+            verified = check(lent, 255 - value)
+        else:
+            self.peer.send({"cmd": "verify"})
+            verified = self.peer.recv()["verified"]
+        return {"first": first, "times": times, "verified": verified}
+
+    async def connect_cycle(self, lent, op):
+        from scad.connect import Connector, Descriptor
+        if self.connector is None:
+            self.connector = Connector()
+        t0 = perf()
+        make = self.connector.create_readable if op == "read" else self.connector.create_writable
+        ops = [make(Descriptor(a)) for a in lent]
+        self.peer.send({"cmd": "go", "records": [o.metadata().to_json() for o in ops]})
+        await asyncio.gather(*(o.wait_for_completion() for o in ops))
+        t1 = perf()
+        self.peer.recv()
+        return t1 - t0
+
+    async def rdma_cycle(self, lent, op):
+        from scad.rdma import RdmaManager
+        if self.manager is None:
+            self.manager = RdmaManager.get()
+        t0 = perf()
+        bufs = [self.manager.request_buffer(a) for a in lent]
+        self.peer.send({"cmd": "go", "records": [b.to_json() for b in bufs]})
+        self.peer.recv()  # Monarch has no completion signal: the peer says so
+        for b in bufs:
+            b.drop()
+        return perf() - t0
+
+    async def tensor_cycle(self, lent, op):
+        from scad.tensor_transport import ScadTensorTransport
+        if self.tensors is None:
+            self.tensors = ScadTensorTransport()
+        self.objects += 1
+        obj = f"obj-{self.objects}"
+        t0 = perf()
+        meta = self.tensors.extract_tensor_transport_metadata(obj, lent)
+        self.peer.send({"cmd": "go", "object": obj, "meta": base64.b64encode(pickle.dumps(meta)).decode()})
+        self.peer.recv()  # Ray calls garbage_collect once the object is out of scope
+        self.tensors.garbage_collect(obj, meta)
+        return perf() - t0
+
+
+# ---- the active side ---------------------------------------------------------------------------
+class Active:
+    def __init__(self, api, transport, chan):
+        self.api, self.transport, self.chan = api, transport, chan
+        self.local = []
+        self.op = "read"
+        self.connector = self.manager = self.tensors = None
+
+    async def serve(self):
+        while True:
+            msg = self.chan.recv()
+            cmd = msg["cmd"]
+            if cmd == "quit":
+                return
+            if cmd == "xfer":
+                self.chan.send(self.xfer(msg))
+            elif cmd == "prepare":
+                self.op, self.value = msg["op"], msg["value"]
+                self.local = arrays(msg["inflight"], msg["size"], 255 - msg["value"])
+                self.chan.send({"ok": True})
+            elif cmd == "verify":
+                self.chan.send({"verified": check(self.local, self.value)})
+            elif cmd == "go":
+                await getattr(self, f"{self.api}_go")(msg)
+                self.chan.send({"done": True})
+
+    def xfer(self, msg):
+        from disagg import LibdAction
+        size, inflight, ep = msg["size"], msg["inflight"], msg["endpoint"]
+        local = numpy.full(size * inflight, 255 - msg["value"], dtype=numpy.uint8)
+        action = LibdAction("bench")
+        where = f"path,{ep['path']}" if self.transport == "shm" else f"host,{ep['host']};port,{ep['port']}"
+        action.add_transport(f"x;{self.transport};{where};timeout_ms,60000")
+        config = ";".join(p for p in msg["config"].split(";") if p.split(",", 1)[0] in ("grant", "secret"))
+        action.config_transport("x", config)
+        t = action.get_transport("x", "rdma")
+        t.reg_memory(local.ctypes.data, local.nbytes, keep=local)
+        t.connect()
+        read = msg["op"] == "read"
+        sync = t.read if read else t.write
+        start = t.read_async if read else t.write_async
+
+        def cycle():
+            t0 = perf()
+            if inflight == 1:
+                sync(size, 0, 0)
+            else:
+                ops = [start(size, 0, i * size) for i in range(inflight)]
+                for o in ops:
+                    o.wait()
+            return perf() - t0
+
+        first, times = measure(cycle)
+        verified = (not read) or (int(local[0]) == msg["value"] and int(local[-1]) == msg["value"])
+        action.terminate()
+        return {"first": first, "times": times, "verified": verified, "impl": self.transport}
+
+    async def connect_go(self, msg):
+        from scad.connect import Connector, Descriptor, RdmaMetadata
+        if self.connector is None:
+            self.connector = Connector(transport=self.transport)
+        ops = []
+        for text, local in zip(msg["records"], self.local):
+            md = RdmaMetadata.from_json(text)
+            if self.op == "read":
+                ops.append(self.connector.begin_read(md, Descriptor(local)))
+            else:
+                ops.append(self.connector.begin_write(Descriptor(local), md))
+        await asyncio.gather(*(o.wait_for_completion() for o in ops))
+
+    async def rdma_go(self, msg):
+        from scad.rdma import RdmaBuffer, RdmaManager
+        if self.manager is None:
+            self.manager = RdmaManager.get(transport=self.transport)
+        bufs = [RdmaBuffer.from_json(text) for text in msg["records"]]
+        if self.op == "read":
+            await asyncio.gather(*(b.read_into(local) for b, local in zip(bufs, self.local)))
+        else:
+            await asyncio.gather(*(b.write_from(local) for b, local in zip(bufs, self.local)))
+        for b in bufs:
+            b.drop()  # a peer done with a buffer closes its queue pair to it
+
+    async def tensor_go(self, msg):
+        from scad.rdma import RdmaManager
+        from scad.tensor_transport import ScadTensorTransport
+        if self.tensors is None:
+            RdmaManager.get(transport=self.transport)  # the transport the tensor transport's reads use
+            self.tensors = ScadTensorTransport()
+        meta = pickle.loads(base64.b64decode(msg["meta"]))
+        self.tensors.recv_multiple_tensors(msg["object"], meta, self.tensors.get_communicator_metadata(),
+                                           target_buffers=self.local)
+
+
+def main():
+    role, api, transport = sys.argv[1:4]
+    claim_stdout()
+    if role == "owner":
+        plan = json.loads(sys.argv[4])
+        try:
+            asyncio.run(Owner(api, transport).run(plan))
+        except Exception as e:  # the driver prints it and goes on with the other APIs
+            fail(f"{type(e).__name__}: {e}")
+            raise
+    else:
+        chan = stdio_channel()
+        try:
+            asyncio.run(Active(api, transport, chan).serve())
+        except Exception as e:
+            chan.send({"error": f"{type(e).__name__}: {e}"})
+            raise
+
+
+if __name__ == "__main__":
+    main()
