@@ -79,6 +79,7 @@ cdef extern from "libd.h" nogil:
     int libd_op_wait(libd_op *op, int timeout_ms)
     int libd_op_cancel(libd_op *op)
     int libd_op_free(libd_op *op)
+    int libd_op_watch(libd_op *op, int fd)
 
     int libd_trdma_server_serve(libd_transport *trans)
     int libd_trdma_server_stop(libd_transport *trans)
@@ -99,4 +100,6 @@ cdef extern from "libd.h" nogil:
     int libd_trdma_server_grant_ex(libd_transport *trans, const libd_grant_spec *spec, char *out, size_t cap)
     int libd_trdma_server_wait_notify(libd_transport *trans, const char *grant_id, uint64_t *value, int *status,
                                       int timeout_ms)
+    int libd_trdma_server_watch_notify(libd_transport *trans, const char *grant_id, int fd)
+    int libd_trdma_server_unwatch_notify(libd_transport *trans, const char *grant_id, int fd)
     int libd_trdma_notify(libd_transport *trans, uint64_t value, int status)

@@ -568,6 +568,13 @@ cdef class Operation:
             rc = clibd.libd_op_cancel(self._op)
         return rc == -_errno.ECANCELED
 
+    def watch(self, int fd):
+        """libd writes to `fd` (an eventfd) once the operation has completed, at once if it has:
+        an event loop can wait for it without a thread. watch(-1) stops that; once it returns no
+        write to the old fd can come any more."""
+        with nogil:
+            clibd.libd_op_watch(self._op, fd)
+
     def __await__(self):
         # Imported here: asyncio (with ssl) is a third of a compute process's start otherwise, and
         # whoever awaits has it loaded already.
@@ -657,6 +664,19 @@ cdef class LibdTransportRDMAServer(LibdTransport):
         spec.ttl_ms = 0 if ttl is None else max(1, int(ttl * 1000))
         _check(clibd.libd_trdma_server_grant_ex(self._tr(), &spec, out, sizeof(out)), "grant")
         return out.decode()
+
+    def watch_notify(self, grant_id, int fd):
+        """libd writes to `fd` (an eventfd) whenever wait_notify(grant_id) would have something to
+        return; wait_notify(grant_id, 0) then takes it. KeyError if the grant is gone."""
+        bid = _b(grant_id)
+        _check(clibd.libd_trdma_server_watch_notify(self._tr(), bid, fd), "watch_notify")
+
+    def unwatch_notify(self, grant_id, int fd):
+        """Stops watch_notify; no write to `fd` comes after it returns. A grant that is gone is fine."""
+        if self._t == NULL:
+            return
+        bid = _b(grant_id)
+        clibd.libd_trdma_server_unwatch_notify(self._t, bid, fd)
 
     def wait_notify(self, grant_id, timeout=None):
         """Waits for a holder of `grant_id` to say it finished: returns (value, status), status 0

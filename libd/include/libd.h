@@ -184,6 +184,10 @@ int libd_op_wait(libd_op *op, int timeout_ms);
 int libd_op_cancel(libd_op *op);
 /* Frees the handle, cancelling the operation first if it is still running. */
 int libd_op_free(libd_op *op);
+/* Waiting in an event loop instead of a thread (since 1.2): libd writes to fd (the caller's
+ * eventfd; 8 bytes holding 1) once the operation has completed, at once if it already has.
+ * fd < 0 stops it; once that returns no write to the old fd can come any more. */
+int libd_op_watch(libd_op *op, int fd);
 
 /* ---- rdma_server interface (memory element side) ------------------------------------------ */
 
@@ -287,6 +291,13 @@ int libd_trdma_server_grant_as(libd_transport *trans, const libd_grant_spec *spe
 /* 1 when this host has an RDMA device with an active port that verbs_server could serve, else 0. */
 int libd_verbs_available(void);
 
+/* The owner's side of libd_op_watch (since 1.2): libd writes to fd (the caller's eventfd) whenever
+ * something wait_notify would return happens to grant_id: a notification, a holder lost, the
+ * grant's expiry or revocation, the server stopping. Then wait_notify(grant_id, ..., 0) takes it.
+ * Several descriptors may watch one grant. unwatch: once it returns no write to fd can come any
+ * more. -ENOENT no such grant (revoked already). */
+int libd_trdma_server_watch_notify(libd_transport *trans, const char *grant_id, int fd);
+int libd_trdma_server_unwatch_notify(libd_transport *trans, const char *grant_id, int fd);
 /* Holder side: tells the owner this holder finished (status 0) or gave up (a negative errno),
  * carrying a 64-bit value of the caller's choice. Call it after the transfers it covers have
  * completed. It has no answer: 0 once the frame is handed to the connection, in order behind

@@ -148,9 +148,48 @@ TEST(Frame, NotifyCarriesAValueAndAStatusAndNoBody) {
   EXPECT_EQ(-ECANCELED, back.status);
   EXPECT_EQ(0u, payload_length(back));
   EXPECT_STREQ("NOTIFY", opcode_name(kNotify));
-  h.opcode = kNotify + 1;  // the last opcode is still the end of the table
+  h.opcode = kDetached + 1;  // the last opcode is still the end of the table
   encode_header(h, buf);
   EXPECT_EQ(-EPROTO, decode_header(buf, &back, &why));
+}
+
+TEST(Frame, SessionFramesNameTheirAttachment) {
+  // A request names its attachment in the top half of req_id; a NOTIFY too.
+  uint64_t id = with_handle(7, 0x1234567890ull);
+  EXPECT_EQ(7u, handle_of(id));
+  EXPECT_EQ(0x34567890u, uint32_t(id));
+  char buf[kHeaderSize];
+  encode_notify(42, 0, buf, 9);
+  Header back;
+  std::string why;
+  ASSERT_EQ(0, decode_header(buf, &back, &why)) << why;
+  EXPECT_EQ(9u, handle_of(back.req_id));
+  EXPECT_EQ(42u, back.addr);
+  // ATTACH carries a body like AUTH; ATTACH_OK one like AUTH_OK when it grants; DETACH and
+  // DETACHED none.
+  Header h;
+  h.opcode = kAttach;
+  h.addr = 3;
+  h.size = 100;
+  EXPECT_EQ(100u, payload_length(h));
+  h.size = kMaxControlPayload + 1;
+  encode_header(h, buf);
+  EXPECT_EQ(-EPROTO, decode_header(buf, &back, &why));
+  h.opcode = kAttachOk;
+  h.size = kGrantBodyCmaSize;
+  EXPECT_EQ(uint64_t(kGrantBodyCmaSize), payload_length(h));
+  h.status = -EACCES;
+  EXPECT_EQ(0u, payload_length(h));
+  for (uint8_t op : {uint8_t(kDetach), uint8_t(kDetached)}) {
+    h.opcode = op;
+    h.status = op == kDetached ? -EKEYEXPIRED : 0;
+    h.size = 0;
+    encode_header(h, buf);
+    ASSERT_EQ(0, decode_header(buf, &back, &why)) << why;
+    EXPECT_EQ(0u, payload_length(back));
+  }
+  EXPECT_STREQ("ATTACH", opcode_name(kAttach));
+  EXPECT_STREQ("DETACHED", opcode_name(kDetached));
 }
 
 TEST(Auth, CrossMemoryGrantBodyRoundTrips) {

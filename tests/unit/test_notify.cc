@@ -25,6 +25,13 @@ struct Pair {
   std::string config, grant_id;
 };
 
+// A test parameter as a durl's implementation: "shm+share" is shm on the process's shared
+// connection (share,1).
+std::string impl_of(const std::string &param) {
+  auto plus = param.find("+share");
+  return plus == std::string::npos ? param : param.substr(0, plus) + ";share,1";
+}
+
 std::string grant_id_of(const std::string &config) {
   auto at = config.find("grant,") + 6;
   return config.substr(at, config.find(';', at) - at);
@@ -52,7 +59,7 @@ Pair make_owner_and_holder(const std::string &impl, std::vector<char> &mem, unsi
   p.config = grant(p.srv, "buf", rights, ttl_ms);
   p.grant_id = grant_id_of(p.config);
   p.holder = make_action("holder");
-  std::string hdurl = "m;" + impl + ";" + p.config + ";" + extra;
+  std::string hdurl = "m;" + impl_of(impl) + ";" + p.config + ";" + extra;
   EXPECT_EQ(0, libd_action_add_transport(p.holder.get(), hdurl.c_str())) << libd_last_error();
   p.t = libd_action_get_transport(p.holder.get(), "m");
   return p;
@@ -67,7 +74,11 @@ class Lent : public ::testing::TestWithParam<std::string> {
 
 }  // namespace
 
-INSTANTIATE_TEST_SUITE_P(Impl, Lent, ::testing::Values("shm", "tcp", "verbs"), [](const auto &i) { return i.param; });
+INSTANTIATE_TEST_SUITE_P(Impl, Lent, ::testing::Values("shm", "tcp", "verbs", "shm+share", "tcp+share"), [](const auto &i) {
+  std::string name = i.param;
+  auto plus = name.find('+');
+  return plus == std::string::npos ? name : name.substr(0, plus) + "_shared";
+});
 
 TEST_P(Lent, TheOwnersOwnBufferIsReadAndWrittenInPlace) {
   std::vector<char> mem(1 << 20);
@@ -165,7 +176,7 @@ TEST_P(Lent, AnExpiredGrantEndsTheWaitAndCutsTheHolderOff) {
   while (libd_transport_state(p.t) == LIBD_STATE_READY)
     ASSERT_GE(libd_transport_wait_change(p.t, &seq, 5000), 0) << "the holder was not cut off";
   auto again = make_action("holder");
-  std::string durl = "m;" + GetParam() + ";" + p.config + ";timeout_ms,2000";
+  std::string durl = "m;" + impl_of(GetParam()) + ";" + p.config + ";timeout_ms,2000";
   ASSERT_EQ(0, libd_action_add_transport(again.get(), durl.c_str()));
   EXPECT_EQ(-EACCES, libd_transport_connect(libd_action_get_transport(again.get(), "m")));
   EXPECT_EQ(0, libd_trdma_server_revoke(p.srv, p.grant_id.c_str())) << "revoke frees an expired grant's record";
@@ -195,10 +206,10 @@ TEST_P(Lent, AGrantCoversExactlyItsRangeAndDirection) {
   auto p = make_owner_and_holder(GetParam(), mem);
   std::string ro = grant(p.srv, "buf", LIBD_RIGHT_READ, 0, "holder", 4096, 1024);
   auto a = make_action("holder");
-  std::string durl = "r;" + GetParam() + ";" + ro + ";timeout_ms,2000";
+  std::string durl = "r;" + impl_of(GetParam()) + ";" + ro + ";timeout_ms,2000";
   ASSERT_EQ(0, libd_action_add_transport(a.get(), durl.c_str()));
   auto *t = libd_action_get_transport(a.get(), "r");
-  if (GetParam() == "shm") {
+  if (GetParam().rfind("shm", 0) == 0) {
     // A peer attached to the owner's process is not confined to a range by the kernel, as a
     // mapped memfd is not: shm refuses a grant on part of an element, lent or not.
     EXPECT_EQ(-EPERM, libd_transport_connect(t));
@@ -225,7 +236,7 @@ TEST_P(Lent, AGrantCoversExactlyItsRangeAndDirection) {
   EXPECT_EQ(-ERANGE, libd_trdma_read(t, 8, 4096 + 1024, buf));
   // Another action's copy of the same configuration is refused.
   auto thief = make_action("someone-else");
-  std::string tdurl = "x;" + GetParam() + ";" + ro + ";timeout_ms,2000";
+  std::string tdurl = "x;" + impl_of(GetParam()) + ";" + ro + ";timeout_ms,2000";
   ASSERT_EQ(0, libd_action_add_transport(thief.get(), tdurl.c_str()));
   EXPECT_EQ(-EACCES, libd_transport_connect(libd_action_get_transport(thief.get(), "x")));
 }

@@ -35,6 +35,17 @@ def start(name: str, host: str, verbs: bool):
     return action, srv, {"host": where["host"], "port": int(where["port"]), "path": where["path"], "verbs": verbs}
 
 
+def where(impl: str, host: str, port: int, path: str) -> str:
+    """The durl pairs that reach a memory server over `impl`. shm and tcp ride the process's shared
+    connection to that server (libd's share,1: one connection per server, a grant attached to it
+    per transport, each still confined to its own grant); verbs keeps a queue pair per grant."""
+    if impl == "shm":
+        return f"path,{path};share,1"
+    if impl == "tcp":
+        return f"host,{host};port,{port};share,1"
+    return f"host,{host};port,{port}"
+
+
 def choose_transport(forced, hostname: str, path: str, verbs: bool, whole: bool = True) -> str:
     """How to reach a server: shm when it is on this host (its socket is here) and the grant
     covers a whole element (shm hands out nothing smaller), verbs when both ends have a device,

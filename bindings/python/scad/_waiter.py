@@ -1,13 +1,54 @@
 """Waiting on libd from asyncio without holding the event loop.
 
-A wait blocks in libd with the GIL released until its event (a notification, a completion, a
-revoke, a deadline) wakes it, in a daemon thread of its own: an operation nobody ends can never
-keep the interpreter from exiting, which a pool's worker would (pools are joined at exit).
-Whatever the call raises reaches the awaiting task; nothing escapes the thread.
+wait_fd: the event loop itself watches an eventfd that libd writes to when the awaited thing
+happens (an operation completes: Operation.watch; a grant gets word, is lost, ends:
+watch_notify), and the awaiting task looks again each time it is written. No thread, no hand-off:
+the task wakes straight from the loop's poll.
+
+wait_in_thread, for calls that can only block: the call runs in a daemon thread of its own with
+the GIL released, so an operation nobody ends can never keep the interpreter from exiting, which a
+pool's worker would (pools are joined at exit). Whatever the call raises reaches the awaiting
+task; nothing escapes the thread.
 """
 import asyncio
+import os
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Optional
+
+
+def new_eventfd() -> int:
+    return os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+
+
+def _drain(fd: int) -> None:
+    try:
+        os.eventfd_read(fd)
+    except OSError:  # nothing written since (EAGAIN), or the descriptor is gone already
+        pass
+
+
+async def wait_fd(fd: int, ready: Callable[[], bool], timeout: Optional[float]) -> bool:
+    """Waits until ready() is true, looking again each time `fd` is written. False if `timeout`
+    seconds pass first. The writer must be set up before this is called (a write that came
+    earlier leaves the fd readable: nothing is missed)."""
+    if ready():
+        return True
+    loop = asyncio.get_running_loop()
+    fut = loop.create_future()
+
+    def look() -> None:
+        _drain(fd)
+        if not fut.done() and ready():
+            fut.set_result(True)
+
+    loop.add_reader(fd, look)
+    try:
+        await asyncio.wait_for(fut, timeout)
+        return True
+    except asyncio.TimeoutError:
+        return ready()
+    finally:
+        loop.remove_reader(fd)
 
 
 def _settle(fut: asyncio.Future, result: Any, error: BaseException) -> None:

@@ -242,6 +242,11 @@ int libd_op_cancel(libd_op *op) {
   if (!op) return set_error(-EINVAL, "NULL op");
   return op->op->cancel();
 }
+int libd_op_watch(libd_op *op, int fd) {
+  if (!op) return set_error(-EINVAL, "NULL op");
+  op->op->watch(fd);
+  return 0;
+}
 int libd_op_free(libd_op *op) {
   if (!op) return set_error(-EINVAL, "NULL op");
   // The handle's reference, taken out of the handle: the operation (with the handle in it) goes
@@ -331,6 +336,16 @@ int libd_trdma_server_wait_notify(libd_transport *t, const char *grant_id, uint6
   CHECK_T(t);
   if (!grant_id || !value || !status) return set_error(-EINVAL, "wait_notify: NULL argument");
   return T(t)->wait_notify(grant_id, value, status, timeout_ms);
+}
+int libd_trdma_server_watch_notify(libd_transport *t, const char *grant_id, int fd) {
+  CHECK_T(t);
+  if (!grant_id || fd < 0) return set_error(-EINVAL, "watch_notify: NULL grant or no descriptor");
+  return T(t)->watch_notify(grant_id, fd, true);
+}
+int libd_trdma_server_unwatch_notify(libd_transport *t, const char *grant_id, int fd) {
+  CHECK_T(t);
+  if (!grant_id) return set_error(-EINVAL, "unwatch_notify: NULL grant");
+  return T(t)->watch_notify(grant_id, fd, false);
 }
 int libd_trdma_notify(libd_transport *t, uint64_t value, int status) {
   CHECK_T(t);

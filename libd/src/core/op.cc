@@ -1,8 +1,12 @@
 #include "core/op.h"
 
+#include <unistd.h>
+
 #include <condition_variable>
 #include <cstddef>
+#include <cstdint>
 #include <mutex>
+#include <thread>
 
 namespace libd {
 
@@ -43,7 +47,31 @@ bool Op::complete(int status, std::string why) {
     std::lock_guard<std::mutex> lk(lot.mu);  // a sleeper between its check and its wait holds it
     lot.cv.notify_all();
   }
+  if (watch_fd_.load(std::memory_order_seq_cst) >= 0) signal_watch();
   return true;
+}
+
+// The status is published before the watcher's fd is read, and watch() stores the fd before it
+// reads the status: one of the two sees the other (a second write is harmless).
+void Op::signal_watch() {
+  watch_writers_.fetch_add(1, std::memory_order_seq_cst);
+  int fd = watch_fd_.load(std::memory_order_seq_cst);
+  if (fd >= 0) {
+    uint64_t one = 1;
+    ssize_t n = ::write(fd, &one, sizeof one);
+    (void)n;  // EAGAIN: the counter is already non-zero, the watcher wakes anyway
+  }
+  watch_writers_.fetch_sub(1, std::memory_order_seq_cst);
+}
+
+void Op::watch(int fd) {
+  if (fd < 0) {
+    watch_fd_.store(-1, std::memory_order_seq_cst);
+    while (watch_writers_.load(std::memory_order_seq_cst) > 0) std::this_thread::yield();
+    return;
+  }
+  watch_fd_.store(fd, std::memory_order_seq_cst);
+  if (done()) signal_watch();
 }
 
 int Op::wait_until(Clock::time_point until) {

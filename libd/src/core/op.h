@@ -106,6 +106,10 @@ class Op {
   int wait_until(Clock::time_point until);
 
   int cancel();
+  // Has libd write to `fd` (an eventfd: 8 bytes, 1) once the operation has completed, at once if
+  // it already has; fd < 0 stops that, and returns only when no write to the old fd can come any
+  // more (so the caller may close it). For callers that wait in an event loop, not a thread.
+  void watch(int fd);
   // The engine's side: cancel() goes to driver->cancel; if `polls`, waiters call
   // driver->progress() in a loop instead of sleeping until someone else completes the operation.
   // Set before the operation is handed to anyone else.
@@ -138,6 +142,9 @@ class Op {
   std::atomic<int> status_{-EINPROGRESS};
   std::atomic<bool> completing_{false};  // complete() runs once
   std::atomic<int> sleepers_{0};         // waiters asleep (on a shared lot: lot_of in op.cc)
+  std::atomic<int> watch_fd_{-1};        // watch(): written once done
+  std::atomic<int> watch_writers_{0};    // complete() writing to watch_fd_ right now
+  void signal_watch();
   std::weak_ptr<OpDriver> driver_;
   bool driver_polls_ = false;
   bool driver_looks_first_ = false;

@@ -130,6 +130,10 @@ class Transport : public libd_transport {
     (void)grant_id, (void)value, (void)status, (void)timeout_ms;
     return unsupported("wait_notify");
   }
+  virtual int watch_notify(const std::string &grant_id, int fd, bool add) {
+    (void)grant_id, (void)fd, (void)add;
+    return unsupported("watch_notify");
+  }
   int serve_blocking();
 
  protected:

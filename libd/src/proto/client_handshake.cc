@@ -20,6 +20,8 @@ std::string refusal_reason(int status) {
     return "the memory element refused the grant (unknown or revoked grant, wrong secret, or another client's grant)";
   if (status == -EPERM)
     return "the grant covers part of its element, and shm can only hand out whole elements: reach it over tcp";
+  if (status == -EOPNOTSUPP)
+    return "a shared connection on the memory element's unix socket reaches lent memory only";
   return std::string("the memory element refused the connection: ") + libd_strerror(status);
 }
 
@@ -34,8 +36,20 @@ int resolve(const std::string &host, const std::string &port, sockaddr_storage *
   return 0;
 }
 
+std::string encode_attach(uint32_t handle, const Credentials &creds, const std::string &nonce) {
+  std::string body = encode_auth({creds.grant_id, creds.client_id,
+                                  compute_mac(creds.secret, nonce, creds.grant_id, creds.client_id)});
+  Header h;
+  h.opcode = kAttach;
+  h.addr = handle;
+  h.size = body.size();
+  char hdr[kHeaderSize];
+  encode_header(h, hdr);
+  return std::string(hdr, kHeaderSize) + body;
+}
+
 int connect_authenticated(const sockaddr *addr, socklen_t len, const Credentials &creds, const Deadline &deadline,
-                          int *out_fd, GrantBody *grant) {
+                          int *out_fd, GrantBody *grant, uint64_t auth_flags, std::string *nonce_out) {
   int fd = socket(addr->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return set_error(-errno, std::string("socket: ") + strerror(errno));
   auto fail = [&](int rc, const std::string &why) {
@@ -66,6 +80,7 @@ int connect_authenticated(const sockaddr *addr, socklen_t len, const Credentials
                                   compute_mac(creds.secret, nonce, creds.grant_id, creds.client_id)});
   Header ah;
   ah.opcode = kAuth;
+  ah.addr = auth_flags;
   ah.size = body.size();
   encode_header(ah, hdr);
   std::string msg = std::string(hdr, kHeaderSize) + body;
@@ -79,6 +94,7 @@ int connect_authenticated(const sockaddr *addr, socklen_t len, const Credentials
   std::string gbody(size_t(payload_length(h)), '\0');
   if (int rc = recv_exact(fd, gbody.data(), gbody.size(), deadline)) return io_fail(rc);
   if (decode_grant(gbody.data(), gbody.size(), grant, &why)) return fail(-EPROTO, why);
+  if (nonce_out) *nonce_out = nonce;
   *out_fd = fd;
   return 0;
 }

@@ -25,8 +25,13 @@ std::string refusal_reason(int status);
 
 // Connects (non-blocking socket, TCP_NODELAY, keep-alive), answers the CHALLENGE and reads
 // AUTH_OK, all before the deadline. 0 with *fd and *grant set, or a negative errno with
-// libd_last_error saying what the memory element answered.
+// libd_last_error saying what the memory element answered. auth_flags go in AUTH's addr
+// (kAuthSession: a shared connection); *nonce, if asked for, is the server's challenge (a session
+// signs its later ATTACHes over it).
 int connect_authenticated(const sockaddr *addr, socklen_t len, const Credentials &creds, const Deadline &deadline,
-                          int *fd, GrantBody *grant);
+                          int *fd, GrantBody *grant, uint64_t auth_flags = 0, std::string *nonce = nullptr);
+
+// The ATTACH frame (header and body) for one more grant on a session.
+std::string encode_attach(uint32_t handle, const Credentials &creds, const std::string &nonce);
 
 }  // namespace libd::proto

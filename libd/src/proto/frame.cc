@@ -15,11 +15,12 @@ uint64_t get(const char *p, int n) { return get_le(p, n); }
 
 }  // namespace
 
-void encode_notify(uint64_t value, int status, char out[kHeaderSize]) {
+void encode_notify(uint64_t value, int status, char out[kHeaderSize], uint32_t handle) {
   Header h;
   h.opcode = kNotify;
   h.addr = value;
   h.status = status;
+  h.req_id = with_handle(handle, 0);
   encode_header(h, out);
 }
 
@@ -50,6 +51,10 @@ const char *opcode_name(uint8_t op) {
     case kVerbsCmRequest: return "VERBS_CM_REQUEST";
     case kVerbsCmTicket: return "VERBS_CM_TICKET";
     case kNotify: return "NOTIFY";
+    case kAttach: return "ATTACH";
+    case kAttachOk: return "ATTACH_OK";
+    case kDetach: return "DETACH";
+    case kDetached: return "DETACHED";
     default: return "?";
   }
 }
@@ -66,14 +71,14 @@ int decode_header(const char in[kHeaderSize], Header *out, std::string *why) {
   h.req_id = get(in + 8, 8);
   h.addr = get(in + 16, 8);
   h.size = get(in + 24, 8);
-  if (h.opcode < kChallenge || h.opcode > kNotify) {
+  if (h.opcode < kChallenge || h.opcode > kDetached) {
     *why = "unknown opcode " + std::to_string(h.opcode);
     return -EPROTO;
   }
   if (h.status > 0 || h.status < -4095) { *why = "status out of range"; return -EPROTO; }
   bool control = h.opcode == kChallenge || h.opcode == kAuth || h.opcode == kAuthOk ||
                  h.opcode == kVerbsConnect || h.opcode == kVerbsAccept || h.opcode == kVerbsCmRequest ||
-                 h.opcode == kVerbsCmTicket;
+                 h.opcode == kVerbsCmTicket || h.opcode == kAttach || h.opcode == kAttachOk;
   if (control && payload_length(h) > kMaxControlPayload) {
     *why = std::string(opcode_name(h.opcode)) + " body of " + std::to_string(h.size) + " bytes is too large";
     return -EPROTO;
@@ -92,8 +97,10 @@ uint64_t payload_length(const Header &h) {
     case kVerbsAccept:  // the server's record, or why it refused
     case kVerbsCmRequest:
     case kVerbsCmTicket:  // the cm port and ticket, or why not
+    case kAttach:
     case kWrite: return h.size;
     case kAuthOk:
+    case kAttachOk:
     case kReadResp: return h.status == 0 ? h.size : 0;
     default: return 0;
   }

@@ -23,6 +23,19 @@
 // control connection of every transport (tcp's data connection, shm's unix socket, verbs' idle
 // tcp connection), after the holder saw its last transfer complete, so the owner never learns
 // "done" before the data is in place. It has no answer: the owner's loop records it per grant.
+//
+// Shared connections (sessions). A client that sets bit 0 of AUTH's addr asks for a session: the
+// connection then carries any number of grants of the same server, each an *attachment* with a
+// 32-bit handle the client chooses. The AUTH grant is handle 0; ATTACH (addr = the new handle,
+// body as AUTH's, its mac over the connection's own nonce) adds one and is answered by ATTACH_OK
+// (addr = the handle; status; when 0 the grant body, as AUTH_OK's). READ, WRITE and NOTIFY name
+// their attachment in the top 32 bits of req_id (on a connection that is not a session those bits
+// are ignored: old clients count their ids from 1). DETACH (addr = handle, no body, no answer)
+// ends an attachment; a holder that detaches without a NOTIFY counts as gone, as a closed
+// connection does. When the owner revokes a grant, it expires or its memory is withdrawn, the
+// server ends its attachments itself and says so with DETACHED (addr = handle, status why), and
+// answers a request on an ended attachment with -ECONNRESET; the connection and its other
+// attachments go on. A session on the unix socket reaches lent memory only (cross-memory attach).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -53,7 +66,16 @@ enum Opcode : uint8_t {
   kVerbsCmRequest = 13,  // client -> server after AUTH_OK: asks for an rdma_cm ticket (no body)
   kVerbsCmTicket = 14,   // server -> client: status; when 0 the cm port and ticket (verbs/cm.h)
   kNotify = 15,          // client -> server after AUTH_OK: "done" (no body, no answer), see below
+  kAttach = 16,          // client -> server on a session: one more grant (see "Shared connections")
+  kAttachOk = 17,        // server -> client: status, and the grant when 0
+  kDetach = 18,          // client -> server: the attachment is done with (no body, no answer)
+  kDetached = 19,        // server -> client: the owner ended the attachment (status: why)
 };
+
+constexpr uint64_t kAuthSession = 1;  // AUTH addr bit: make this connection a session
+// The attachment a session request names (top 32 bits of its req_id), and a req_id for one.
+inline uint32_t handle_of(uint64_t req_id) { return uint32_t(req_id >> 32); }
+inline uint64_t with_handle(uint32_t handle, uint64_t low) { return (uint64_t(handle) << 32) | (low & 0xffffffffu); }
 
 struct Header {
   uint8_t opcode = 0;
@@ -66,7 +88,7 @@ struct Header {
 void encode_header(const Header &h, char out[kHeaderSize]);
 // The NOTIFY frame (a header alone): the initiator's "done" carrying `value`, or the negative
 // errno it gave up with in `status`.
-void encode_notify(uint64_t value, int status, char out[kHeaderSize]);
+void encode_notify(uint64_t value, int status, char out[kHeaderSize], uint32_t handle = 0);
 // 0, or -EPROTO with *why (bad magic, version, opcode, or a size over the limits).
 int decode_header(const char in[kHeaderSize], Header *out, std::string *why);
 uint64_t payload_length(const Header &h);

@@ -9,6 +9,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <algorithm>
 #include <array>
 #include <deque>
 #include <vector>
@@ -42,6 +43,14 @@ Element::~Element() {
 
 // ---- one connection ----------------------------------------------------------------------
 
+// A grant a connection carries. A plain connection carries its AUTH grant only (handle 0); a
+// session (proto/frame.h, "Shared connections") any number of them.
+struct MemoryServer::Attachment {
+  Grant grant;
+  std::shared_ptr<Element> element;
+  bool notified = false;  // the holder said it finished: its leaving is not a loss
+};
+
 class MemoryServer::Conn : public FrameReader::Handler {
  public:
   Conn(MemoryServer *srv, bool is_unix) : srv_(srv), unix_(is_unix), reader_(this) {
@@ -58,8 +67,6 @@ class MemoryServer::Conn : public FrameReader::Handler {
   }
 
   uv_stream_t *stream() { return &h_.stream; }
-  const std::string &grant_id() const { return grant_.id; }
-  const std::string &element() const { return grant_.element; }
   bool authed() const { return authed_; }
 
   void start() {
@@ -88,7 +95,10 @@ class MemoryServer::Conn : public FrameReader::Handler {
     srv_->conns_.erase(this);
     srv_->nconns_--;
     verbs_ep_.reset();  // the client's remote key dies with its connection: revocation is immediate
-    if (authed_ && !notified_) srv_->on_holder_lost(grant_.id);  // its owner must not wait forever
+    // Every holder that leaves without having said it finished is lost to its owner, who must not
+    // wait for it forever.
+    for (auto &[h, a] : atts_) srv_->release_attachment(a.grant.id, !a.notified);
+    atts_.clear();
     if (!cm_ticket_.empty()) srv_->cm_tickets_.erase(cm_ticket_);
     uv_timer_stop(&auth_timer_);
     pending_closes_ = 2;
@@ -100,35 +110,73 @@ class MemoryServer::Conn : public FrameReader::Handler {
     uv_close(&h_.handle, done);
   }
 
+  // The owner ended the grants `pred` picks (revoked, expired, withdrawn): a plain connection
+  // closes, a session ends those attachments and tells the client (DETACHED). A session that is
+  // still sending such a grant's memory (READ answers queued) closes too: once the owner's call
+  // returns, nothing may read that memory any more.
+  void cut(const std::function<bool(const Grant &)> &pred, int reason) {
+    if (closing_ || !authed_) return;
+    std::vector<uint32_t> ended;
+    for (auto &[h, a] : atts_)
+      if (pred(a.grant)) ended.push_back(h);
+    if (ended.empty()) return;
+    if (!session_) { close(); return; }
+    for (uint32_t h : ended)
+      if (queued_.count(atts_[h].element.get())) { close(); return; }
+    for (uint32_t h : ended) {
+      if (reader_.in_payload() && reader_.current().opcode == kWrite && payload_handle_ == h) {
+        reader_.discard_current();  // the rest of that WRITE is dropped, and refused
+        write_status_ = -ECONNRESET;
+      }
+      srv_->release_attachment(atts_[h].grant.id, false);  // the owner's own doing: not a loss
+      atts_.erase(h);
+      Header d;
+      d.opcode = kDetached;
+      d.addr = h;
+      d.status = reason;
+      send_frame(d, {});
+    }
+  }
+
   // ---- FrameReader::Handler ----
   int on_header(const Header &h, char **dest) override {
     switch (h.opcode) {
       case kAuth:
         if (authed_ || got_auth_) return -EPROTO;
         got_auth_ = true;
+        auth_flags_ = h.addr;
         ctl_.assign(size_t(h.size), '\0');
         *dest = ctl_.data();
         return 0;
+      case kAttach:
+        if (!authed_ || !session_) return -EPROTO;
+        ctl_.assign(size_t(h.size), '\0');
+        *dest = ctl_.data();
+        return 0;
+      case kDetach:
+        return (authed_ && session_ && h.size == 0) ? 0 : -EPROTO;
       case kRead:
       case kPing:
         return (authed_ && !unix_) ? 0 : -EPROTO;
       case kNotify:
         return (authed_ && h.size == 0) ? 0 : -EPROTO;
       case kVerbsConnect:
-        if (!authed_ || unix_ || verbs_ep_ || got_verbs_) return -EPROTO;
+        if (!authed_ || unix_ || session_ || verbs_ep_ || got_verbs_) return -EPROTO;
         got_verbs_ = true;
         if (!cm_ticket_.empty()) srv_->cm_tickets_.erase(cm_ticket_);  // the client gave up on rdma_cm
         ctl_.assign(size_t(h.size), '\0');
         *dest = ctl_.data();
         return 0;
       case kVerbsCmRequest:
-        if (!authed_ || unix_ || verbs_ep_ || got_verbs_ || got_cm_request_ || h.size != 0) return -EPROTO;
+        if (!authed_ || unix_ || session_ || verbs_ep_ || got_verbs_ || got_cm_request_ || h.size != 0) return -EPROTO;
         got_cm_request_ = true;
         return 0;
       case kWrite: {
         if (!authed_ || unix_) return -EPROTO;
-        write_status_ = check(h, LIBD_RIGHT_WRITE);
-        *dest = write_status_ == 0 ? element_->base + h.addr : nullptr;  // refused: drained
+        Attachment *a = attachment(h);
+        write_status_ = a ? check(*a, h, LIBD_RIGHT_WRITE) : -ECONNRESET;
+        payload_handle_ = session_ ? handle_of(h.req_id) : 0;
+        *dest = write_status_ == 0 ? a->element->base + h.addr : nullptr;  // refused: drained
         return 0;
       }
       default:
@@ -141,16 +189,27 @@ class MemoryServer::Conn : public FrameReader::Handler {
     r.req_id = h.req_id;
     switch (h.opcode) {
       case kAuth: return on_auth();
+      case kAttach: return on_attach(h);
+      case kDetach: {
+        auto it = atts_.find(uint32_t(h.addr));
+        if (h.addr > UINT32_MAX || it == atts_.end()) return 0;  // ended by the owner meanwhile
+        srv_->release_attachment(it->second.grant.id, !it->second.notified);
+        atts_.erase(it);
+        return 0;
+      }
       case kVerbsConnect: return on_verbs_connect(h);
       case kVerbsCmRequest: return on_verbs_cm_request(h);
       case kPing:
         r.opcode = kPong;
         send_frame(r, {});
         return 0;
-      case kNotify:
-        notified_ = true;
-        srv_->on_notice(grant_.id, Notice{h.addr, h.status});
+      case kNotify: {
+        Attachment *a = attachment(h);
+        if (!a) return 0;  // its grant is over: nobody waits for the word any more
+        a->notified = true;
+        srv_->on_notice(a->grant.id, Notice{h.addr, h.status});
         return 0;
+      }
       case kWrite:
         r.opcode = kWriteResp;
         r.status = write_status_;
@@ -159,9 +218,10 @@ class MemoryServer::Conn : public FrameReader::Handler {
         return 0;
       case kRead: {
         r.opcode = kReadResp;
-        r.status = check(h, LIBD_RIGHT_READ);
+        Attachment *a = attachment(h);
+        r.status = a ? check(*a, h, LIBD_RIGHT_READ) : -ECONNRESET;
         r.size = h.size;
-        send_data(r, r.status == 0 ? element_->base + h.addr : nullptr);
+        send_data(r, r.status == 0 ? a->element->base + h.addr : nullptr, r.status == 0 ? a->element : nullptr);
         return 0;
       }
       default:
@@ -184,60 +244,82 @@ class MemoryServer::Conn : public FrameReader::Handler {
     std::deque<std::array<char, kHeaderSize>> hdrs;  // deque: stable addresses while growing
     std::deque<std::string> bodies;
     std::vector<uv_buf_t> bufs;
-    std::shared_ptr<Element> element;  // keeps READ data mapped until sent
+    std::vector<std::shared_ptr<Element>> elements;  // keeps READ data mapped until sent
     Conn *conn;
   };
 
-  int check(const Header &h, unsigned need) const {
-    if (!(grant_.rights & need)) return -EACCES;
-    if (h.addr < grant_.offset || h.size > grant_.offset + grant_.length - h.addr ||
-        h.addr > grant_.offset + grant_.length)
-      return -ERANGE;
+  // The attachment a request names: on a session the top half of its req_id, else the AUTH grant.
+  Attachment *attachment(const Header &h) {
+    auto it = atts_.find(session_ ? handle_of(h.req_id) : 0);
+    return it == atts_.end() ? nullptr : &it->second;
+  }
+
+  static int check(const Attachment &a, const Header &h, unsigned need) {
+    const Grant &g = a.grant;
+    if (!(g.rights & need)) return -EACCES;
+    if (h.addr < g.offset || h.size > g.offset + g.length - h.addr || h.addr > g.offset + g.length) return -ERANGE;
+    return 0;
+  }
+
+  // Checks an AUTH or ATTACH body against the grants and, if it opens one, attaches it as
+  // `handle`. 0, or the status to answer (-EACCES for every refusal of the credentials alike: no
+  // oracle for grant ids).
+  int admit(uint32_t handle, GrantBody *body) {
+    AuthBody a;
+    std::string why;
+    if (decode_auth(ctl_.data(), ctl_.size(), &a, &why)) return -EPROTO;
+    Grant g;
+    if (!srv_->find_grant(a.grant_id, &g) || (g.client != "*" && g.client != a.client_id) ||
+        !macs_equal(a.mac, compute_mac(g.secret, nonce_, a.grant_id, a.client_id)))
+      return -EACCES;
+    std::shared_ptr<Element> element;
+    // Counted under the server's lock in the same hold that finds the grant again: a revoke
+    // either comes first (the grant is gone) or sees the attachment (and ends it).
+    if (int rc = srv_->take_attachment(g, unix_, session_, &element)) return rc;
+    atts_[handle] = Attachment{g, element, false};
+    *body = GrantBody{element->size, g.offset, g.length, g.rights};
+    if (unix_ && element->lent) {
+      // Lent memory has no memfd: the peer attaches to this process (cross-memory attach).
+      body->cma_pid = uint32_t(getpid());
+      body->cma_base = uint64_t(uintptr_t(element->base));
+    }
     return 0;
   }
 
   int on_auth() {
-    AuthBody a;
-    std::string why;
     Header r;
     r.opcode = kAuthOk;
-    Grant g;
-    if (decode_auth(ctl_.data(), ctl_.size(), &a, &why)) return -EPROTO;
-    if (!srv_->find_grant(a.grant_id, &g) || (g.client != "*" && g.client != a.client_id) ||
-        !macs_equal(a.mac, compute_mac(g.secret, nonce_, a.grant_id, a.client_id))) {
-      r.status = -EACCES;  // one answer for every reason: no oracle for grant ids
+    session_ = (auth_flags_ & kAuthSession) != 0;
+    GrantBody body;
+    int rc = admit(0, &body);
+    if (rc == -EPROTO) return rc;
+    if (rc) {
+      r.status = rc;
       send_frame(r, {});
       close_after_writes_ = true;
       return 0;
     }
-    element_ = srv_->find_element(g.element);
-    if (!element_) {
-      r.status = -ENOENT;
-      send_frame(r, {});
-      close_after_writes_ = true;
-      return 0;
-    }
-    if (unix_ && (g.offset != 0 || (g.length != 0 && g.length != element_->size))) {
-      // shm hands the client the element's whole memfd: a grant on part of an element can be
-      // honoured only where the server checks every access (tcp, verbs).
-      r.status = -EPERM;
-      send_frame(r, {});
-      close_after_writes_ = true;
-      return 0;
-    }
-    grant_ = g;
     authed_ = true;
     uv_timer_stop(&auth_timer_);
-    GrantBody body{element_->size, g.offset, g.length, g.rights};
-    if (unix_ && element_->lent) {
-      // Lent memory has no memfd: the peer attaches to this process (cross-memory attach).
-      body.cma_pid = uint32_t(getpid());
-      body.cma_base = uint64_t(uintptr_t(element_->base));
-    }
     std::string payload = encode_grant(body);
     r.size = payload.size();
-    if (unix_ && element_->lent) return send_raw(r, payload, -1);
+    if (unix_ && atts_[0].element->lent) return send_raw(r, payload, -1);
     if (unix_) return send_fd(r, payload);
+    send_frame(r, payload);
+    return 0;
+  }
+
+  int on_attach(const Header &h) {
+    if (h.addr == 0 || h.addr > UINT32_MAX || atts_.count(uint32_t(h.addr))) return -EPROTO;
+    Header r;
+    r.opcode = kAttachOk;
+    r.addr = h.addr;
+    GrantBody body;
+    int rc = admit(uint32_t(h.addr), &body);
+    if (rc == -EPROTO) return rc;
+    std::string payload = rc == 0 ? encode_grant(body) : std::string();
+    r.status = rc;  // a refused grant leaves the session as it was
+    r.size = payload.size();
     send_frame(r, payload);
     return 0;
   }
@@ -259,7 +341,8 @@ class MemoryServer::Conn : public FrameReader::Handler {
     std::string why;
     if (verbs::decode_record(ctl_.data(), ctl_.size(), &client, &why)) return answer(h, kVerbsAccept, -EPROTO, why);
     if (!srv_->verbs_) return answer(h, kVerbsAccept, -EPROTONOSUPPORT, kNoVerbs);
-    int rc = srv_->verbs_->accept(element_, grant_, client, &verbs_ep_, &reply, &why);
+    Attachment &a = atts_[0];
+    int rc = srv_->verbs_->accept(a.element, a.grant, client, &verbs_ep_, &reply, &why);
     return answer(h, kVerbsAccept, rc, rc == 0 ? verbs::encode_record(reply) : why);
   }
 
@@ -277,17 +360,19 @@ class MemoryServer::Conn : public FrameReader::Handler {
   void on_cm_connect(rdma_cm_id *id) {
     cm_ticket_.clear();
     std::string why;
-    if (closing_ || verbs_ep_ || got_verbs_) {
+    auto it = atts_.find(0);
+    if (closing_ || verbs_ep_ || got_verbs_ || it == atts_.end()) {
       CmListener::reject(id, "the connection that asked for this ticket is already connected or closing");
       return;
     }
     got_verbs_ = true;
-    if (srv_->verbs_->accept_cm(element_, grant_, id, &verbs_ep_, &why) != 0) CmListener::reject(id, why);
+    if (srv_->verbs_->accept_cm(it->second.element, it->second.grant, id, &verbs_ep_, &why) != 0)
+      CmListener::reject(id, why);
   }
 
  private:
-  // Control frames on a unix socket are sent with plain send(): they are small, the socket is
-  // fresh, and the memfd must ride along with SCM_RIGHTS, which libuv streams cannot carry.
+  // Control frames on a unix socket are sent with plain send(): they are small, and the memfd
+  // must ride along with SCM_RIGHTS, which libuv streams cannot carry.
   int send_raw(const Header &h, const std::string &body, int fd_to_pass) {
     char buf[kHeaderSize + kMaxControlPayload];
     encode_header(h, buf);
@@ -319,10 +404,11 @@ class MemoryServer::Conn : public FrameReader::Handler {
   int send_fd(const Header &h, const std::string &body) {
     // A read-only grant gets a read-only file description: mmap(PROT_WRITE, MAP_SHARED) on it
     // fails in the client's kernel, whatever the client's code does.
-    int fd = element_->memfd;
+    Attachment &a = atts_[0];
+    int fd = a.element->memfd;
     int ro = -1;
-    if (!(grant_.rights & LIBD_RIGHT_WRITE)) {
-      std::string path = "/proc/self/fd/" + std::to_string(element_->memfd);
+    if (!(a.grant.rights & LIBD_RIGHT_WRITE)) {
+      std::string path = "/proc/self/fd/" + std::to_string(a.element->memfd);
       ro = open(path.c_str(), O_RDONLY | O_CLOEXEC);
       if (ro < 0) { close(); return 0; }
       fd = ro;
@@ -354,14 +440,14 @@ class MemoryServer::Conn : public FrameReader::Handler {
     if (!in_read_) flush();
   }
 
-  void send_data(const Header &h, char *data) {
+  void send_data(const Header &h, char *data, const std::shared_ptr<Element> &element) {
     if (closing_) return;
     WriteReq *w = batch();
     w->hdrs.emplace_back();
     encode_header(h, w->hdrs.back().data());
     w->bufs.push_back(uv_buf_init(w->hdrs.back().data(), kHeaderSize));
     if (data && h.size) {
-      w->element = element_;
+      if (std::find(w->elements.begin(), w->elements.end(), element) == w->elements.end()) w->elements.push_back(element);
       uv_buf_t b;
       b.base = data;
       b.len = size_t(h.size);
@@ -380,6 +466,8 @@ class MemoryServer::Conn : public FrameReader::Handler {
     int rc = uv_write(&w->req, stream(), w->bufs.data(), unsigned(w->bufs.size()), [](uv_write_t *req, int status) {
       auto *w = static_cast<WriteReq *>(req->data);
       Conn *c = w->conn;
+      for (auto &e : w->elements)
+        if (--c->queued_[e.get()] == 0) c->queued_.erase(e.get());
       delete w;
       c->writes_--;
       if (status < 0) { c->close(); return; }
@@ -395,6 +483,7 @@ class MemoryServer::Conn : public FrameReader::Handler {
       close();
       return;
     }
+    for (auto &e : w->elements) queued_[e.get()]++;
     // A client that asks faster than it reads stops being read: its queue cannot grow forever.
     if (!paused_ && uv_stream_get_write_queue_size(stream()) > kPauseReadingAt) {
       paused_ = true;
@@ -437,7 +526,8 @@ class MemoryServer::Conn : public FrameReader::Handler {
   std::string ctl_;
   bool got_auth_ = false, authed_ = false, closing_ = false, paused_ = false, close_after_writes_ = false;
   bool got_verbs_ = false, got_cm_request_ = false;
-  bool notified_ = false;  // the holder said it finished: its closing is not a loss
+  bool session_ = false;   // AUTH asked for a shared connection
+  uint64_t auth_flags_ = 0;
   std::string cm_ticket_;  // handed out, not yet presented
   std::unique_ptr<VerbsEndpoint> verbs_ep_;  // this client's queue pair and remote key
   bool in_read_ = false;       // answers are batched until the read is handled
@@ -445,8 +535,9 @@ class MemoryServer::Conn : public FrameReader::Handler {
   int pending_closes_ = 0;
   int writes_ = 0;
   int write_status_ = 0;
-  Grant grant_;
-  std::shared_ptr<Element> element_;
+  uint32_t payload_handle_ = 0;  // the attachment the WRITE payload being received is for
+  std::unordered_map<uint32_t, Attachment> atts_;
+  std::unordered_map<const Element *, int> queued_;  // elements whose memory queued writes send
   char staging_[kStagingSize];
 };
 
@@ -498,28 +589,21 @@ int MemoryServer::add_lent_element(const std::string &name, char *base, uint64_t
 }
 
 int MemoryServer::remove_element(const std::string &name) {
+  bool held = false;
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (!elements_.erase(name)) return set_error(-ENOENT, "no element '" + name + "'");
     for (auto it = grants_.begin(); it != grants_.end();) {
       if (it->second.element != name) { ++it; continue; }
+      held = held || attached_locked(it->first);
       drop_notices_locked(it->first);
+      forget_expiry_locked(it->first);
       it = grants_.erase(it);
     }
   }
-  close_conns_where([&](Conn *c) { return c->element() == name; });
-  loop_.run_sync([&] {
-    for (auto it = expiries_.begin(); it != expiries_.end();) {
-      bool gone;
-      {
-        std::lock_guard<std::mutex> lk(mu_);
-        gone = !grants_.count(it->first);
-      }
-      if (!gone) { ++it; continue; }
-      close_expiry(it->second);
-      it = expiries_.erase(it);
-    }
-  });
+  // Connections still holding one of its grants let go of it before this returns; with none
+  // (the holders detached), nothing on the loop can reach the memory any more.
+  if (held) cut([&](const Grant &g) { return g.element == name; }, -ECANCELED);
   return 0;
 }
 
@@ -551,55 +635,86 @@ int MemoryServer::grant(Grant *g) {
   if (grants_.count(g->id) || notices_.count(g->id)) return set_error(-EEXIST, "grant '" + g->id + "' already exists");
   grants_[g->id] = *g;
   notices_[g->id] = Notices();
-  if (g->ttl_ms) {
-    std::string id = g->id;
-    uint64_t ttl = g->ttl_ms;
-    // Posted, not run here: grant() may be called on the loop thread (never in this code, but
-    // run_sync under mu_ would deadlock a loop callback that takes mu_).
-    loop_.post([this, id, ttl] {
-      {
-        std::lock_guard<std::mutex> lk2(mu_);
-        if (!grants_.count(id) || stopped_) return;  // revoked before the timer started
-      }
-      auto *e = new Expiry{{}, id, this};
-      uv_timer_init(loop_.loop(), &e->timer);
-      e->timer.data = e;
-      expiries_[id] = e;
-      uv_timer_start(&e->timer, [](uv_timer_t *t) {
-        auto *ex = static_cast<Expiry *>(t->data);
-        std::string gid = ex->grant_id;  // expire() frees ex
-        ex->srv->expire(gid);
-      }, ttl, 0);
-    });
+  if (g->ttl_ms && !stopped_) {
+    auto at = std::chrono::steady_clock::now() + std::chrono::milliseconds(g->ttl_ms);
+    expiry_of_[g->id] = expiry_q_.emplace(at, g->id);
+    // The loop's timer is set for the earliest expiry; only a grant that expires sooner moves it
+    // (posted, not waited for: this may even run on the loop thread).
+    if (at < armed_for_) {
+      armed_for_ = at;
+      loop_.post([this] { arm_expiry(); });
+    }
   }
   return 0;
 }
 
 int MemoryServer::revoke(const std::string &grant_id) {
+  bool held;
   {
     std::lock_guard<std::mutex> lk(mu_);
     bool had = grants_.erase(grant_id) > 0;
     auto it = notices_.find(grant_id);
     if ((it == notices_.end() || it->second.dropped) && !had) return set_error(-ENOENT, "no grant '" + grant_id + "'");
     drop_notices_locked(grant_id);  // an expired grant's record goes here too
+    forget_expiry_locked(grant_id);
+    held = attached_locked(grant_id);
   }
-  close_conns_where([&](Conn *c) { return c->grant_id() == grant_id; });
-  loop_.run_sync([&] {
-    auto it = expiries_.find(grant_id);
-    if (it == expiries_.end()) return;
-    close_expiry(it->second);
-    expiries_.erase(it);
-  });
+  if (held) cut([&](const Grant &g) { return g.id == grant_id; }, -ECANCELED);
   return 0;
 }
 
-void MemoryServer::close_expiry(Expiry *e) {
-  uv_close(reinterpret_cast<uv_handle_t *>(&e->timer), [](uv_handle_t *h) { delete static_cast<Expiry *>(h->data); });
+void MemoryServer::forget_expiry_locked(const std::string &grant_id) {
+  auto it = expiry_of_.find(grant_id);
+  if (it == expiry_of_.end()) return;
+  expiry_q_.erase(it->second);  // the timer, if it was set for this one, finds nothing due and moves on
+  expiry_of_.erase(it);
+}
+
+void MemoryServer::arm_expiry() {
+  std::chrono::steady_clock::time_point next;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (stopped_) return;
+    next = expiry_q_.empty() ? std::chrono::steady_clock::time_point::max() : expiry_q_.begin()->first;
+    armed_for_ = next;
+  }
+  if (!expiry_timer_) {
+    expiry_timer_ = new uv_timer_t;
+    uv_timer_init(loop_.loop(), expiry_timer_);
+    expiry_timer_->data = this;
+  }
+  if (next == std::chrono::steady_clock::time_point::max()) {
+    uv_timer_stop(expiry_timer_);
+    return;
+  }
+  uv_update_time(loop_.loop());
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(next - std::chrono::steady_clock::now()).count() + 1;
+  uv_timer_start(expiry_timer_, [](uv_timer_t *t) { static_cast<MemoryServer *>(t->data)->on_expiry_timer(); },
+                 uint64_t(std::max<int64_t>(left, 1)), 0);
+}
+
+void MemoryServer::on_expiry_timer() {
+  std::vector<std::string> expired;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto now = std::chrono::steady_clock::now();
+    while (!expiry_q_.empty() && expiry_q_.begin()->first <= now) {
+      std::string id = expiry_q_.begin()->second;
+      expiry_q_.erase(expiry_q_.begin());
+      expiry_of_.erase(id);
+      if (!grants_.erase(id)) continue;
+      end_notices_locked(id, -EKEYEXPIRED);
+      if (attached_locked(id)) expired.push_back(id);
+    }
+  }
+  for (const auto &id : expired) cut_locked_loop([&](const Grant &g) { return g.id == id; }, -EKEYEXPIRED);
+  arm_expiry();
 }
 
 void MemoryServer::drop_notices_locked(const std::string &grant_id) {
   auto it = notices_.find(grant_id);
   if (it == notices_.end()) return;
+  wake_locked(it->second);  // before it goes: its watchers learn the grant is over
   if (it->second.waiters > 0) {
     it->second.ended = -ECANCELED;  // the last waiter, once told, erases it
     it->second.dropped = true;
@@ -609,23 +724,34 @@ void MemoryServer::drop_notices_locked(const std::string &grant_id) {
   notices_cv_.notify_all();
 }
 
-void MemoryServer::expire(const std::string &grant_id) {
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    grants_.erase(grant_id);
-    end_notices_locked(grant_id, -EKEYEXPIRED);
+void MemoryServer::wake_locked(Notices &n) {
+  notices_cv_.notify_all();
+  uint64_t one = 1;
+  for (int fd : n.watchers) {
+    ssize_t w = ::write(fd, &one, sizeof one);
+    (void)w;  // EAGAIN: the counter is non-zero already, the watcher wakes anyway
   }
-  close_conns_where([&](Conn *c) { return c->grant_id() == grant_id; });
-  auto it = expiries_.find(grant_id);
-  if (it != expiries_.end()) {
-    close_expiry(it->second);
-    expiries_.erase(it);
+}
+
+int MemoryServer::watch_notify(const std::string &grant_id, int fd, bool add) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = notices_.find(grant_id);
+  if (it == notices_.end() || (add && it->second.dropped))
+    return set_error(-ENOENT, "no grant '" + grant_id + "' (never granted, or revoked)");
+  auto &w = it->second.watchers;
+  w.erase(std::remove(w.begin(), w.end(), fd), w.end());
+  if (add) {
+    w.push_back(fd);
+    // Something wait_notify would say already: the watcher hears it at once.
+    if (!it->second.queue.empty() || it->second.lost || it->second.ended) wake_locked(it->second);
   }
+  return 0;
 }
 
 void MemoryServer::end_notices_locked(const std::string &grant_id, int err) {
   auto it = notices_.find(grant_id);
   if (it != notices_.end() && it->second.ended == 0) it->second.ended = err;
+  if (it != notices_.end()) wake_locked(it->second);
   notices_cv_.notify_all();
 }
 
@@ -634,15 +760,34 @@ void MemoryServer::on_notice(const std::string &grant_id, const Notice &n) {
   auto it = notices_.find(grant_id);
   if (it == notices_.end()) return;
   it->second.queue.push_back(n);
-  notices_cv_.notify_all();
+  wake_locked(it->second);
 }
 
-void MemoryServer::on_holder_lost(const std::string &grant_id) {
+int MemoryServer::take_attachment(const Grant &g, bool is_unix, bool session, std::shared_ptr<Element> *element) {
   std::lock_guard<std::mutex> lk(mu_);
+  if (!grants_.count(g.id)) return -EACCES;  // revoked or expired since it was found
+  auto e = elements_.find(g.element);
+  if (e == elements_.end()) return -ENOENT;
+  if (is_unix && (g.offset != 0 || (g.length != 0 && g.length != e->second->size))) {
+    // shm hands the client the element's whole memfd (or whole lent range): a grant on part of
+    // an element can be honoured only where the server checks every access (tcp, verbs).
+    return -EPERM;
+  }
+  if (is_unix && session && !e->second->lent) return -EOPNOTSUPP;  // a memfd cannot ride a shared socket's frames
+  attached_[g.id]++;
+  *element = e->second;
+  return 0;
+}
+
+void MemoryServer::release_attachment(const std::string &grant_id, bool lost) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto a = attached_.find(grant_id);
+  if (a != attached_.end() && --a->second == 0) attached_.erase(a);
+  if (!lost) return;
   auto it = notices_.find(grant_id);
   if (it == notices_.end() || it->second.ended) return;  // closed by revoke/expiry, not by the holder
   it->second.lost++;
-  notices_cv_.notify_all();
+  wake_locked(it->second);
 }
 
 int MemoryServer::wait_notify(const std::string &grant_id, Notice *out, int timeout_ms) {
@@ -682,13 +827,13 @@ int MemoryServer::wait_notify(const std::string &grant_id, Notice *out, int time
   }
 }
 
-void MemoryServer::close_conns_where(const std::function<bool(Conn *)> &pred) {
-  loop_.run_sync([&] {
-    std::vector<Conn *> victims;
-    for (Conn *c : conns_)
-      if (c->authed() && pred(c)) victims.push_back(c);
-    for (Conn *c : victims) c->close();
-  });
+void MemoryServer::cut_locked_loop(const std::function<bool(const Grant &)> &pred, int reason) {
+  std::vector<Conn *> all(conns_.begin(), conns_.end());  // cut() may close (and unlist) one
+  for (Conn *c : all) c->cut(pred, reason);
+}
+
+void MemoryServer::cut(const std::function<bool(const Grant &)> &pred, int reason) {
+  loop_.run_sync([&] { cut_locked_loop(pred, reason); });
 }
 
 std::shared_ptr<Element> MemoryServer::find_element(const std::string &name) {
@@ -841,8 +986,11 @@ std::string MemoryServer::client_config(const Grant &g) const {
 
 void MemoryServer::stop() {
   loop_.run_sync([&] {
-    if (stopped_) return;
-    stopped_ = true;
+    {
+      std::lock_guard<std::mutex> lk(mu_);  // grant() reads it under mu_
+      if (stopped_) return;
+      stopped_ = true;
+    }
     if (tcp_listener_)
       uv_close(reinterpret_cast<uv_handle_t *>(tcp_listener_), [](uv_handle_t *h) { delete reinterpret_cast<uv_tcp_t *>(h); });
     if (unix_listener_)
@@ -852,13 +1000,21 @@ void MemoryServer::stop() {
     std::vector<Conn *> all(conns_.begin(), conns_.end());
     {
       std::lock_guard<std::mutex> lk(mu_);
-      for (auto &[id, n] : notices_) if (!n.ended) n.ended = -ECANCELED;  // the closings below are not losses
+      for (auto &[id, n] : notices_) {
+        if (!n.ended) n.ended = -ECANCELED;  // the closings below are not losses
+        wake_locked(n);
+      }
       notices_cv_.notify_all();
     }
     for (Conn *c : all) c->close();
-    for (auto &[id, t] : expiries_)
-      close_expiry(t);
-    expiries_.clear();
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      expiry_q_.clear();
+      expiry_of_.clear();
+    }
+    if (expiry_timer_)
+      uv_close(reinterpret_cast<uv_handle_t *>(expiry_timer_), [](uv_handle_t *h) { delete reinterpret_cast<uv_timer_t *>(h); });
+    expiry_timer_ = nullptr;
     cm_.reset();  // after the connections: their endpoints own identifiers on its channel
   });
   if (!unix_path_.empty()) unlink(unix_path_.c_str());

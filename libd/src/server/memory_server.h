@@ -8,19 +8,26 @@
 // A grant may expire (ttl_ms): the loop revokes it then. A grant holder's NOTIFY (proto/frame.h)
 // is queued for the owner, who waits for it with wait_notify(); a holder's connection that
 // closes without one counts as a lost peer, so the owner's wait ends instead of hanging.
+// A connection may be a session carrying many grants (proto/frame.h, "Shared connections").
+// The server counts each grant's attachments under its lock, so revoking a grant or withdrawing
+// memory nobody is attached to any more (the usual end: the holder said it finished and
+// detached) takes no trip to the loop thread.
 #pragma once
 #include <rdma/rdma_cma.h>
 
 #include <atomic>
 #include <condition_variable>
+#include <chrono>
 #include <deque>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <set>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "core/params.h"
 #include "io/ioloop.h"
@@ -79,6 +86,9 @@ class MemoryServer {
   // holder died or gave up; reported once per such connection), -EKEYEXPIRED (the grant
   // expired), -ECANCELED (revoked or the server stopped while waiting), -ENOENT (no such grant).
   int wait_notify(const std::string &grant_id, Notice *out, int timeout_ms);
+  // fd (an eventfd) is written whenever wait_notify on the grant would have something to say;
+  // add=false stops that (under the lock: no write comes after it returns). -ENOENT no such grant.
+  int watch_notify(const std::string &grant_id, int fd, bool add);
 
   int listen_tcp(const std::string &host, uint16_t port, uint16_t *bound);
   int listen_unix(const std::string &path);
@@ -109,12 +119,23 @@ class MemoryServer {
   bool find_grant(const std::string &id, Grant *out);
   // The loop records what the holders of a grant said (or that one vanished).
   void on_notice(const std::string &grant_id, const Notice &n);
-  void on_holder_lost(const std::string &grant_id);
-  void expire(const std::string &grant_id);  // loop thread
   void end_notices_locked(const std::string &grant_id, int err);
 
   // Drops a grant's record; one still waited on stays, marked, until its last waiter leaves.
   void drop_notices_locked(const std::string &grant_id);
+
+  // Attachments: a connection holds a grant (loop thread). take_attachment finds the grant and
+  // its element again under mu_ and counts the attachment; release_attachment uncounts it and,
+  // if the holder left without a word (`lost`), tells a waiting owner.
+  struct Attachment;
+  int take_attachment(const Grant &g, bool is_unix, bool session, std::shared_ptr<Element> *element);
+  void release_attachment(const std::string &grant_id, bool lost);
+  std::unordered_map<std::string, int> attached_;  // under mu_: grant id -> connections holding it
+  bool attached_locked(const std::string &grant_id) const { return attached_.count(grant_id) > 0; }
+  // Ends the grants `pred` picks on every connection (loop thread; reason for DETACHED).
+  void cut_locked_loop(const std::function<bool(const Grant &)> &pred, int reason);
+  // The same from any thread (waits for the loop).
+  void cut(const std::function<bool(const Grant &)> &pred, int reason);
 
   struct Notices {
     std::deque<Notice> queue;
@@ -122,17 +143,21 @@ class MemoryServer {
     int ended = 0;  // -EKEYEXPIRED / -ECANCELED once the grant is over
     int waiters = 0;
     bool dropped = false;  // revoked while waited on: erased by the last waiter
+    std::vector<int> watchers;  // eventfds written on each of the above (watch_notify)
   };
+  void wake_locked(Notices &n);  // the condition variable and every watcher
   std::map<std::string, Notices> notices_;  // under mu_, one per grant until revoked
   std::condition_variable notices_cv_;
-  struct Expiry {
-    uv_timer_t timer;
-    std::string grant_id;
-    MemoryServer *srv;
-  };
-  void close_expiry(Expiry *e);             // loop thread
-  std::map<std::string, Expiry *> expiries_;  // loop thread
-  void close_conns_where(const std::function<bool(Conn *)> &pred);
+  // Expiries: one timer on the loop for the earliest; the queue is under mu_, so granting and
+  // revoking never wait for the loop (a grant posts a re-arm only if it expires first).
+  using ExpiryQueue = std::multimap<std::chrono::steady_clock::time_point, std::string>;
+  ExpiryQueue expiry_q_;                                        // under mu_
+  std::unordered_map<std::string, ExpiryQueue::iterator> expiry_of_;  // under mu_
+  std::chrono::steady_clock::time_point armed_for_ = std::chrono::steady_clock::time_point::max();  // under mu_
+  uv_timer_t *expiry_timer_ = nullptr;  // loop thread
+  void forget_expiry_locked(const std::string &grant_id);
+  void arm_expiry();       // loop thread
+  void on_expiry_timer();  // loop thread
   void start_cm();  // loop thread
   void on_cm_request(rdma_cm_id *id, const std::string &ticket);
 

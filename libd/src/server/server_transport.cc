@@ -107,6 +107,12 @@ class ServerTransport : public Transport {
     return 0;
   }
 
+  int watch_notify(const std::string &grant_id, int fd, bool add) override {
+    auto srv = server();
+    if (!srv) return set_error(-ENOTCONN, "memory element '" + name() + "' is not serving");
+    return srv->watch_notify(grant_id, fd, add);
+  }
+
   int wait_notify(const std::string &grant_id, uint64_t *value, int *status, int timeout_ms) override {
     auto srv = server();
     if (!srv) return set_error(-ENOTCONN, "memory element '" + name() + "' is not serving");

@@ -1,7 +1,9 @@
 """Active operations: this process reads or writes a peer's memory, as its metadata grants.
 
-Each remote descriptor is one libd transport (one grant = one connection), in an action of the
-operation's own, so ending the operation frees every connection and registration it made.
+Each remote descriptor is one libd transport (one grant), in an action of the operation's own, so
+ending the operation lets go of every grant and registration it made. Over shm and tcp the
+transports ride the process's one shared connection to the owner's server (libd's share,1): an
+operation attaches its grants to it (one round trip) instead of opening a connection per grant.
 The transport is chosen per metadata: shm when the owner is on this host (its unix socket is
 here), verbs when both ends have an RDMA device, else tcp. Once its transfers are complete the
 operation tells the owner with libd_trdma_notify; a cancelled or failed one tells it so too.
@@ -18,7 +20,8 @@ from typing import Any, Optional
 from ._descriptor import Descriptor, as_list
 from ._metadata import RdmaMetadata
 from ._operation_kind import TERMINAL as _TERMINAL, OperationBase, OperationKind, OperationStatus
-from .._waiter import wait_in_thread
+from .._memserver import where as _where
+from .._waiter import new_eventfd, wait_fd
 
 log = logging.getLogger("scad.connect")
 
@@ -49,6 +52,7 @@ class ActiveOperation(OperationBase):
         self._status = OperationStatus.UNINITIALIZED
         self._why, self._error = "", RuntimeError
         self._action = None
+        self._fd = -1  # the eventfd libd writes to as the transfers complete (wait_for_completion)
         self._connector = connector
         md = _parse(remote_metadata)
         if md.operation_kind != self._kind:
@@ -76,9 +80,8 @@ class ActiveOperation(OperationBase):
         try:
             for i, (local, remote) in enumerate(zip(self._descs, md.descriptors)):
                 local.register_memory(connector)
-                where = (f"path,{md.path}" if self.impl == "shm" else f"host,{md.host};port,{md.port}")
-                self._action.add_transport(f"d{i};{self.impl};{where};grant,{remote.grant};secret,{remote.secret};"
-                                           f"timeout_ms,{timeout_ms}")
+                self._action.add_transport(f"d{i};{self.impl};{_where(self.impl, md.host, md.port, md.path)};"
+                                           f"grant,{remote.grant};secret,{remote.secret};timeout_ms,{timeout_ms}")
                 t = self._action.get_transport(f"d{i}", "rdma")
                 t.reg_memory(local.ptr, local.size, keep=local)
                 self._transports.append(t)
@@ -109,9 +112,15 @@ class ActiveOperation(OperationBase):
         ConnectionError if the owner vanished or cut the operation off (it cancelled, or the
         operation expired), OperationCancelledError if this side cancelled it."""
         if self._status is OperationStatus.IN_PROGRESS:
-            await wait_in_thread(self._drive, timeout)
-            if self._status is OperationStatus.IN_PROGRESS:
-                raise TimeoutError(f"the transfers did not finish within {timeout} s (they go on)")
+            ops = self._ops
+            if not all(op.done() for op in ops):
+                if self._fd < 0:
+                    self._fd = new_eventfd()
+                    for op in ops:
+                        op.watch(self._fd)  # libd writes to it as each completes
+                if not await wait_fd(self._fd, lambda: all(op.done() for op in ops), timeout):
+                    raise TimeoutError(f"the transfers did not finish within {timeout} s (they go on)")
+            self._drive(0)  # every transfer is done: tell the owner, end the operation
         self._raise_if_failed()
 
     def cancel(self) -> None:
@@ -153,6 +162,11 @@ class ActiveOperation(OperationBase):
                 self.cancel()
         except Exception:  # noqa: BLE001 - a finaliser never raises
             log.debug("cancelling a dropped operation failed", exc_info=True)
+        fd = getattr(self, "_fd", -1)
+        if fd >= 0:
+            for op in getattr(self, "_ops", ()):
+                op.watch(-1)
+            os.close(fd)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(descriptors={len(self._descs)}, transport={self.impl}, status={self._status.name})"
@@ -216,8 +230,11 @@ class ActiveOperation(OperationBase):
 
     def _release(self) -> None:
         action, self._action = self._action, None
+        if self._fd >= 0:
+            for op in self._ops:
+                op.watch(-1)  # nothing writes to the eventfd after this (closed with the operation)
         if action is not None:
-            action.terminate()  # closes every connection; the owner sees them go
+            action.terminate()  # lets go of every grant; the owner sees them go
 
 
 class ReadOperation(ActiveOperation):

@@ -19,7 +19,7 @@ from typing import Any, Optional
 from ._descriptor import Descriptor, as_list
 from ._metadata import RdmaMetadata, SerializedDescriptor
 from ._operation_kind import TERMINAL as _TERMINAL, OperationBase, OperationKind, OperationStatus
-from .._waiter import wait_in_thread
+from .._waiter import new_eventfd, wait_fd
 
 log = logging.getLogger("scad.connect")
 
@@ -44,6 +44,7 @@ class PassiveOperation(OperationBase):
         self._why, self._error = "", RuntimeError
         self._elements: list[str] = []
         self._grants: list[str] = []
+        self._fd = -1  # the eventfd libd writes to when a grant gets word (wait_for_completion)
         self._connector = connector
         self._descs = as_list(local_descriptors, "local_descriptors")
         self._single = isinstance(local_descriptors, Descriptor)
@@ -102,11 +103,20 @@ class PassiveOperation(OperationBase):
         cancel), ConnectionError if the peer vanished or its connection broke before it
         finished, TimeoutError if the operation expired, OperationCancelledError if either side
         cancelled it."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self._status not in _TERMINAL:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            await wait_in_thread(self._collect, left)
-            if self._status not in _TERMINAL and deadline is not None and time.monotonic() >= deadline:
+        if self._status not in _TERMINAL:
+            if self._fd < 0:
+                self._fd = new_eventfd()
+                for grant in list(self._pending):
+                    try:
+                        self._server.watch_notify(grant, self._fd)  # before looking: no word is missed
+                    except (KeyError, ConnectionError):
+                        pass  # ended already: the next look says how
+
+            def ended() -> bool:
+                self._collect(timeout=0)  # takes whatever the peer said
+                return self._status in _TERMINAL
+
+            if not await wait_fd(self._fd, ended, timeout):
                 raise TimeoutError(f"the peer did not finish within {timeout} s (the operation goes on)")
         self._raise_if_failed()
 
@@ -139,6 +149,8 @@ class PassiveOperation(OperationBase):
                 self.cancel()
         except Exception:  # noqa: BLE001 - interpreter shutdown may have torn libd down
             log.debug("cancelling a dropped operation failed", exc_info=True)
+        if getattr(self, "_fd", -1) >= 0:
+            os.close(self._fd)  # its grants are revoked (and unwatched): nobody writes to it
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(descriptors={len(self._descs)}, status={self._status.name})"
@@ -192,6 +204,9 @@ class PassiveOperation(OperationBase):
         """Revokes every grant and withdraws the memory; idempotent."""
         elements, self._elements = self._elements, []
         grants, self._grants = self._grants, []
+        if self._fd >= 0:
+            for g in grants:
+                self._server.unwatch_notify(g, self._fd)  # nothing writes to it after this
         # Already gone (KeyError) or the connector's server stopped (ConnectionError): stopping
         # revoked everything, which is what this wanted.
         for g in grants:

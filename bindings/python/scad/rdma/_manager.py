@@ -131,10 +131,11 @@ class RdmaManager:
         impl = _memserver.choose_transport(self._transport, remote.hostname, remote.path, remote.verbs, remote.whole)
         from disagg import LibdAction
 
-        # An action per queue pair: closing it frees the connection entirely (an action keeps
-        # every transport it ever had until it is freed).
+        # An action per queue pair: closing it lets go of its grant entirely (an action keeps
+        # every transport it ever had until it is freed). Over shm and tcp the queue pair rides
+        # the process's shared connection to the owner's server.
         action = LibdAction(self.name)
-        where = f"path,{remote.path}" if impl == "shm" else f"host,{remote.host};port,{remote.port}"
+        where = _memserver.where(impl, remote.host, remote.port, remote.path)
         action.add_transport(f"qp;{impl};{where};grant,{remote.grant};secret,{remote._secret};timeout_ms,{self._timeout_ms}")
         t = action.get_transport("qp", "rdma")
         try:

@@ -8,6 +8,7 @@ transfers run is refused (wait first).
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
 from typing import Any, List, Optional
@@ -15,7 +16,7 @@ from typing import Any, List, Optional
 import numpy
 
 from ..connect import Descriptor
-from .._waiter import wait_in_thread
+from .._waiter import new_eventfd, wait_fd
 from ._buffer import RdmaBuffer
 
 
@@ -51,6 +52,7 @@ class QueuePair:
         self._pending: List[Any] = []
         self._reg: Optional[tuple] = None  # (ptr, size) of the registered local region
         self._keep: Any = None
+        self._fd = -1  # the eventfd libd writes to as transfers complete (wait)
 
     def get(self, local: Any, remote: RdmaBuffer, offset: int = 0) -> None:
         """Starts reading remote[offset:offset+len(local)] into local; returns at once."""
@@ -72,7 +74,16 @@ class QueuePair:
     async def wait(self, timeout: Optional[float] = None) -> None:
         """Waits for every transfer started; TimeoutError if `timeout` seconds pass first (they
         go on: wait again, or cancel())."""
-        await wait_in_thread(self._wait_all, timeout)
+        with self._lock:
+            pending = list(self._pending)
+        if not all(op.done() for op in pending):
+            if self._fd < 0:
+                self._fd = new_eventfd()
+            for op in pending:
+                op.watch(self._fd)  # libd writes to it as each completes
+            if not await wait_fd(self._fd, lambda: all(op.done() for op in pending), timeout):
+                raise TimeoutError(f"the transfers did not finish within {timeout} s (they go on)")
+        self._wait_all(0)  # all done: raises the first failure
 
     def cancel(self) -> None:
         """Cancels every transfer started: once it returns, libd touches none of their memory."""
@@ -84,6 +95,9 @@ class QueuePair:
     def close(self) -> None:
         self.cancel()
         self._action.terminate()
+        fd, self._fd = self._fd, -1
+        if fd >= 0:
+            os.close(fd)  # every operation ended (cancelled): nothing writes to it any more
 
     def __repr__(self) -> str:
         return f"QueuePair({self.impl}, pending={len(self._pending)})"

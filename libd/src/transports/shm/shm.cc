@@ -10,6 +10,13 @@
 // and no socket round trip. The kernel lets a process attach only where it could ptrace it
 // (same user; Yama may narrow it): the grant's bounds and rights are this library's checks.
 // NOTIFY (the holder finished) goes to the owner on the unix socket.
+// With share,1 (lent memory only) every transport of the process that reaches the same socket
+// rides one connection, a session (proto/frame.h): the first opens it with its grant, the next
+// attach theirs in one round trip (ATTACH / ATTACH_OK with the owner's process and the memory's
+// address) instead of a connection, a handshake and a watch each. The owner ending a grant
+// (revoke, expiry, withdraw) says so on the socket (DETACHED): that transport alone goes to
+// ERROR, as a closed socket moves a transport of its own. The session's socket is watched on the
+// shared loop, which reads what the server sends on it.
 #include <sys/mman.h>
 #include <sys/uio.h>
 #include <sys/socket.h>
@@ -18,7 +25,10 @@
 
 #include <atomic>
 #include <cerrno>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
+#include <unordered_map>
 
 #include "core/error.h"
 #include "core/transport.h"
@@ -40,6 +50,346 @@ struct Watch {
   std::function<void()> on_gone;
 };
 
+// Connects to the element's unix socket and runs the handshake before the deadline: 0 with *fd,
+// *grant and (when the server passed one) *memfd, or a negative errno with the reason set.
+int shm_handshake(const std::string &path, const std::string &grant_id, const std::string &secret,
+                  const std::string &aid, uint64_t flags, Deadline deadline, int *out_fd, GrantBody *g, int *out_memfd,
+                  std::string *nonce_out) {
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) return set_error(-errno, std::string("socket: ") + strerror(errno));
+  int memfd = -1;
+  auto fail = [&](int rc, const std::string &why) {
+    ::close(fd);
+    if (memfd >= 0) ::close(memfd);
+    return set_error(rc, why);
+  };
+  struct sockaddr_un sa = {};
+  sa.sun_family = AF_UNIX;
+  std::strncpy(sa.sun_path, path.c_str(), sizeof sa.sun_path - 1);
+  if (::connect(fd, reinterpret_cast<sockaddr *>(&sa), sizeof sa) != 0 && errno != EINPROGRESS)
+    return fail(-errno, "cannot connect to the memory element at '" + path + "': " + strerror(errno));
+  char hdr[kHeaderSize];
+  Header h;
+  std::string why;
+  auto io_error = [&](int rc) {
+    return fail(rc, "handshake with the memory element at '" + path + "' failed: " +
+                        (rc == -ETIMEDOUT ? std::string("no answer in time") : std::string(strerror(-rc))));
+  };
+  if (int rc = recv_exact(fd, hdr, kHeaderSize, deadline, nullptr)) return io_error(rc);
+  if (decode_header(hdr, &h, &why) || h.opcode != kChallenge || h.size != kNonceSize)
+    return fail(-EPROTO, "the memory element sent no valid challenge: " + why);
+  std::string nonce(kNonceSize, '\0');
+  if (int rc = recv_exact(fd, nonce.data(), kNonceSize, deadline, nullptr)) return io_error(rc);
+  std::string body = encode_auth({grant_id, aid, compute_mac(secret, nonce, grant_id, aid)});
+  Header ah;
+  ah.opcode = kAuth;
+  ah.addr = flags;
+  ah.size = body.size();
+  char ahdr[kHeaderSize];
+  encode_header(ah, ahdr);
+  std::string msg = std::string(ahdr, kHeaderSize) + body;
+  if (int rc = send_all(fd, msg.data(), msg.size(), deadline)) return io_error(rc);
+  if (int rc = recv_exact(fd, hdr, kHeaderSize, deadline, &memfd)) return io_error(rc);
+  if (decode_header(hdr, &h, &why) || h.opcode != kAuthOk)
+    return fail(-EPROTO, "the memory element sent no valid answer: " + why);
+  if (h.status != 0) return fail(h.status, refusal_reason(h.status));
+  std::string gbody(size_t(payload_length(h)), '\0');
+  if (int rc = recv_exact(fd, gbody.data(), gbody.size(), deadline, memfd >= 0 ? nullptr : &memfd)) return io_error(rc);
+  if (decode_grant(gbody.data(), gbody.size(), g, &why)) return fail(-EPROTO, why);
+  *out_fd = fd;
+  *out_memfd = memfd;
+  if (nonce_out) *nonce_out = nonce;
+  return 0;
+}
+
+// A shared connection to one memory server's unix socket (see the top of this file).
+class ShmSession : public FrameReader::Handler, public std::enable_shared_from_this<ShmSession> {
+ public:
+  using FailFn = std::function<void(int, const std::string &)>;
+  using Alive = std::shared_ptr<std::atomic<bool>>;
+
+  ~ShmSession() override {
+    if (fd_ >= 0) ::close(fd_);
+  }
+
+  // Opens a session with `creds`' grant as handle 0 (lent memory only: *grant names the owner's
+  // process and the memory's address).
+  static int open(const std::string &path, const std::string &grant_id, const std::string &secret,
+                  const std::string &aid, Deadline deadline, std::shared_ptr<ShmSession> *out, GrantBody *grant) {
+    int fd, memfd;
+    std::string nonce;
+    if (int rc = shm_handshake(path, grant_id, secret, aid, kAuthSession, deadline, &fd, grant, &memfd, &nonce))
+      return rc;
+    if (memfd >= 0 || !grant->cma_pid) {  // a server that says "session" grants lent memory only
+      if (memfd >= 0) ::close(memfd);
+      ::close(fd);
+      return set_error(-EPROTO, "the memory element answered a shared connection with a memory descriptor");
+    }
+    std::shared_ptr<ShmSession> s(new ShmSession());
+    s->fd_ = fd;
+    s->nonce_ = std::move(nonce);
+    s->start_watch();
+    *out = std::move(s);
+    return 0;
+  }
+
+  bool closed() const { return closed_flag_.load(std::memory_order_acquire); }
+
+  // The holder of handle `h` (0: the opener): told when its grant ends; `alive` flips to false then.
+  Alive add_user(uint32_t h, FailFn fn) {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto alive = std::make_shared<std::atomic<bool>>(!closed_);
+    users_[h] = User{std::move(fn), alive};
+    return alive;
+  }
+
+  int attach(const std::string &grant_id, const std::string &secret, const std::string &aid, Deadline deadline,
+             FailFn fn, uint32_t *handle, GrantBody *grant, Alive *alive) {
+    std::unique_lock<std::mutex> lk(mu_);
+    if (closed_) return set_error(-ENOTCONN, "the connection to the memory element is closed (" + close_why_ + ")");
+    uint32_t h = next_handle_++;
+    Attaching &a = attaches_[h];
+    std::string frame = encode_attach(h, {grant_id, secret, aid}, nonce_);
+    lk.unlock();
+    int rc;
+    {
+      std::lock_guard<std::mutex> sl(send_mu_);
+      rc = send_all(fd_, frame.data(), frame.size(), deadline);
+    }
+    lk.lock();
+    if (rc) {
+      attaches_.erase(h);
+      fail_locked(-ECONNRESET, std::string("cannot reach the memory element: ") + strerror(-rc));
+      return set_error(-ECONNRESET, "cannot reach the memory element: " + std::string(strerror(-rc)));
+    }
+    // The loop's watch reads the answer.
+    if (!cv_.wait_until(lk, deadline.at(), [&] { return a.done || closed_; })) {
+      attaches_.erase(h);
+      fail_locked(-ETIMEDOUT, "no answer to ATTACH from the memory element within the deadline");
+      return set_error(-ETIMEDOUT, "no answer from the memory element within the deadline");
+    }
+    Attaching got = std::move(a);
+    attaches_.erase(h);
+    if (!got.done) return set_error(-ECONNRESET, "the connection to the memory element closed (" + close_why_ + ")");
+    if (got.status != 0) return set_error(got.status, refusal_reason(got.status));
+    std::string why;
+    if (decode_grant(got.body.data(), got.body.size(), grant, &why) || !grant->cma_pid) {
+      fail_locked(-EPROTO, "protocol error from the memory element: " + (why.empty() ? "no cross-memory grant" : why));
+      return set_error(-EPROTO, "the memory element answered ATTACH with no usable grant");
+    }
+    auto al = std::make_shared<std::atomic<bool>>(true);
+    users_[h] = User{std::move(fn), al};
+    *handle = h;
+    *alive = al;
+    return 0;
+  }
+
+  // Lets an attachment go (no answer). Nothing of it runs any more: shm copies complete inline.
+  void detach(uint32_t h) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      auto it = users_.find(h);
+      if (it == users_.end() || closed_) {  // the owner ended it already, or there is no owner
+        if (it != users_.end()) users_.erase(it);
+        return;
+      }
+      it->second.alive->store(false);
+      users_.erase(it);
+    }
+    Header d;
+    d.opcode = kDetach;
+    d.addr = h;
+    char hdr[kHeaderSize];
+    encode_header(d, hdr);
+    std::lock_guard<std::mutex> sl(send_mu_);
+    send_all(fd_, hdr, kHeaderSize, Deadline::after_ms(1000));  // a failure is the watch's to see
+  }
+
+  int notify(uint32_t h, uint64_t value, int status, Deadline deadline) {
+    char hdr[kHeaderSize];
+    encode_notify(value, status, hdr, h);
+    std::lock_guard<std::mutex> sl(send_mu_);  // one frame at a time on the socket
+    if (int rc = send_all(fd_, hdr, kHeaderSize, deadline))
+      return set_error(rc == -ETIMEDOUT ? rc : -ECONNRESET, "cannot tell the memory's owner: " + std::string(strerror(-rc)));
+    return 0;
+  }
+
+  void set_on_dead(std::function<void()> fn) {
+    std::lock_guard<std::mutex> lk(mu_);
+    on_dead_ = std::move(fn);
+    if (closed_ && on_dead_) IoLoop::shared().post(on_dead_);
+  }
+
+  // ---- FrameReader::Handler (the loop thread, under mu_) ----
+  int on_header(const Header &h, char **dest) override {
+    if (h.opcode == kAttachOk) {
+      auto it = attaches_.find(uint32_t(h.addr));
+      if (h.addr > UINT32_MAX || it == attaches_.end() || it->second.done) return -EPROTO;
+      it->second.body.assign(size_t(payload_length(h)), '\0');
+      *dest = it->second.body.data();
+      return 0;
+    }
+    if (h.opcode == kDetached) return h.addr <= UINT32_MAX && h.size == 0 ? 0 : -EPROTO;
+    return -EPROTO;  // nothing else comes from a server after AUTH_OK
+  }
+
+  int on_frame(const Header &h) override {
+    if (h.opcode == kAttachOk) {
+      Attaching &a = attaches_[uint32_t(h.addr)];
+      a.done = true;
+      a.status = h.status;
+      cv_.notify_all();
+      return 0;
+    }
+    auto it = users_.find(uint32_t(h.addr));  // DETACHED
+    if (it == users_.end()) return 0;
+    User u = std::move(it->second);
+    users_.erase(it);
+    u.alive->store(false, std::memory_order_release);
+    if (u.fn)
+      u.fn(-ECONNRESET, h.status == -EKEYEXPIRED ? "the memory's owner let this grant expire"
+                                                  : "the memory's owner ended this grant (revoked, or the memory withdrawn)");
+    return 0;
+  }
+
+ private:
+  struct User {
+    FailFn fn;
+    Alive alive;
+  };
+  struct Attaching {
+    bool done = false;
+    int status = 0;
+    std::string body;
+  };
+
+  ShmSession() : reader_(this) {}
+
+  void start_watch() {
+    holder_ = new std::shared_ptr<ShmSession>(shared_from_this());  // the watch keeps the session alive
+    IoLoop::shared().run_sync([&] {
+      poll_ = new uv_poll_t;
+      uv_poll_init(IoLoop::shared().loop(), poll_, fd_);
+      poll_->data = this;
+      uv_poll_start(poll_, UV_READABLE | UV_DISCONNECT, [](uv_poll_t *ph, int status, int events) {
+        static_cast<ShmSession *>(ph->data)->on_poll(status, events);
+      });
+    });
+  }
+
+  void on_poll(int status, int events) {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (closed_) return;
+    if (status < 0) {
+      fail_locked(-ECONNRESET, "the memory element closed the connection");
+      return;
+    }
+    while (!closed_) {
+      ssize_t n = recv(fd_, staging_, sizeof staging_, MSG_DONTWAIT);
+      if (n == 0) {
+        fail_locked(-ECONNRESET, "the memory element closed the connection (server gone)");
+        return;
+      }
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        if (errno != EAGAIN) fail_locked(-ECONNRESET, std::string("lost the memory element: ") + strerror(errno));
+        break;
+      }
+      std::string why;
+      if (reader_.feed(staging_, size_t(n), &why)) {
+        fail_locked(-EPROTO, "protocol error from the memory element: " + why);
+        return;
+      }
+      if (size_t(n) < sizeof staging_) break;
+    }
+    if (!closed_ && (events & UV_DISCONNECT)) fail_locked(-ECONNRESET, "the memory element closed the connection (server gone)");
+  }
+
+  // The connection is over: every holder hears it, the watch stops (on the loop).
+  void fail_locked(int err, const std::string &why) {
+    if (closed_) return;
+    closed_ = true;
+    closed_flag_.store(true, std::memory_order_release);
+    close_why_ = why;
+    ::shutdown(fd_, SHUT_RDWR);
+    for (auto &[h, u] : users_) {
+      u.alive->store(false, std::memory_order_release);
+      if (u.fn) u.fn(err, why);
+    }
+    users_.clear();
+    cv_.notify_all();
+    if (on_dead_) IoLoop::shared().post(on_dead_);
+    auto *holder = holder_;
+    holder_ = nullptr;
+    uv_poll_t *p = poll_;
+    poll_ = nullptr;
+    IoLoop::shared().post([p, holder] {
+      if (!p) { delete holder; return; }
+      p->data = holder;
+      uv_close(reinterpret_cast<uv_handle_t *>(p), [](uv_handle_t *h) {
+        delete static_cast<std::shared_ptr<ShmSession> *>(h->data);
+        delete reinterpret_cast<uv_poll_t *>(h);
+      });
+    });
+  }
+
+  int fd_ = -1;
+  std::string nonce_;
+  std::mutex mu_;
+  std::mutex send_mu_;
+  std::condition_variable cv_;
+  bool closed_ = false;
+  std::atomic<bool> closed_flag_{false};
+  std::string close_why_;
+  uint32_t next_handle_ = 1;
+  std::unordered_map<uint32_t, User> users_;
+  std::unordered_map<uint32_t, Attaching> attaches_;
+  std::function<void()> on_dead_;
+  FrameReader reader_;
+  char staging_[4096];
+  uv_poll_t *poll_ = nullptr;                        // loop thread (after start_watch)
+  std::shared_ptr<ShmSession> *holder_ = nullptr;   // the watch's reference
+};
+
+// The process's shared connections, by socket path; a failed one is forgotten.
+class ShmSessions {
+ public:
+  static ShmSessions &get() {
+    static ShmSessions *s = new ShmSessions();  // never destroyed: transports may outlive statics
+    return *s;
+  }
+  std::shared_ptr<ShmSession> find(const std::string &key) {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = map_.find(key);
+    if (it == map_.end()) return nullptr;
+    if (it->second->closed()) {
+      map_.erase(it);
+      return nullptr;
+    }
+    return it->second;
+  }
+  void put(const std::string &key, const std::shared_ptr<ShmSession> &session) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      map_[key] = session;
+    }
+    ShmSession *raw = session.get();
+    session->set_on_dead([this, key, raw] {
+      std::shared_ptr<ShmSession> gone;
+      std::lock_guard<std::mutex> lk(mu_);
+      auto it = map_.find(key);
+      if (it != map_.end() && it->second.get() == raw) {
+        gone = std::move(it->second);
+        map_.erase(it);
+      }
+    });
+  }
+
+ private:
+  std::mutex mu_;
+  std::unordered_map<std::string, std::shared_ptr<ShmSession>> map_;
+};
+
 class ShmTransport : public Transport {
  protected:
   bool configured() const override {
@@ -50,64 +400,54 @@ class ShmTransport : public Transport {
     if (!configured()) return set_error(-EINVAL, "needs path, grant and secret");
     if (params_.get_or("path", "").size() >= sizeof(sockaddr_un::sun_path))
       return set_error(-EINVAL, "parameter 'path' is too long for a unix socket");
+    std::string share = params_.get_or("share", "0");
+    if (share != "0" && share != "1") return set_error(-EINVAL, "parameter 'share' must be 0 or 1");
+    return 0;
+  }
+
+  // share,1: attach this transport's grant to the process's session with the server.
+  int connect_shared(Deadline deadline) {
+    std::string path = params_.get_or("path", "");
+    std::string grant_id = params_.get_or("grant", ""), secret = params_.get_or("secret", "");
+    GrantBody g;
+    auto on_fail = [this](int err, const std::string &why) { fail(err, why); };
+    for (int tries = 0; tries < 2; tries++) {
+      auto session = ShmSessions::get().find(path);
+      if (!session) break;
+      ShmSession::Alive alive;
+      int rc = session->attach(grant_id, secret, aid(), deadline, on_fail, &handle_, &g, &alive);
+      if (rc == 0) {
+        session_ = std::move(session);
+        alive_ = std::move(alive);
+        cma_pid_ = pid_t(g.cma_pid);
+        cma_base_ = g.cma_base;
+        set_remote(g.offset, g.length, g.rights);
+        return 0;
+      }
+      if (!session->closed()) return rc;
+    }
+    std::shared_ptr<ShmSession> session;
+    if (int rc = ShmSession::open(path, grant_id, secret, aid(), deadline, &session, &g)) return rc;
+    handle_ = 0;
+    alive_ = session->add_user(0, on_fail);
+    session_ = session;
+    ShmSessions::get().put(path, session);
+    cma_pid_ = pid_t(g.cma_pid);
+    cma_base_ = g.cma_base;
+    if (int rc = probe_cma(g)) return rc;
+    set_remote(g.offset, g.length, g.rights);
     return 0;
   }
 
   int do_connect(Deadline deadline) override {
-    std::string path = params_.get_or("path", "");
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (fd < 0) return set_error(-errno, std::string("socket: ") + strerror(errno));
-    sock_ = fd;
-    struct sockaddr_un sa = {};
-    sa.sun_family = AF_UNIX;
-    std::strncpy(sa.sun_path, path.c_str(), sizeof sa.sun_path - 1);
-    if (::connect(fd, reinterpret_cast<sockaddr *>(&sa), sizeof sa) != 0 && errno != EINPROGRESS)
-      return set_error(-errno, "cannot connect to the memory element at '" + path + "': " + strerror(errno));
-
-    char hdr[kHeaderSize];
-    Header h;
-    std::string why;
-    auto io_error = [&](int rc) {
-      return set_error(rc, "handshake with the memory element at '" + path + "' failed: " +
-                               (rc == -ETIMEDOUT ? std::string("no answer in time") : std::string(strerror(-rc))));
-    };
-    if (int rc = recv_exact(fd, hdr, kHeaderSize, deadline, nullptr)) return io_error(rc);
-    if (decode_header(hdr, &h, &why) || h.opcode != kChallenge || h.size != kNonceSize)
-      return set_error(-EPROTO, "the memory element sent no valid challenge: " + why);
-    std::string nonce(kNonceSize, '\0');
-    if (int rc = recv_exact(fd, nonce.data(), kNonceSize, deadline, nullptr)) return io_error(rc);
-
-    std::string grant = params_.get_or("grant", ""), secret = params_.get_or("secret", "");
-    std::string body = encode_auth({grant, aid(), compute_mac(secret, nonce, grant, aid())});
-    Header ah;
-    ah.opcode = kAuth;
-    ah.size = body.size();
-    char ahdr[kHeaderSize];
-    encode_header(ah, ahdr);
-    std::string msg = std::string(ahdr, kHeaderSize) + body;
-    if (int rc = send_all(fd, msg.data(), msg.size(), deadline)) return io_error(rc);
-
-    int memfd = -1;
-    if (int rc = recv_exact(fd, hdr, kHeaderSize, deadline, &memfd)) return io_error(rc);
-    auto close_memfd = [&] { if (memfd >= 0) ::close(memfd); };
-    if (decode_header(hdr, &h, &why) || h.opcode != kAuthOk) {
-      close_memfd();
-      return set_error(-EPROTO, "the memory element sent no valid answer: " + why);
-    }
-    if (h.status != 0) {
-      close_memfd();
-      return set_error(h.status, refusal_reason(h.status));
-    }
-    std::string gbody(size_t(payload_length(h)), '\0');
+    shared_ = params_.get_or("share", "0") == "1";
+    if (shared_) return connect_shared(deadline);
+    int fd, memfd;
     GrantBody g;
-    if (int rc = recv_exact(fd, gbody.data(), gbody.size(), deadline, memfd >= 0 ? nullptr : &memfd)) {
-      close_memfd();
-      return io_error(rc);
-    }
-    if (decode_grant(gbody.data(), gbody.size(), &g, &why)) {
-      close_memfd();
-      return set_error(-EPROTO, why);
-    }
+    if (int rc = shm_handshake(params_.get_or("path", ""), params_.get_or("grant", ""), params_.get_or("secret", ""), aid(),
+                               0, deadline, &fd, &g, &memfd, nullptr))
+      return rc;
+    sock_ = fd;
     if (memfd < 0 && g.cma_pid) {
       cma_pid_ = pid_t(g.cma_pid);
       cma_base_ = g.cma_base;
@@ -190,6 +530,10 @@ class ShmTransport : public Transport {
   }
 
   void do_disconnect() override {
+    if (session_) {
+      session_->detach(handle_);  // the connection stays, for the next transport
+      session_.reset();
+    }
     if (watch_) {
       Watch *w = watch_;
       watch_ = nullptr;
@@ -209,6 +553,7 @@ class ShmTransport : public Transport {
   int do_notify(uint64_t value, int status, std::shared_lock<IoGate> &, Deadline deadline) override {
     if (!alive_->load(std::memory_order_acquire))
       return set_error(-ECONNRESET, "the memory element closed the connection (grant revoked or server gone)");
+    if (session_) return session_->notify(handle_, value, status, deadline);
     char hdr[kHeaderSize];
     encode_notify(value, status, hdr);
     std::lock_guard<std::mutex> lk(notify_mu_);  // one frame at a time on the socket
@@ -253,6 +598,9 @@ class ShmTransport : public Transport {
   }
 
  private:
+  bool shared_ = false;
+  std::shared_ptr<ShmSession> session_;  // share,1: the process's connection to the server
+  uint32_t handle_ = 0;                  // this transport's attachment on it
   pid_t cma_pid_ = 0;       // lent memory: the owner's process, else 0 (memfd mapping)
   uint64_t cma_base_ = 0;   // the element's address in the owner
   std::mutex notify_mu_;

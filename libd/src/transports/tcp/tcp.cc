@@ -1,10 +1,21 @@
 // rdma_tcp (tcp): one-sided reads and writes to a memory element over tcp. Config keys (from the
 // memory element's grant): host, port, grant, secret; optional timeout_ms (per-request deadline,
-// default 10000). See tcp_conn.h for how progress is made.
+// default 10000) and share (1: use the process's shared connection to that server, see below).
+// See tcp_conn.h for how progress is made.
+//
+// With share,1 every transport of the process that reaches the same host and port rides one
+// connection (a session, proto/frame.h): the first opens it with its grant, the next attach
+// theirs in one round trip instead of a connection and a handshake each, and terminating a
+// transport detaches its grant and leaves the connection for the next. What each transport may
+// reach is its own grant's, checked by the server per request exactly as on a connection of its
+// own; a grant the owner revokes (or lets expire) ends that transport alone (ERROR,
+// -ECONNRESET), not the connection. Failures of the connection itself reach every transport on it.
 #include <netdb.h>
 
 #include <cerrno>
 #include <cstring>
+#include <mutex>
+#include <unordered_map>
 
 #include "core/error.h"
 #include "core/transport.h"
@@ -12,6 +23,47 @@
 
 namespace libd {
 namespace {
+
+// The process's shared connections, by server address. A connection stays while it is alive,
+// idle or not, for the next transport to the same server; a failed one is forgotten.
+class TcpSessions {
+ public:
+  static TcpSessions &get() {
+    static TcpSessions *s = new TcpSessions();  // never destroyed: transports may outlive statics
+    return *s;
+  }
+  std::shared_ptr<TcpConn> find(const std::string &key) {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = map_.find(key);
+    if (it == map_.end()) return nullptr;
+    if (it->second->closed()) {
+      map_.erase(it);
+      return nullptr;
+    }
+    return it->second;
+  }
+  void put(const std::string &key, const std::shared_ptr<TcpConn> &conn) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      map_[key] = conn;
+    }
+    TcpConn *raw = conn.get();
+    conn->set_on_dead([this, key, raw] { forget(key, raw); });
+  }
+  void forget(const std::string &key, TcpConn *conn) {
+    std::shared_ptr<TcpConn> gone;  // released outside the lock
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = map_.find(key);
+    if (it != map_.end() && it->second.get() == conn) {
+      gone = std::move(it->second);
+      map_.erase(it);
+    }
+  }
+
+ private:
+  std::mutex mu_;
+  std::unordered_map<std::string, std::shared_ptr<TcpConn>> map_;
+};
 
 class TcpTransport : public Transport {
  protected:
@@ -25,6 +77,8 @@ class TcpTransport : public Transport {
     if (int rc = params_.get_u64("port", 0, &port)) return rc;
     if (port == 0 || port > 65535) return set_error(-EINVAL, "parameter 'port' must be 1..65535");
     if (params_.get_or("secret", "").size() < 32) return set_error(-EINVAL, "parameter 'secret' is too short");
+    std::string share = params_.get_or("share", "0");
+    if (share != "0" && share != "1") return set_error(-EINVAL, "parameter 'share' must be 0 or 1");
     return 0;
   }
 
@@ -36,8 +90,31 @@ class TcpTransport : public Transport {
     if (int rc = proto::resolve(host, port, &addr, &len)) return rc;
     TcpCredentials creds{params_.get_or("grant", ""), params_.get_or("secret", ""), aid()};
     proto::GrantBody grant;
-    int rc = TcpConn::open(reinterpret_cast<sockaddr *>(&addr), len, creds, deadline,
-                           [this](int err, const std::string &why) { fail(err, why); }, &conn_, &grant);
+    auto on_fail = [this](int err, const std::string &why) { fail(err, why); };
+    shared_ = params_.get_or("share", "0") == "1";
+    handle_ = 0;
+    if (shared_) {
+      std::string key = host + "|" + port;
+      for (int tries = 0; tries < 2; tries++) {
+        auto conn = TcpSessions::get().find(key);
+        if (!conn) break;
+        int rc = conn->attach(creds, deadline, on_fail, &handle_, &grant);
+        if (rc == 0) {
+          conn_ = std::move(conn);
+          set_remote(grant.offset, grant.length, grant.rights);
+          return 0;
+        }
+        if (!conn->closed()) return set_error(rc, last_error() + " (" + host + ":" + port + ")");
+        // The connection failed under us: open a new one.
+      }
+      int rc = TcpConn::open(reinterpret_cast<sockaddr *>(&addr), len, creds, deadline, nullptr, &conn_, &grant, true);
+      if (rc) return set_error(rc, last_error() + " (" + host + ":" + port + ")");
+      conn_->add_user(0, on_fail);
+      TcpSessions::get().put(key, conn_);
+      set_remote(grant.offset, grant.length, grant.rights);
+      return 0;
+    }
+    int rc = TcpConn::open(reinterpret_cast<sockaddr *>(&addr), len, creds, deadline, on_fail, &conn_, &grant);
     if (rc) return set_error(rc, last_error() + " (" + host + ":" + port + ")");
     set_remote(grant.offset, grant.length, grant.rights);
     return 0;
@@ -45,32 +122,37 @@ class TcpTransport : public Transport {
 
   void do_disconnect() override {
     if (!conn_) return;
-    conn_->close(-ECONNABORTED, "the transport was closed");
+    if (shared_) conn_->detach(handle_);  // the connection stays, for the next transport
+    else conn_->close(-ECONNABORTED, "the transport was closed");
     conn_.reset();
   }
 
   int do_post(const std::shared_ptr<Op> &op) override {
     op->set_driver(conn_, false);
-    conn_->post(op);
+    conn_->post(op, handle_);
     return 0;
   }
 
   int do_run(const std::shared_ptr<Op> &op, std::shared_lock<IoGate> &io) override {
     op->set_driver(conn_, false);
     auto conn = conn_;
+    uint32_t handle = handle_;
     io.unlock();  // a leader may wait a whole deadline: recover/terminate must not wait for it
-    conn->run(op);
+    conn->run(op, handle);
     return 0;
   }
 
   int do_notify(uint64_t value, int status, std::shared_lock<IoGate> &io, Deadline) override {
     auto conn = conn_;
+    uint32_t handle = handle_;
     io.unlock();
-    return conn->notify(value, status);
+    return conn->notify(value, status, handle);
   }
 
  private:
   std::shared_ptr<TcpConn> conn_;
+  bool shared_ = false;
+  uint32_t handle_ = 0;  // this transport's attachment on a shared connection
 };
 
 }  // namespace

@@ -29,10 +29,14 @@ TcpConn::TcpConn(int fd, FailFn on_fail) : fd_(fd), on_fail_(std::move(on_fail))
 TcpConn::~TcpConn() { ::close(fd_); }
 
 int TcpConn::open(const sockaddr *addr, socklen_t len, const TcpCredentials &creds, Deadline deadline, FailFn on_fail,
-                  std::shared_ptr<TcpConn> *out, GrantBody *grant) {
+                  std::shared_ptr<TcpConn> *out, GrantBody *grant, bool session) {
   int fd;
-  if (int rc = connect_authenticated(addr, len, creds, deadline, &fd, grant)) return rc;
+  std::string nonce;
+  if (int rc = connect_authenticated(addr, len, creds, deadline, &fd, grant, session ? kAuthSession : 0, &nonce))
+    return rc;
   std::shared_ptr<TcpConn> conn(new TcpConn(fd, std::move(on_fail)));
+  conn->session_ = session;
+  conn->nonce_ = std::move(nonce);
   conn->start_watch();
   *out = std::move(conn);
   return 0;
@@ -53,14 +57,15 @@ void TcpConn::start_watch() {
 
 // ---- operations ---------------------------------------------------------------------------
 
-std::shared_ptr<TcpConn::OpState> TcpConn::enqueue_locked(const std::shared_ptr<Op> &op) {
+std::shared_ptr<TcpConn::OpState> TcpConn::enqueue_locked(const std::shared_ptr<Op> &op, uint32_t handle) {
   auto st = std::make_shared<OpState>();
   st->op = op;
+  st->handle = handle;
   st->segs_left = op->segments().size();
   bool is_write = op->kind() == OpKind::Write;
   for (size_t i = 0; i < op->segments().size() && !closed_; i++) {
     const Segment &s = op->segments()[i];
-    uint64_t id = ++next_id_;
+    uint64_t id = with_handle(handle, ++next_id_);
     inflight_[id] = {st, i};
     Header h;
     h.opcode = is_write ? kWrite : kRead;
@@ -77,39 +82,33 @@ std::shared_ptr<TcpConn::OpState> TcpConn::enqueue_locked(const std::shared_ptr<
   return st;
 }
 
-void TcpConn::post(const std::shared_ptr<Op> &op) {
-  Lock lk(mu_);
+bool TcpConn::refused_locked(uint32_t handle, const std::shared_ptr<Op> &op) {
   if (closed_) {
     op->complete(-ENOTCONN, "the connection to the memory element is closed (" + close_why_ + ")");
-    return;
+    return true;
   }
-  enqueue_locked(op);
+  auto it = ended_.find(handle);
+  if (it == ended_.end()) return false;
+  op->complete(-ECONNRESET, it->second);
+  return true;
+}
+
+void TcpConn::post(const std::shared_ptr<Op> &op, uint32_t handle) {
+  Lock lk(mu_);
+  if (refused_locked(handle, op)) return;
+  enqueue_locked(op, handle);
   if (reader_ == Reader::None) {
     reader_ = Reader::Loop;
     want_loop_locked();
   }
 }
 
-void TcpConn::run(const std::shared_ptr<Op> &op) {
-  Lock lk(mu_);
-  if (closed_) {
-    op->complete(-ENOTCONN, "the connection to the memory element is closed (" + close_why_ + ")");
-    return;
-  }
-  // Leading pays off where latency is the cost: small transfers. A large one is copied by the
-  // loop's thread, which the scheduler is free to place away from the memory element's thread
-  // (measured: leading 1-16 MiB transfers halved bandwidth in some runs on 2 cores).
-  if (reader_ != Reader::None || !sendq_.empty() || op->bytes() > kLeadMaxBytes) {
-    // Someone else is driving the socket, or the transfer is large: the loop completes us.
-    lk.unlock();
-    post(op);
-    return;
-  }
+template <class Done>
+void TcpConn::lead_locked(Lock &lk, Done done, Deadline deadline) {
   reader_ = Reader::Leader;
-  auto st = enqueue_locked(op);
-  while (!st->finished && !closed_) {
+  while (!done() && !closed_) {
     short events = short(POLLIN | (sendq_.empty() ? 0 : POLLOUT));
-    int64_t left = std::chrono::duration_cast<std::chrono::milliseconds>(op->deadline().at() - Clock::now()).count();
+    int64_t left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline.at() - Clock::now()).count();
     if (left <= 0) {
       fail_locked(-ETIMEDOUT, "no answer from the memory element within the deadline", true);
       break;
@@ -126,9 +125,29 @@ void TcpConn::run(const std::shared_ptr<Op> &op) {
     if (r > 0 && (p.revents & (POLLIN | POLLHUP | POLLERR))) read_locked();
   }
   if (reader_ == Reader::Leader) {
-    reader_ = inflight_.empty() ? Reader::None : Reader::Loop;  // hand the rest to the loop
-    if (reader_ == Reader::Loop || !sendq_.empty()) want_loop_locked();
+    reader_ = idle_locked() ? Reader::None : Reader::Loop;  // hand the rest to the loop
+    // A session's loop reads while nobody else does (the owner may end a grant at any time):
+    // it stopped while this thread led.
+    bool rewatch = session_ && !(watching_ & UV_READABLE);
+    if (reader_ == Reader::Loop || !sendq_.empty() || rewatch) want_loop_locked();
   }
+  cv_.notify_all();  // an attacher waiting for someone to read may lead now
+}
+
+void TcpConn::run(const std::shared_ptr<Op> &op, uint32_t handle) {
+  Lock lk(mu_);
+  if (refused_locked(handle, op)) return;
+  // Leading pays off where latency is the cost: small transfers. A large one is copied by the
+  // loop's thread, which the scheduler is free to place away from the memory element's thread
+  // (measured: leading 1-16 MiB transfers halved bandwidth in some runs on 2 cores).
+  if (reader_ != Reader::None || !sendq_.empty() || op->bytes() > kLeadMaxBytes) {
+    // Someone else is driving the socket, or the transfer is large: the loop completes us.
+    lk.unlock();
+    post(op, handle);
+    return;
+  }
+  auto st = enqueue_locked(op, handle);
+  lead_locked(lk, [&] { return st->finished; }, op->deadline());
 }
 
 void TcpConn::cancel(Op *op) {
@@ -151,19 +170,126 @@ void TcpConn::cancel(Op *op) {
   maybe_finish_locked(st);
 }
 
-int TcpConn::notify(uint64_t value, int status) {
+int TcpConn::notify(uint64_t value, int status, uint32_t handle) {
   Lock lk(mu_);
   if (closed_) return set_error(-ENOTCONN, "the connection to the memory element is closed (" + close_why_ + ")");
+  auto ended = ended_.find(handle);
+  if (ended != ended_.end()) return set_error(-ECONNRESET, ended->second);
   // A state with no operation and nothing to wait for: it only keeps the chunk's accounting
   // (detached: nobody completes it).
   auto st = std::make_shared<OpState>();
   st->detached = true;
   char hdr[kHeaderSize];
-  encode_notify(value, status, hdr);
+  encode_notify(value, status, hdr, handle);
   queue_locked(hdr, nullptr, 0, st);
   if (!flush_locked()) want_loop_locked();
   if (closed_) return set_error(close_err_, "the connection to the memory element is closed (" + close_why_ + ")");
   return 0;
+}
+
+int TcpConn::attach(const TcpCredentials &creds, Deadline deadline, FailFn on_fail, uint32_t *handle, GrantBody *grant) {
+  Lock lk(mu_);
+  if (closed_) return set_error(-ENOTCONN, "the connection to the memory element is closed (" + close_why_ + ")");
+  uint32_t h = next_handle_++;
+  Attaching &a = attaches_[h];  // unordered_map nodes stay put: the reference outlives rehashing
+  attaching_++;
+  std::string frame = encode_attach(h, creds, nonce_);
+  auto st = std::make_shared<OpState>();
+  st->detached = true;  // nothing to complete: it keeps the chunk's accounting
+  Chunk c;
+  std::memcpy(c.hdr, frame.data(), kHeaderSize);
+  c.owned = frame.substr(kHeaderSize);
+  c.len = c.owned.size();
+  c.st = st;
+  sendq_.push_back(std::move(c));
+  sendq_.back().data = sendq_.back().owned.data();
+  st->queued_sends++;
+  if (!flush_locked()) want_loop_locked();
+  // The answer comes on the stream: read it here if nobody else is reading, else wait for the
+  // reader (the loop or another caller leading) to hand it over.
+  while (!a.done && !closed_) {
+    if (reader_ == Reader::None) {
+      lead_locked(lk, [&] { return a.done; }, deadline);
+      continue;
+    }
+    if (cv_.wait_until(lk, deadline.at()) == std::cv_status::timeout && !a.done && !closed_)
+      fail_locked(-ETIMEDOUT, "no answer to ATTACH from the memory element within the deadline", true);
+  }
+  attaching_--;
+  Attaching got = std::move(a);
+  attaches_.erase(h);
+  if (!idle_locked() && reader_ == Reader::None) {
+    reader_ = Reader::Loop;
+    want_loop_locked();
+  }
+  if (!got.done) return set_error(close_err_ ? close_err_ : -ENOTCONN, "the connection to the memory element closed (" + close_why_ + ")");
+  if (got.status != 0) return set_error(got.status, refusal_reason(got.status));
+  std::string why;
+  if (decode_grant(got.body.data(), got.body.size(), grant, &why)) {
+    fail_locked(-EPROTO, "protocol error from the memory element: " + why, true);
+    return set_error(-EPROTO, why);
+  }
+  users_[h] = std::move(on_fail);
+  *handle = h;
+  return 0;
+}
+
+void TcpConn::add_user(uint32_t handle, FailFn on_fail) {
+  Lock lk(mu_);
+  users_[handle] = std::move(on_fail);
+}
+
+void TcpConn::set_on_dead(std::function<void()> fn) {
+  Lock lk(mu_);
+  on_dead_ = std::move(fn);
+  if (closed_ && on_dead_) IoLoop::shared().post(on_dead_);
+}
+
+void TcpConn::detach(uint32_t handle) {
+  Lock lk(mu_);
+  users_.erase(handle);
+  bool ended = ended_.erase(handle) > 0;
+  // Its operations end here; bytes already queued for the stream are sent whole first (the
+  // stream needs them, and they point into the caller's buffers).
+  std::vector<std::shared_ptr<OpState>> mine;
+  for (auto &[id, p] : inflight_)
+    if (p.st->handle == handle && !p.st->finished) mine.push_back(p.st);
+  for (auto &c : sendq_)
+    if (c.st && c.st->op && c.st->handle == handle && !c.st->finished) mine.push_back(c.st);
+  for (auto &st : mine) op_error(st, -ECONNABORTED, "the transport was closed");
+  for (auto &st : mine) {
+    if (st->queued_sends > 0) {
+      want_loop_locked();
+      cv_.wait(lk, [&] { return st->queued_sends == 0 || closed_; });
+    }
+    maybe_finish_locked(st);
+  }
+  if (closed_ || ended) return;  // the server ended it already, or there is no server
+  Header h;
+  h.opcode = kDetach;
+  h.addr = handle;
+  char hdr[kHeaderSize];
+  encode_header(h, hdr);
+  auto st = std::make_shared<OpState>();
+  st->detached = true;
+  queue_locked(hdr, nullptr, 0, st);
+  if (!flush_locked()) want_loop_locked();
+}
+
+void TcpConn::cut_handle_locked(uint32_t handle, int reason) {
+  std::string why = reason == -EKEYEXPIRED ? "the memory's owner let this grant expire"
+                                           : "the memory's owner ended this grant (revoked, or the memory withdrawn)";
+  ended_[handle] = why;
+  std::vector<std::shared_ptr<OpState>> mine;
+  for (auto &[id, p] : inflight_)
+    if (p.st->handle == handle) mine.push_back(p.st);
+  for (auto &st : mine) op_error(st, -ECONNRESET, why);
+  for (auto &st : mine) maybe_finish_locked(st);
+  auto it = users_.find(handle);
+  if (it == users_.end()) return;
+  FailFn fn = std::move(it->second);
+  users_.erase(it);
+  if (fn) fn(-ECONNRESET, why);  // the transport learns before its waiters wake (as fail_locked)
 }
 
 void TcpConn::close(int err, const std::string &why) {
@@ -179,7 +305,7 @@ void TcpConn::queue_locked(const char *hdr, const char *data, size_t len, const 
   c.data = data;
   c.len = len;
   c.st = st;
-  sendq_.push_back(c);
+  sendq_.push_back(std::move(c));
   st->queued_sends++;
 }
 
@@ -277,11 +403,17 @@ void TcpConn::maybe_finish_locked(const std::shared_ptr<OpState> &st) {
 void TcpConn::fail_locked(int err, const std::string &why, bool notify) {
   if (closed_) return;
   closed_ = true;
+  closed_flag_.store(true, std::memory_order_release);
   close_err_ = err;
   close_why_ = why;
   ::shutdown(fd_, SHUT_RDWR);  // wakes a leader blocked in poll()
   // The transport learns first, so a caller woken by its failed operation already sees ERROR.
   if (notify && on_fail_) on_fail_(err, why);
+  if (notify)
+    for (auto &[h, fn] : users_)
+      if (fn) fn(err, why);
+  users_.clear();
+  if (on_dead_) IoLoop::shared().post(on_dead_);
   std::vector<std::shared_ptr<OpState>> all;
   for (auto &[id, p] : inflight_) all.push_back(p.st);
   for (auto &c : sendq_) {
@@ -307,6 +439,14 @@ void TcpConn::check_deadlines_locked() {
 
 int TcpConn::on_header(const Header &h, char **dest) {
   if (h.opcode == kPong) return 0;
+  if (h.opcode == kAttachOk) {
+    auto it = attaches_.find(uint32_t(h.addr));
+    if (!session_ || h.addr > UINT32_MAX || it == attaches_.end() || it->second.done) return -EPROTO;
+    it->second.body.assign(size_t(payload_length(h)), '\0');
+    *dest = it->second.body.data();
+    return 0;
+  }
+  if (h.opcode == kDetached) return session_ && h.addr <= UINT32_MAX && h.size == 0 ? 0 : -EPROTO;
   if (h.opcode != kReadResp && h.opcode != kWriteResp) return -EPROTO;
   current_id_ = h.req_id;
   auto it = inflight_.find(h.req_id);
@@ -320,6 +460,17 @@ int TcpConn::on_header(const Header &h, char **dest) {
 
 int TcpConn::on_frame(const Header &h) {
   if (h.opcode == kPong) return 0;
+  if (h.opcode == kAttachOk) {
+    Attaching &a = attaches_[uint32_t(h.addr)];
+    a.done = true;
+    a.status = h.status;
+    cv_.notify_all();
+    return 0;
+  }
+  if (h.opcode == kDetached) {
+    cut_handle_locked(uint32_t(h.addr), h.status);
+    return 0;
+  }
   current_id_ = 0;
   auto it = inflight_.find(h.req_id);
   if (it == inflight_.end()) return 0;
@@ -364,7 +515,9 @@ void TcpConn::update_watch() {
     timer_ = nullptr;
     return;
   }
-  int events = UV_DISCONNECT | (reader_ == Reader::Loop ? UV_READABLE : 0) | (sendq_.empty() ? 0 : UV_WRITABLE);
+  // The loop reads while it completes operations, and on an idle session (the server's DETACHED).
+  bool read = reader_ == Reader::Loop || (session_ && reader_ == Reader::None);
+  int events = UV_DISCONNECT | (read ? UV_READABLE : 0) | (sendq_.empty() ? 0 : UV_WRITABLE);
   if (events != watching_) {
     watching_ = events;
     uv_poll_start(poll_, events, on_poll);
@@ -392,7 +545,9 @@ void TcpConn::on_poll(uv_poll_t *h, int status, int events) {
     if (events & UV_WRITABLE) c->flush_locked();
     if (c->reader_ == Reader::Loop && (events & (UV_READABLE | UV_DISCONNECT))) {
       c->read_locked();
-      if (!c->closed_ && c->inflight_.empty()) c->reader_ = Reader::None;
+      if (!c->closed_ && c->idle_locked()) c->reader_ = Reader::None;
+    } else if (c->reader_ == Reader::None && c->session_ && (events & (UV_READABLE | UV_DISCONNECT))) {
+      c->read_locked();  // what the server says on an idle session: DETACHED
     } else if (c->reader_ == Reader::None && (events & UV_DISCONNECT)) {
       char b;
       ssize_t r = recv(c->fd_, &b, 1, MSG_PEEK | MSG_DONTWAIT);

@@ -1,5 +1,11 @@
 // One authenticated tcp connection to a memory element.
 //
+// A connection is either one transport's own (its grant only) or a session shared by every
+// transport of the process that reaches the same server with share,1 (proto/frame.h, "Shared
+// connections"): each such transport is an attachment, with a handle its requests carry. A
+// session opens with the first transport's grant (handle 0); attach() adds one more in one round
+// trip, detach() lets one go; the connection stays for the next.
+//
 // Progress follows the leader/follower model of UCX and most RPC stacks: a synchronous caller
 // that finds the connection idle sends its request and reads the answer on the socket itself, so
 // a small remote read costs what a raw TCP round trip costs — no hand-off to another thread and
@@ -12,6 +18,7 @@
 #include <sys/uio.h>
 #include <uv.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -34,21 +41,36 @@ class TcpConn : public proto::FrameReader::Handler, public OpDriver, public std:
  public:
   using FailFn = std::function<void(int err, const std::string &why)>;
 
-  // Connects and authenticates in the calling thread, before the deadline.
+  // Connects and authenticates in the calling thread, before the deadline. session: a shared
+  // connection, whose first attachment (handle 0) is `creds`' grant; on_fail is then null and
+  // the opener adds itself with add_user(0, ...).
   static int open(const sockaddr *addr, socklen_t len, const TcpCredentials &creds, Deadline deadline,
-                  FailFn on_fail, std::shared_ptr<TcpConn> *out, proto::GrantBody *grant);
+                  FailFn on_fail, std::shared_ptr<TcpConn> *out, proto::GrantBody *grant, bool session = false);
   ~TcpConn() override;
 
-  // Starts an operation; the loop completes it.
-  void post(const std::shared_ptr<Op> &op);
+  // Starts an operation; the loop completes it. `handle`: its attachment on a session.
+  void post(const std::shared_ptr<Op> &op, uint32_t handle = 0);
   // Runs an operation to completion, leading progress in this thread when the connection is idle.
-  void run(const std::shared_ptr<Op> &op);
+  void run(const std::shared_ptr<Op> &op, uint32_t handle = 0);
   // Detaches an operation (cancel): on return the connection no longer touches its buffers.
   void cancel(Op *op) override;
   // Queues a NOTIFY behind everything sent so far (it has no answer). -ENOTCONN if closed.
-  int notify(uint64_t value, int status);
+  int notify(uint64_t value, int status, uint32_t handle = 0);
   // Closes the connection; pending operations fail with err. Waits until the loop let go of it.
   void close(int err, const std::string &why);
+
+  // ---- sessions ----
+  // One more grant on this session, before the deadline: 0 with *handle and *grant, or the
+  // memory element's refusal (the session goes on). on_fail hears of the attachment's end: the
+  // owner cut it (DETACHED) or the connection failed.
+  int attach(const TcpCredentials &creds, Deadline deadline, FailFn on_fail, uint32_t *handle, proto::GrantBody *grant);
+  void add_user(uint32_t handle, FailFn on_fail);
+  // Lets an attachment go: its operations still running end with -ECONNABORTED (on return the
+  // connection no longer touches their buffers), and the server is told (DETACH).
+  void detach(uint32_t handle);
+  // Runs (on the shared loop) once the connection has failed: a pool forgets it.
+  void set_on_dead(std::function<void()> fn);
+  bool closed() const { return closed_flag_.load(std::memory_order_acquire); }
 
   int on_header(const proto::Header &h, char **dest) override;
   int on_frame(const proto::Header &h) override;
@@ -56,6 +78,7 @@ class TcpConn : public proto::FrameReader::Handler, public OpDriver, public std:
  private:
   struct OpState {
     std::shared_ptr<Op> op;
+    uint32_t handle = 0;  // its attachment (sessions)
     size_t segs_left = 0;
     int queued_sends = 0;  // chunks still in sendq_ (they point into the caller's buffer)
     int error = 0;
@@ -74,13 +97,24 @@ class TcpConn : public proto::FrameReader::Handler, public OpDriver, public std:
     const char *data = nullptr;
     size_t len = 0, off = 0;
     std::shared_ptr<OpState> st;
+    std::string owned;  // a control body the chunk carries itself (ATTACH)
+  };
+  struct Attaching {  // an ATTACH waiting for its ATTACH_OK
+    bool done = false;
+    int status = 0;
+    std::string body;
   };
   enum class Reader { None, Leader, Loop };
   using Lock = std::unique_lock<std::mutex>;
 
   TcpConn(int fd, FailFn on_fail);
   void start_watch();
-  std::shared_ptr<OpState> enqueue_locked(const std::shared_ptr<Op> &op);
+  std::shared_ptr<OpState> enqueue_locked(const std::shared_ptr<Op> &op, uint32_t handle);
+  // Leads progress in the calling thread until done() or the connection closes (deadline: fails it).
+  template <class Done> void lead_locked(Lock &lk, Done done, Deadline deadline);
+  bool idle_locked() const { return inflight_.empty() && attaching_ == 0; }
+  bool refused_locked(uint32_t handle, const std::shared_ptr<Op> &op);  // the owner ended the handle
+  void cut_handle_locked(uint32_t handle, int reason);                 // DETACHED
   void queue_locked(const char *hdr, const char *data, size_t len, const std::shared_ptr<OpState> &st);
   bool flush_locked();  // true when sendq_ is empty
   void read_locked();   // consumes what the socket holds
@@ -95,6 +129,16 @@ class TcpConn : public proto::FrameReader::Handler, public OpDriver, public std:
 
   int fd_;
   FailFn on_fail_;
+  // Sessions.
+  bool session_ = false;
+  std::string nonce_;  // the server's challenge: ATTACHes are signed over it
+  uint32_t next_handle_ = 1;
+  std::unordered_map<uint32_t, FailFn> users_;        // live attachments
+  std::unordered_map<uint32_t, std::string> ended_;   // handles the owner ended, and why
+  std::unordered_map<uint32_t, Attaching> attaches_;  // ATTACHes in flight
+  int attaching_ = 0;
+  std::function<void()> on_dead_;
+  std::atomic<bool> closed_flag_{false};
   std::mutex mu_;
   std::condition_variable cv_;  // detach waits here for queued sends to drain
   bool closed_ = false;

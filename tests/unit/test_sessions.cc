@@ -1,0 +1,244 @@
+// Shared connections (share,1; proto/frame.h "Shared connections"): transports of one process
+// that reach the same memory server ride one connection, each with its own grant. What a grant
+// opens, and when it stops opening anything, is exactly what it is on a connection of its own.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "harness.h"
+
+using test::make_action;
+
+namespace {
+
+// A memory server (in this process, as the C++ class) lending `mem`, listening on tcp and on a
+// unix socket, and a way to grant it and to make holders of the implementation under test.
+struct Owner {
+  std::unique_ptr<libd::MemoryServer> server = std::make_unique<libd::MemoryServer>();
+  std::vector<test::ActionPtr> actions;
+
+  Owner(std::vector<char> &mem, const std::string &element = "buf") {
+    EXPECT_EQ(0, server->add_lent_element(element, mem.data(), mem.size())) << libd_last_error();
+    uint16_t port;
+    EXPECT_EQ(0, server->listen_tcp("127.0.0.1", 0, &port)) << libd_last_error();
+    EXPECT_EQ(0, server->listen_unix(test::unique_socket_path("sessions"))) << libd_last_error();
+  }
+
+  libd::Grant grant(const std::string &element = "buf", unsigned rights = 3, uint64_t ttl_ms = 0) {
+    libd::Grant g;
+    g.element = element;
+    g.client = "*";
+    g.rights = rights;
+    g.ttl_ms = ttl_ms;
+    EXPECT_EQ(0, server->grant(&g)) << libd_last_error();
+    return g;
+  }
+
+  // A shared transport of `impl` holding `g`, in an action of its own.
+  libd_transport *holder(const std::string &impl, const libd::Grant &g, const std::string &aid = "holder") {
+    actions.push_back(make_action(aid));
+    std::string durl = "t;" + impl + ";share,1;timeout_ms,3000;" + server->client_config(g);
+    EXPECT_EQ(0, libd_action_add_transport(actions.back().get(), durl.c_str())) << libd_last_error();
+    return libd_action_get_transport(actions.back().get(), "t");
+  }
+};
+
+void wait_not_ready(libd_transport *t) {
+  uint64_t seq = 0;
+  while (libd_transport_state(t) == LIBD_STATE_READY)
+    ASSERT_GE(libd_transport_wait_change(t, &seq, 5000), 0) << "the holder was not cut off";
+}
+
+class Shared : public ::testing::TestWithParam<std::string> {};
+
+}  // namespace
+
+INSTANTIATE_TEST_SUITE_P(Impl, Shared, ::testing::Values("shm", "tcp"), [](const auto &i) { return i.param; });
+
+TEST_P(Shared, TransportsToOneServerRideOneConnection) {
+  std::vector<char> mem(1 << 16);
+  test::fill_random(mem.data(), mem.size(), 3);
+  Owner o(mem);
+  std::vector<libd_transport *> ts;
+  for (int i = 0; i < 4; i++) ts.push_back(o.holder(GetParam(), o.grant(), "holder-" + std::to_string(i)));
+  for (auto *t : ts) {
+    char *buf = nullptr;
+    ASSERT_EQ(0, libd_trdma_reg(t, mem.size(), reinterpret_cast<void **>(&buf)));
+    ASSERT_EQ(0, libd_trdma_read(t, mem.size(), 0, buf)) << libd_last_error();
+    EXPECT_EQ(0, memcmp(buf, mem.data(), mem.size()));
+  }
+  EXPECT_EQ(1u, o.server->connections());
+  // Terminating the transports detaches their grants and leaves the connection for the next.
+  for (auto *t : ts) ASSERT_EQ(0, libd_transport_terminate(t));
+  auto *next = o.holder(GetParam(), o.grant());
+  ASSERT_EQ(0, libd_transport_connect(next)) << libd_last_error();
+  EXPECT_EQ(1u, o.server->connections());
+}
+
+TEST_P(Shared, RevokingOneGrantCutsOffItsHolderOnly) {
+  std::vector<char> mem(4096);
+  Owner o(mem);
+  auto ga = o.grant(), gb = o.grant();
+  auto *a = o.holder(GetParam(), ga), *b = o.holder(GetParam(), gb);
+  char *abuf = nullptr, *bbuf = nullptr;
+  ASSERT_EQ(0, libd_trdma_reg(a, 64, reinterpret_cast<void **>(&abuf)));
+  ASSERT_EQ(0, libd_trdma_reg(b, 64, reinterpret_cast<void **>(&bbuf)));
+  ASSERT_EQ(0, libd_trdma_read(a, 64, 0, abuf)) << libd_last_error();
+  ASSERT_EQ(0, libd_trdma_read(b, 64, 0, bbuf)) << libd_last_error();
+  ASSERT_EQ(0, o.server->revoke(ga.id));
+  wait_not_ready(a);
+  EXPECT_NE(0, libd_trdma_read(a, 64, 0, abuf));
+  EXPECT_NE(std::string::npos, test::transport_error(a).find("ended this grant")) << test::transport_error(a);
+  EXPECT_EQ(0, libd_trdma_read(b, 64, 0, bbuf)) << libd_last_error();
+  EXPECT_EQ(1u, o.server->connections());
+}
+
+TEST_P(Shared, ARevokedOrForeignGrantIsRefusedAndTheConnectionGoesOn) {
+  std::vector<char> mem(4096);
+  Owner o(mem);
+  auto live = o.grant(), gone = o.grant();
+  auto *first = o.holder(GetParam(), live);
+  ASSERT_EQ(0, libd_transport_connect(first)) << libd_last_error();
+  ASSERT_EQ(0, o.server->revoke(gone.id));
+  EXPECT_EQ(-EACCES, libd_transport_connect(o.holder(GetParam(), gone)));
+  libd::Grant forged = o.grant();
+  forged.secret = std::string(64, 'a');  // the right id, the wrong secret
+  EXPECT_EQ(-EACCES, libd_transport_connect(o.holder(GetParam(), forged)));
+  libd::Grant someone;  // another action's grant
+  someone.element = "buf";
+  someone.client = "someone-else";
+  someone.rights = 3;
+  ASSERT_EQ(0, o.server->grant(&someone)) << libd_last_error();
+  EXPECT_EQ(-EACCES, libd_transport_connect(o.holder(GetParam(), someone, "holder")));
+  char *buf = nullptr;
+  ASSERT_EQ(0, libd_trdma_reg(first, 64, reinterpret_cast<void **>(&buf)));
+  EXPECT_EQ(0, libd_trdma_read(first, 64, 0, buf)) << libd_last_error();
+  EXPECT_EQ(1u, o.server->connections());
+}
+
+TEST_P(Shared, EachGrantKeepsItsRangeAndDirection) {
+  std::vector<char> mem(8192);
+  Owner o(mem);
+  auto rw = o.grant(), ro = o.grant("buf", LIBD_RIGHT_READ);
+  auto *w = o.holder(GetParam(), rw), *r = o.holder(GetParam(), ro);
+  char *buf = nullptr;
+  ASSERT_EQ(0, libd_trdma_reg(r, 64, reinterpret_cast<void **>(&buf)));
+  EXPECT_EQ(0, libd_trdma_read(r, 64, 0, buf)) << libd_last_error();
+  EXPECT_EQ(-EACCES, libd_trdma_write(r, 64, 0, buf));
+  EXPECT_EQ(-ERANGE, libd_trdma_read(r, 64, 8192 - 32, buf));
+  char *wbuf = nullptr;
+  ASSERT_EQ(0, libd_trdma_reg(w, 64, reinterpret_cast<void **>(&wbuf)));
+  memcpy(wbuf, "written", 7);
+  EXPECT_EQ(0, libd_trdma_write(w, 7, 100, wbuf)) << libd_last_error();
+  EXPECT_EQ(0, memcmp(mem.data() + 100, "written", 7));
+}
+
+TEST_P(Shared, NotificationsReachTheirOwnGrant) {
+  std::vector<char> mem(4096);
+  Owner o(mem);
+  auto ga = o.grant(), gb = o.grant();
+  auto *a = o.holder(GetParam(), ga), *b = o.holder(GetParam(), gb);
+  ASSERT_EQ(0, libd_trdma_notify(b, 2, 0)) << libd_last_error();
+  ASSERT_EQ(0, libd_trdma_notify(a, 1, -ECANCELED)) << libd_last_error();
+  libd::Notice n;
+  ASSERT_EQ(0, o.server->wait_notify(ga.id, &n, 3000)) << libd_last_error();
+  EXPECT_EQ(1u, n.value);
+  EXPECT_EQ(-ECANCELED, n.status);
+  ASSERT_EQ(0, o.server->wait_notify(gb.id, &n, 3000)) << libd_last_error();
+  EXPECT_EQ(2u, n.value);
+  // Leaving after the word is no loss; leaving without one is, for that grant alone.
+  ASSERT_EQ(0, libd_transport_terminate(b));
+  EXPECT_EQ(-ETIMEDOUT, o.server->wait_notify(gb.id, &n, 100));
+  auto gc = o.grant();
+  auto *c = o.holder(GetParam(), gc);
+  ASSERT_EQ(0, libd_transport_connect(c)) << libd_last_error();
+  ASSERT_EQ(0, libd_transport_terminate(c));
+  EXPECT_EQ(-ECONNRESET, o.server->wait_notify(gc.id, &n, 3000));
+  EXPECT_EQ(-ETIMEDOUT, o.server->wait_notify(ga.id, &n, 100));
+}
+
+TEST_P(Shared, AnExpiredGrantEndsItsHolderAndTheOthersGoOn) {
+  std::vector<char> mem(4096);
+  Owner o(mem);
+  auto brief = o.grant("buf", 3, 200), lasting = o.grant("buf", 3, 60000);
+  auto *a = o.holder(GetParam(), brief), *b = o.holder(GetParam(), lasting);
+  ASSERT_EQ(0, libd_transport_connect(a)) << libd_last_error();
+  ASSERT_EQ(0, libd_transport_connect(b)) << libd_last_error();
+  libd::Notice n;
+  EXPECT_EQ(-EKEYEXPIRED, o.server->wait_notify(brief.id, &n, 5000));
+  wait_not_ready(a);
+  EXPECT_NE(std::string::npos, test::transport_error(a).find("expire")) << test::transport_error(a);
+  char *buf = nullptr;
+  ASSERT_EQ(0, libd_trdma_reg(b, 64, reinterpret_cast<void **>(&buf)));
+  EXPECT_EQ(0, libd_trdma_read(b, 64, 0, buf)) << libd_last_error();
+  EXPECT_EQ(LIBD_STATE_READY, libd_transport_state(b));
+}
+
+TEST_P(Shared, WithdrawingMemoryEndsEveryGrantOnIt) {
+  std::vector<char> one(4096), two(4096);
+  Owner o(one, "one");
+  ASSERT_EQ(0, o.server->add_lent_element("two", two.data(), two.size()));
+  auto *a = o.holder(GetParam(), o.grant("one")), *b = o.holder(GetParam(), o.grant("two"));
+  ASSERT_EQ(0, libd_transport_connect(a)) << libd_last_error();
+  ASSERT_EQ(0, libd_transport_connect(b)) << libd_last_error();
+  ASSERT_EQ(0, o.server->remove_element("one"));
+  wait_not_ready(a);
+  char *buf = nullptr;
+  ASSERT_EQ(0, libd_trdma_reg(b, 64, reinterpret_cast<void **>(&buf)));
+  EXPECT_EQ(0, libd_trdma_read(b, 64, 0, buf)) << libd_last_error();
+}
+
+TEST_P(Shared, AServerThatGoesAwayTakesEveryHolderWithIt) {
+  std::vector<char> mem(4096);
+  Owner o(mem);
+  auto *a = o.holder(GetParam(), o.grant()), *b = o.holder(GetParam(), o.grant());
+  ASSERT_EQ(0, libd_transport_connect(a)) << libd_last_error();
+  ASSERT_EQ(0, libd_transport_connect(b)) << libd_last_error();
+  o.server->stop();
+  wait_not_ready(a);
+  wait_not_ready(b);
+}
+
+TEST(SharedShm, ReachesLentMemoryOnly) {
+  // A memfd element cannot be handed over on a shared socket's frames: such a grant is refused
+  // there (and works on a connection of its own, as ever).
+  auto r = test::make_rig("shm", 4096);
+  auto a = make_action("client-1");
+  std::string durl = "s;shm;share,1;timeout_ms,3000;" + r.config;
+  ASSERT_EQ(0, libd_action_add_transport(a.get(), durl.c_str())) << libd_last_error();
+  EXPECT_EQ(-EOPNOTSUPP, libd_transport_connect(libd_action_get_transport(a.get(), "s")));
+  EXPECT_NE(std::string::npos, std::string(libd_last_error()).find("lent memory only")) << libd_last_error();
+  EXPECT_EQ(0, libd_transport_connect(r.t)) << libd_last_error();
+}
+
+TEST(SharedTcp, ManyOperationsOfManyGrantsInterleaveOnOneConnection) {
+  std::vector<char> mem(1 << 20);
+  test::fill_random(mem.data(), mem.size(), 9);
+  Owner o(mem);
+  std::vector<libd_transport *> ts;
+  std::vector<char *> bufs;
+  for (int i = 0; i < 8; i++) {
+    ts.push_back(o.holder("tcp", o.grant()));
+    char *b = nullptr;
+    ASSERT_EQ(0, libd_trdma_reg(ts.back(), 128 << 10, reinterpret_cast<void **>(&b)));
+    bufs.push_back(b);
+  }
+  std::vector<libd_op *> ops;
+  for (int round = 0; round < 4; round++)
+    for (size_t i = 0; i < ts.size(); i++) {
+      libd_op *op = nullptr;
+      ASSERT_EQ(0, libd_trdma_read_async(ts[i], 32 << 10, (i * 64 + round) << 10, bufs[i] + (round << 15), &op))
+          << libd_last_error();
+      ops.push_back(op);
+    }
+  for (auto *op : ops) {
+    EXPECT_EQ(0, libd_op_wait(op, 5000));
+    libd_op_free(op);
+  }
+  for (size_t i = 0; i < ts.size(); i++)
+    for (int round = 0; round < 4; round++)
+      EXPECT_EQ(0, memcmp(bufs[i] + (round << 15), mem.data() + ((i * 64 + round) << 10), 32 << 10)) << i << " " << round;
+  EXPECT_EQ(1u, o.server->connections());
+}
