@@ -1,7 +1,7 @@
 // libFuzzer target: the tcp frame decoder as the server and the client run it — a byte stream
-// cut into frames, with payloads routed to buffers — plus the AUTH and AUTH_OK body decoders and
-// the verbs handshake record (VERBS_CONNECT / VERBS_ACCEPT bodies), the rdma_cm ticket
-// (VERBS_CM_TICKET) and the rdma_cm request's private data.
+// cut into frames, with payloads routed to buffers — plus the AUTH / ATTACH and AUTH_OK /
+// ATTACH_OK body decoders and the verbs handshake record (VERBS_CONNECT / VERBS_ACCEPT bodies),
+// the rdma_cm ticket (VERBS_CM_TICKET) and the rdma_cm request's private data.
 #include <algorithm>
 #include <cerrno>
 #include <cstdint>
@@ -35,11 +35,11 @@ struct Sink : FrameReader::Handler {
   }
   int on_frame(const Header &h) override {
     frames++;
-    if (h.opcode == kAuth) {
+    if (h.opcode == kAuth || h.opcode == kAttach) {
       AuthBody a;
       std::string why;
       decode_auth(buf.data(), buf.size(), &a, &why);
-    } else if (h.opcode == kAuthOk) {
+    } else if (h.opcode == kAuthOk || h.opcode == kAttachOk) {
       GrantBody g;
       std::string why;
       decode_grant(buf.data(), buf.size(), &g, &why);
