@@ -1,4 +1,6 @@
 #include <gtest/gtest.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
 
 #include <random>
 
@@ -127,6 +129,16 @@ TEST(Auth, MacDependsOnEveryInput) {
   EXPECT_FALSE(macs_equal(m, compute_mac("secret-secret-secret-secret-0000", nonce, "g2", "c1")));
   EXPECT_FALSE(macs_equal(m, compute_mac("secret-secret-secret-secret-0000", nonce, "g1", "c2")));
   EXPECT_TRUE(macs_equal(m, compute_mac("secret-secret-secret-secret-0000", nonce, "g1", "c1")));
+  // The same as OpenSSL's own HMAC-SHA256, for keys shorter and longer than a block.
+  for (std::string key : {std::string("k"), std::string(64, 'x'), std::string(200, 'y')}) {
+    std::string msg = "scad-auth-v1" + nonce;
+    for (std::string field : {"g1", "c1"}) msg += std::string{char(field.size()), '\0'} + field;  // 2-byte LE length
+    unsigned char ref[32];
+    unsigned int len = 0;
+    HMAC(EVP_sha256(), key.data(), int(key.size()), reinterpret_cast<const unsigned char *>(msg.data()), msg.size(),
+         ref, &len);
+    EXPECT_EQ(std::string(reinterpret_cast<char *>(ref), len), compute_mac(key, nonce, "g1", "c1")) << key.size();
+  }
   std::string bytes;
   EXPECT_TRUE(from_hex(to_hex("\x01\xab"), &bytes));
   EXPECT_EQ("\x01\xab", bytes);
@@ -205,6 +217,25 @@ TEST(Auth, CrossMemoryGrantBodyRoundTrips) {
   g.cma_base = UINT64_MAX - 10;  // the element would wrap the address space
   enc = encode_grant(g);
   EXPECT_EQ(-EPROTO, decode_grant(enc.data(), enc.size(), &back, &why));
+  g.cma_base = 0x7f0000001000ull;
+  g.cma_table = 0x7f0000800000ull;  // a unix session's AUTH_OK: the owner's grant table too
+  g.cma_slots = 4096;
+  enc = encode_grant(g);
+  ASSERT_EQ(kGrantBodyCmaTableSize, enc.size());
+  ASSERT_EQ(0, decode_grant(enc.data(), enc.size(), &back, &why)) << why;
+  EXPECT_EQ(g.cma_table, back.cma_table);
+  EXPECT_EQ(4096u, back.cma_slots);
+  g.cma_slots = kCmaMaxSlots + 1;
+  enc = encode_grant(g);
+  EXPECT_EQ(-EPROTO, decode_grant(enc.data(), enc.size(), &back, &why));
+  EXPECT_EQ(7, cma_slot_of("g0123456789abcdef_7"));
+  EXPECT_EQ(-1, cma_slot_of("g0123456789abcdef"));
+  EXPECT_EQ(-1, cma_slot_of("my_grant"));
+  EXPECT_EQ(-1, cma_slot_of("g_99999999"));
+  std::string t = cma_tag("secret-secret-secret-secret-0000", "g1_3", "*");
+  EXPECT_EQ(16u, t.size());
+  EXPECT_NE(t, cma_tag("secret-secret-secret-secret-0000", "g1_3", "action-1"));
+  EXPECT_NE(t, cma_tag("secret-secret-secret-secret-0001", "g1_3", "*"));
   GrantBody plain{4096, 0, 4096, 1};
   enc = encode_grant(plain);
   ASSERT_EQ(kGrantBodySize, enc.size());

@@ -242,3 +242,126 @@ TEST(SharedTcp, ManyOperationsOfManyGrantsInterleaveOnOneConnection) {
       EXPECT_EQ(0, memcmp(bufs[i] + (round << 15), mem.data() + ((i * 64 + round) << 10), 32 << 10)) << i << " " << round;
   EXPECT_EQ(1u, o.server->connections());
 }
+
+// ---- the grant table for peers on the owner's host (proto::CmaSlot) ---------------------------
+
+TEST(SharedShm, GrantsOnWholeLentMemoryHaveSlotsThatFollowThem) {
+  std::vector<char> mem(4096);
+  Owner o(mem);
+  EXPECT_EQ(0u, o.server->cma_slots_used());
+  auto a = o.grant(), brief = o.grant("buf", 3, 100);
+  EXPECT_GE(a.slot, 0);
+  EXPECT_EQ(a.slot, libd::proto::cma_slot_of(a.id)) << a.id;
+  EXPECT_EQ(2u, o.server->cma_slots_used());
+  libd::Grant part;  // a part of an element is never reached over shm: no slot
+  part.element = "buf";
+  part.client = "*";
+  part.offset = 64;
+  part.length = 64;
+  part.rights = LIBD_RIGHT_READ;
+  ASSERT_EQ(0, o.server->grant(&part));
+  EXPECT_EQ(-1, part.slot);
+  EXPECT_EQ(-1, libd::proto::cma_slot_of(part.id)) << part.id;
+  ASSERT_EQ(0, o.server->revoke(a.id));
+  libd::Notice n;
+  EXPECT_EQ(-EKEYEXPIRED, o.server->wait_notify(brief.id, &n, 5000));
+  EXPECT_EQ(0u, o.server->cma_slots_used()) << "revoked and expired grants free their slots";
+}
+
+TEST(SharedShm, AGrantTheTableVouchesForStopsAtOnceWhenRevoked) {
+  std::vector<char> mem(4096);
+  test::fill_random(mem.data(), mem.size(), 4);
+  Owner o(mem);
+  auto *first = o.holder("shm", o.grant());  // opens the session (and learns where the table is)
+  ASSERT_EQ(0, libd_transport_connect(first)) << libd_last_error();
+  auto g = o.grant();
+  auto *t = o.holder("shm", g);
+  char *buf = nullptr;
+  ASSERT_EQ(0, libd_trdma_reg(t, 4096, reinterpret_cast<void **>(&buf)));
+  ASSERT_EQ(0, libd_trdma_read(t, 4096, 0, buf)) << libd_last_error();
+  EXPECT_EQ(0, memcmp(buf, mem.data(), 4096));
+  ASSERT_EQ(0, o.server->revoke(g.id));
+  // No waiting for the word on the socket: the next transfer already finds the slot changed.
+  EXPECT_EQ(-ECONNRESET, libd_trdma_read(t, 64, 0, buf));
+  // The slot is reused by the next grant; the old holder stays refused, the new one works.
+  auto next = o.grant();
+  EXPECT_EQ(g.slot, next.slot);
+  EXPECT_NE(0, libd_trdma_read(t, 64, 0, buf));
+  auto *u = o.holder("shm", next);
+  char *ubuf = nullptr;
+  ASSERT_EQ(0, libd_trdma_reg(u, 64, reinterpret_cast<void **>(&ubuf)));
+  EXPECT_EQ(0, libd_trdma_read(u, 64, 0, ubuf)) << libd_last_error();
+  // A record of the revoked grant is refused (the table does not vouch; the server says no).
+  EXPECT_EQ(-EACCES, libd_transport_connect(o.holder("shm", g)));
+}
+
+TEST(SharedShm, AHolderTheTableVouchedForIsStillHeardByTheOwner) {
+  std::vector<char> mem(4096);
+  Owner o(mem);
+  auto *first = o.holder("shm", o.grant());
+  ASSERT_EQ(0, libd_transport_connect(first)) << libd_last_error();
+  auto g = o.grant(), h = o.grant();
+  auto *t = o.holder("shm", g), *gone = o.holder("shm", h);
+  ASSERT_EQ(0, libd_transport_connect(t)) << libd_last_error();
+  ASSERT_EQ(0, libd_transport_connect(gone)) << libd_last_error();
+  ASSERT_EQ(0, libd_trdma_notify(t, 77, 0)) << libd_last_error();
+  libd::Notice n;
+  ASSERT_EQ(0, o.server->wait_notify(g.id, &n, 3000)) << libd_last_error();
+  EXPECT_EQ(77u, n.value);
+  ASSERT_EQ(0, libd_transport_terminate(gone));  // without a word: a loss
+  EXPECT_EQ(-ECONNRESET, o.server->wait_notify(h.id, &n, 3000));
+  EXPECT_EQ(1u, o.server->connections());
+}
+
+// ---- an operation's own connect on a shared tcp connection: ATTACH and the operation together --
+
+TEST(SharedTcp, AnOperationRidesItsOwnAttach) {
+  std::vector<char> mem(1 << 16);
+  test::fill_random(mem.data(), mem.size(), 5);
+  Owner o(mem);
+  auto *first = o.holder("tcp", o.grant());
+  ASSERT_EQ(0, libd_transport_connect(first)) << libd_last_error();  // opens the session
+  auto g = o.grant("buf", LIBD_RIGHT_READ);
+  auto *t = o.holder("tcp", g);
+  char *buf = nullptr;
+  ASSERT_EQ(0, libd_trdma_reg(t, mem.size(), reinterpret_cast<void **>(&buf)));
+  libd_op *op = nullptr;
+  ASSERT_EQ(0, libd_trdma_read_async(t, 4096, 1024, buf, &op)) << libd_last_error();  // connects on the way
+  ASSERT_EQ(0, libd_op_wait(op, 5000)) << libd_last_error();
+  libd_op_free(op);
+  EXPECT_EQ(0, memcmp(buf, mem.data() + 1024, 4096));
+  // What the client could not check before the verdict, the server does: a write is refused.
+  ASSERT_EQ(0, libd_trdma_write_async(t, 64, 0, buf, &op));
+  EXPECT_EQ(-EACCES, libd_op_wait(op, 5000));
+  libd_op_free(op);
+  uint64_t size;
+  unsigned rights;
+  ASSERT_EQ(0, libd_trdma_remote(t, &size, &rights)) << libd_last_error();  // the server's verdict, kept
+  EXPECT_EQ(mem.size(), size);
+  EXPECT_EQ(unsigned(LIBD_RIGHT_READ), rights);
+  EXPECT_EQ(-EACCES, libd_trdma_write_async(t, 64, 0, buf, &op)) << "after the verdict the client refuses it itself";
+  EXPECT_EQ(1u, o.server->connections());
+}
+
+TEST(SharedTcp, AnOperationOnARevokedGrantFailsWithTheRefusal) {
+  std::vector<char> mem(4096);
+  Owner o(mem);
+  auto *first = o.holder("tcp", o.grant());
+  ASSERT_EQ(0, libd_transport_connect(first)) << libd_last_error();
+  auto g = o.grant();
+  ASSERT_EQ(0, o.server->revoke(g.id));
+  auto *t = o.holder("tcp", g);
+  char *buf = nullptr;
+  ASSERT_EQ(0, libd_trdma_reg(t, 64, reinterpret_cast<void **>(&buf)));
+  libd_op *op = nullptr;
+  ASSERT_EQ(0, libd_trdma_read_async(t, 64, 0, buf, &op)) << libd_last_error();
+  EXPECT_EQ(-EACCES, libd_op_wait(op, 5000));
+  libd_op_free(op);
+  EXPECT_EQ(-EACCES, libd_trdma_remote(t, nullptr, nullptr));
+  EXPECT_NE(LIBD_STATE_READY, libd_transport_state(t));
+  // The session goes on for the others.
+  char *fbuf = nullptr;
+  ASSERT_EQ(0, libd_trdma_reg(first, 64, reinterpret_cast<void **>(&fbuf)));
+  EXPECT_EQ(0, libd_trdma_read(first, 64, 0, fbuf)) << libd_last_error();
+  EXPECT_EQ(1u, o.server->connections());
+}

@@ -90,6 +90,9 @@ int Op::wait_until(Clock::time_point until) {
     if (std::shared_ptr<OpDriver> d = driver_.lock()) d->progress(this);
     if ((s = status()) != -EINPROGRESS) return s;
   }
+  // A wait that is over already only looks (a timed wait past its deadline still sleeps out the
+  // kernel's timer slack).
+  if (until != Clock::time_point::max() && Clock::now() >= until) return -ETIMEDOUT;
   Lot &lot = lot_of(this);
   std::unique_lock<std::mutex> lk(lot.mu);
   sleepers_.fetch_add(1, std::memory_order_seq_cst);

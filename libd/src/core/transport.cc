@@ -115,7 +115,7 @@ int Transport::error_locked() {
 }
 
 // Runs do_connect without holding mu_; exactly one thread at a time (busy_).
-int Transport::connect_locked(std::unique_lock<std::mutex> &lk, Deadline deadline, bool recovering) {
+int Transport::connect_locked(std::unique_lock<std::mutex> &lk, Deadline deadline, bool recovering, bool lazy) {
   busy_ = true;
   lk.unlock();
   int rc;
@@ -123,7 +123,7 @@ int Transport::connect_locked(std::unique_lock<std::mutex> &lk, Deadline deadlin
   {
     std::unique_lock<IoGate> io(io_mu_);
     if (recovering) do_disconnect();
-    rc = do_connect(deadline);
+    rc = lazy ? do_connect_lazy(deadline) : do_connect(deadline);
     if (rc) {
       why = last_error();
       do_disconnect();
@@ -150,11 +150,28 @@ int Transport::connect_locked(std::unique_lock<std::mutex> &lk, Deadline deadlin
   return 0;
 }
 
+int Transport::settle(Deadline deadline) {
+  int rc;
+  std::string why;
+  {
+    std::unique_lock<IoGate> io(io_mu_);  // the grant it sets is read by operations without mu_
+    rc = do_settle(deadline);
+    if (rc) why = last_error();
+  }
+  if (rc) {
+    fail(rc, why);
+    return set_error(rc, "transport " + quote(name_) + ": " + why);
+  }
+  return 0;
+}
+
 int Transport::connect() {
   std::unique_lock<std::mutex> lk(mu_);
   cv_.wait(lk, [&] { return !busy_; });
   switch (state_) {
-    case LIBD_STATE_READY: return 0;
+    case LIBD_STATE_READY:
+      lk.unlock();
+      return settle(op_deadline());  // an operation's connect may have left the verdict open
     case LIBD_STATE_INIT:
       return set_error(-EINVAL, "transport " + quote(name_) + " is not configured yet (state INIT)");
     case LIBD_STATE_INITD: return connect_locked(lk, op_deadline(), false);
@@ -238,6 +255,7 @@ void Transport::set_remote(uint64_t base, uint64_t length, unsigned rights) {
 
 int Transport::remote(uint64_t *size, unsigned *rights) {
   if (int rc = ensure_ready(op_deadline())) return rc;
+  if (int rc = settle(op_deadline())) return rc;
   std::lock_guard<std::mutex> lk(mu_);
   if (size) *size = remote_base_ + remote_len_;
   if (rights) *rights = remote_rights_;
@@ -300,7 +318,7 @@ int Transport::check_local(const Segments &segs) {
 
 // ---- operations ----
 
-int Transport::ensure_ready(Deadline deadline) {
+int Transport::ensure_ready(Deadline deadline, bool lazy) {
   std::unique_lock<std::mutex> lk(mu_);
   for (;;) {
     switch (state_) {
@@ -312,7 +330,7 @@ int Transport::ensure_ready(Deadline deadline) {
         return error_locked();
       case LIBD_STATE_INITD:
         if (busy_) break;
-        if (int rc = connect_locked(lk, deadline, false)) return rc;
+        if (int rc = connect_locked(lk, deadline, false, lazy)) return rc;
         continue;
       case LIBD_STATE_INIT: break;
     }
@@ -386,7 +404,7 @@ int Transport::start(OpKind kind, Segments segs, bool sync, std::shared_ptr<Op> 
       }
       if (state_now_.load(std::memory_order_acquire) != LIBD_STATE_READY) {
         io.unlock();
-        if (int rc = ensure_ready(deadline)) return rc;
+        if (int rc = ensure_ready(deadline, true)) return rc;  // the operation may ride the handshake
         continue;  // READY now, or a moment ago: check everything again under the lock
       }
       // The grant is set by do_connect under the exclusive I/O lock: stable here.

@@ -144,6 +144,13 @@ class Transport : public libd_transport {
   virtual int do_init() { return 0; }
   virtual bool configured() const { return true; }  // enough params to init without config?
   virtual int do_connect(Deadline deadline) { (void)deadline; return unsupported("connect"); }
+  // The connect an operation makes for itself (the transport was not READY yet). An engine that
+  // can queue the operation behind its handshake answers before the server has (READY at once)
+  // and gives the verdict to do_settle(); by default it is do_connect.
+  virtual int do_connect_lazy(Deadline deadline) { return do_connect(deadline); }
+  // Waits for a verdict do_connect_lazy left open; 0 once the grant is confirmed (set_remote
+  // called), else the refusal (the transport then fails). Called by connect() and remote().
+  virtual int do_settle(Deadline deadline) { (void)deadline; return 0; }
   virtual void do_disconnect() {}
   virtual int do_post(const std::shared_ptr<Op> &op) { (void)op; return unsupported("read/write"); }
   // A synchronous operation: by default posted like any other. An engine that can drive progress
@@ -187,10 +194,11 @@ class Transport : public libd_transport {
 
  private:
   void transition_locked(int to);
-  int ensure_ready(Deadline deadline);
+  int ensure_ready(Deadline deadline, bool lazy = false);
   // do_run_direct with the operation counted and (when sampled) timed as an Op would be.
   int run_direct(OpKind kind, const Segment &seg, std::shared_lock<IoGate> &io, Deadline deadline);
-  int connect_locked(std::unique_lock<std::mutex> &lk, Deadline deadline, bool recovering);
+  int connect_locked(std::unique_lock<std::mutex> &lk, Deadline deadline, bool recovering, bool lazy = false);
+  int settle(Deadline deadline);  // do_settle under the I/O lock; a refusal fails the transport
   int error_locked();
   // Checks, creates and posts an operation (sync: through do_run). On success *out is set; it
   // may also be set, already completed with the error, when the post itself failed.

@@ -6,6 +6,7 @@
 #include <sys/random.h>
 
 #include <cerrno>
+#include <cstring>
 #include <random>
 
 #include "proto/le.h"
@@ -19,6 +20,43 @@ void put(std::string *s, uint64_t v, int n) {
   s->append(b, size_t(n));
 }
 uint64_t get(const char *p, int n) { return get_le(p, n); }
+
+// HMAC-SHA256 (RFC 2104) over a digest fetched once. OpenSSL 3's one-shot HMAC() looks the
+// algorithm up on every call, which cost more than the hashing itself: a grant, an attachment and
+// its check each compute one.
+const EVP_MD *sha256() {
+  static const EVP_MD *md = EVP_MD_fetch(nullptr, "SHA256", nullptr);
+  return md;
+}
+
+struct MdCtx {
+  EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+  ~MdCtx() { EVP_MD_CTX_free(ctx); }
+};
+
+std::string hmac_sha256(const std::string &key, const std::string &msg) {
+  thread_local MdCtx c;
+  unsigned char k[64] = {0}, pad[64], inner[EVP_MAX_MD_SIZE], out[EVP_MAX_MD_SIZE];
+  unsigned int n = 0;
+  if (key.size() > sizeof k) {
+    EVP_DigestInit_ex(c.ctx, sha256(), nullptr);
+    EVP_DigestUpdate(c.ctx, key.data(), key.size());
+    EVP_DigestFinal_ex(c.ctx, k, &n);
+  } else {
+    std::memcpy(k, key.data(), key.size());
+  }
+  for (size_t i = 0; i < sizeof pad; i++) pad[i] = k[i] ^ 0x36;
+  EVP_DigestInit_ex(c.ctx, sha256(), nullptr);
+  EVP_DigestUpdate(c.ctx, pad, sizeof pad);
+  EVP_DigestUpdate(c.ctx, msg.data(), msg.size());
+  EVP_DigestFinal_ex(c.ctx, inner, &n);
+  for (size_t i = 0; i < sizeof pad; i++) pad[i] = k[i] ^ 0x5c;
+  EVP_DigestInit_ex(c.ctx, sha256(), nullptr);
+  EVP_DigestUpdate(c.ctx, pad, sizeof pad);
+  EVP_DigestUpdate(c.ctx, inner, n);
+  EVP_DigestFinal_ex(c.ctx, out, &n);
+  return std::string(reinterpret_cast<char *>(out), n);
+}
 
 }  // namespace
 
@@ -59,20 +97,36 @@ std::string encode_grant(const GrantBody &g) {
   if (g.cma_pid) {
     put(&s, g.cma_pid, 4);
     put(&s, g.cma_base, 8);
+    if (g.cma_table) {
+      put(&s, g.cma_table, 8);
+      put(&s, g.cma_slots, 4);
+    }
   }
   return s;
 }
 
 int decode_grant(const char *p, size_t n, GrantBody *out, std::string *why) {
-  if (n != kGrantBodySize && n != kGrantBodyCmaSize) { *why = "AUTH_OK body of wrong size"; return -EPROTO; }
+  if (n != kGrantBodySize && n != kGrantBodyCmaSize && n != kGrantBodyCmaTableSize) {
+    *why = "AUTH_OK body of wrong size";
+    return -EPROTO;
+  }
   out->element_size = get(p, 8);
   out->offset = get(p + 8, 8);
   out->length = get(p + 16, 8);
   out->rights = uint32_t(get(p + 24, 4));
-  out->cma_pid = n == kGrantBodyCmaSize ? uint32_t(get(p + 28, 4)) : 0;
-  out->cma_base = n == kGrantBodyCmaSize ? get(p + 32, 8) : 0;
-  if (n == kGrantBodyCmaSize && (out->cma_pid == 0 || out->cma_base > UINT64_MAX - out->element_size)) {
+  bool cma = n >= kGrantBodyCmaSize;
+  out->cma_pid = cma ? uint32_t(get(p + 28, 4)) : 0;
+  out->cma_base = cma ? get(p + 32, 8) : 0;
+  out->cma_table = n == kGrantBodyCmaTableSize ? get(p + 40, 8) : 0;
+  out->cma_slots = n == kGrantBodyCmaTableSize ? uint32_t(get(p + 48, 4)) : 0;
+  if (cma && (out->cma_pid == 0 || out->cma_base > UINT64_MAX - out->element_size)) {
     *why = "AUTH_OK describes an impossible cross-memory grant";
+    return -EPROTO;
+  }
+  if (n == kGrantBodyCmaTableSize &&
+      (out->cma_table == 0 || out->cma_slots == 0 || out->cma_slots > kCmaMaxSlots ||
+       out->cma_table > UINT64_MAX - uint64_t(out->cma_slots) * sizeof(CmaSlot))) {
+    *why = "AUTH_OK describes an impossible grant table";
     return -EPROTO;
   }
   if (out->offset > out->element_size || out->length > out->element_size - out->offset || out->rights > 3) {
@@ -90,11 +144,27 @@ std::string compute_mac(const std::string &secret, const std::string &nonce, con
   msg += grant_id;
   put(&msg, client_id.size(), 2);
   msg += client_id;
-  unsigned char out[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  HMAC(EVP_sha256(), secret.data(), int(secret.size()), reinterpret_cast<const unsigned char *>(msg.data()),
-       msg.size(), out, &len);
-  return std::string(reinterpret_cast<char *>(out), len);
+  return hmac_sha256(secret, msg);
+}
+
+std::string cma_tag(const std::string &secret, const std::string &grant_id, const std::string &client) {
+  std::string msg = "scad-cma-slot-v1";
+  put(&msg, grant_id.size(), 2);
+  msg += grant_id;
+  put(&msg, client.size(), 2);
+  msg += client;
+  return hmac_sha256(secret, msg).substr(0, 16);
+}
+
+int64_t cma_slot_of(const std::string &grant_id) {
+  auto us = grant_id.rfind('_');
+  if (us == std::string::npos || us + 1 >= grant_id.size() || grant_id.size() - us > 6) return -1;
+  int64_t v = 0;
+  for (size_t i = us + 1; i < grant_id.size(); i++) {
+    if (grant_id[i] < '0' || grant_id[i] > '9') return -1;
+    v = v * 10 + (grant_id[i] - '0');
+  }
+  return v < int64_t(kCmaMaxSlots) ? v : -1;
 }
 
 bool macs_equal(const std::string &a, const std::string &b) {

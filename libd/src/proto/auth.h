@@ -28,9 +28,42 @@ struct GrantBody {  // AUTH_OK
   // The kernel's ptrace rule decides whether the peer may attach; these two numbers open nothing.
   uint32_t cma_pid = 0;
   uint64_t cma_base = 0;
+  // Only in a unix session's AUTH_OK, where the owner keeps a grant table (cma_table): where the
+  // table is in the owner's process and how many slots it has. A peer checks a slotted grant
+  // there itself, by cross-memory attach, instead of asking (see CmaSlot).
+  uint64_t cma_table = 0;
+  uint32_t cma_slots = 0;
 };
 constexpr size_t kGrantBodySize = 28;
-constexpr size_t kGrantBodyCmaSize = 40;  // with cma_pid and cma_base
+constexpr size_t kGrantBodyCmaSize = 40;       // with cma_pid and cma_base
+constexpr size_t kGrantBodyCmaTableSize = 52;  // and cma_table, cma_slots
+
+// The owner's grant table for peers on its host (lent memory, a unix socket). A grant on a whole
+// lent element gets a slot, and its id ends in "_<slot>". A peer that shares a session with the
+// owner (it knows the owner's pid and the table's address from AUTH_OK) attaches such a grant
+// without a round trip: it reads the slot from the owner's memory and checks the tag, which only
+// the grant's secret (and the action it is for) yields; before each transfer it reads the slot's seq again, which moves
+// whenever the owner changes the slot (the grant revoked, expired, withdrawn, the slot reused).
+// The owner writes a slot as a seqlock: seq odd while it writes, even once it is stable. Nothing
+// here opens memory a same-user peer could not reach anyway (cross-memory attach needs ptrace
+// leave); it lets libd's checks in the peer follow the owner's grants as they change.
+struct CmaSlot {
+  uint64_t seq;     // even: stable; bumped twice by every change
+  uint64_t base;    // the grant's first byte in the owner's process
+  uint64_t length;  // bytes
+  uint32_t rights;
+  uint32_t live;    // 1 while the grant is valid
+  unsigned char tag[16];
+  unsigned char pad[16];
+};
+static_assert(sizeof(CmaSlot) == 64, "one cache line per slot");
+constexpr uint32_t kCmaMaxSlots = 1u << 16;
+// The tag of a grant's slot: HMAC-SHA256(secret, "scad-cma-slot-v1" | grant id | client), first 16
+// bytes, where client is the grant's ("*", or the one action it is for): a peer finds its grant's
+// tag with its own action id or "*", as the server would admit it.
+std::string cma_tag(const std::string &secret, const std::string &grant_id, const std::string &client);
+// The slot a grant id names ("..._<slot>"), or -1.
+int64_t cma_slot_of(const std::string &grant_id);
 
 std::string encode_auth(const AuthBody &a);
 int decode_auth(const char *p, size_t n, AuthBody *out, std::string *why);

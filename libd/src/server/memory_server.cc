@@ -97,7 +97,7 @@ class MemoryServer::Conn : public FrameReader::Handler {
     verbs_ep_.reset();  // the client's remote key dies with its connection: revocation is immediate
     // Every holder that leaves without having said it finished is lost to its owner, who must not
     // wait for it forever.
-    for (auto &[h, a] : atts_) srv_->release_attachment(a.grant.id, !a.notified);
+    for (auto &[h, a] : atts_) srv_->release_attachment(a.grant.id, unix_, !a.notified);
     atts_.clear();
     if (!cm_ticket_.empty()) srv_->cm_tickets_.erase(cm_ticket_);
     uv_timer_stop(&auth_timer_);
@@ -128,7 +128,7 @@ class MemoryServer::Conn : public FrameReader::Handler {
         reader_.discard_current();  // the rest of that WRITE is dropped, and refused
         write_status_ = -ECONNRESET;
       }
-      srv_->release_attachment(atts_[h].grant.id, false);  // the owner's own doing: not a loss
+      srv_->release_attachment(atts_[h].grant.id, unix_, false);  // the owner's own doing: not a loss
       atts_.erase(h);
       Header d;
       d.opcode = kDetached;
@@ -193,7 +193,7 @@ class MemoryServer::Conn : public FrameReader::Handler {
       case kDetach: {
         auto it = atts_.find(uint32_t(h.addr));
         if (h.addr > UINT32_MAX || it == atts_.end()) return 0;  // ended by the owner meanwhile
-        srv_->release_attachment(it->second.grant.id, !it->second.notified);
+        srv_->release_attachment(it->second.grant.id, unix_, !it->second.notified);
         atts_.erase(it);
         return 0;
       }
@@ -207,7 +207,10 @@ class MemoryServer::Conn : public FrameReader::Handler {
         Attachment *a = attachment(h);
         if (!a) return 0;  // its grant is over: nobody waits for the word any more
         a->notified = true;
-        srv_->on_notice(a->grant.id, Notice{h.addr, h.status});
+        // Told once this read is handled: a DETACH that came with it is counted first, so the
+        // owner, woken, ends the grant without a trip to this loop.
+        notices_.push_back({a->grant.id, Notice{h.addr, h.status}});
+        if (!in_read_) deliver_notices();
         return 0;
       }
       case kWrite:
@@ -282,6 +285,7 @@ class MemoryServer::Conn : public FrameReader::Handler {
       // Lent memory has no memfd: the peer attaches to this process (cross-memory attach).
       body->cma_pid = uint32_t(getpid());
       body->cma_base = uint64_t(uintptr_t(element->base));
+      if (session_ && handle == 0) srv_->cma_describe(body);  // where the grant table is
     }
     return 0;
   }
@@ -514,7 +518,14 @@ class MemoryServer::Conn : public FrameReader::Handler {
                                       : c->reader_.advance_direct(size_t(n), &why);
     c->in_read_ = false;
     c->flush();
+    c->deliver_notices();
     if (rc) c->close();  // a protocol violation ends this connection only
+  }
+
+  void deliver_notices() {
+    auto pending = std::move(notices_);
+    notices_.clear();
+    for (auto &[grant, n] : pending) srv_->on_notice(grant, n);
   }
 
   MemoryServer *srv_;
@@ -538,6 +549,7 @@ class MemoryServer::Conn : public FrameReader::Handler {
   uint32_t payload_handle_ = 0;  // the attachment the WRITE payload being received is for
   std::unordered_map<uint32_t, Attachment> atts_;
   std::unordered_map<const Element *, int> queued_;  // elements whose memory queued writes send
+  std::vector<std::pair<std::string, Notice>> notices_;  // NOTIFYs of the read being handled
   char staging_[kStagingSize];
 };
 
@@ -545,7 +557,56 @@ class MemoryServer::Conn : public FrameReader::Handler {
 
 MemoryServer::MemoryServer() = default;
 
-MemoryServer::~MemoryServer() { stop(); }
+MemoryServer::~MemoryServer() {
+  stop();
+  if (cma_table_) munmap(cma_table_, size_t(cma_slots_) * sizeof(CmaSlot));
+}
+
+// A seqlock write, one writer (under mu_): seq odd while the fields change, even after.
+void MemoryServer::cma_write_locked(int64_t slot, const Grant *g, const char *base) {
+  if (!cma_table_ || slot < 0 || slot >= int64_t(cma_slots_)) return;
+  CmaSlot *c = &cma_table_[slot];
+  uint64_t seq = __atomic_load_n(&c->seq, __ATOMIC_RELAXED);
+  __atomic_store_n(&c->seq, seq + 1, __ATOMIC_RELAXED);
+  __atomic_thread_fence(__ATOMIC_RELEASE);
+  if (g) {
+    std::string tag = cma_tag(g->secret, g->id, g->client);
+    c->base = uint64_t(uintptr_t(base + g->offset));
+    c->length = g->length;
+    c->rights = g->rights;
+    std::memcpy(c->tag, tag.data(), sizeof c->tag);
+    c->live = 1;
+  } else {
+    c->live = 0;
+    std::memset(c->tag, 0, sizeof c->tag);
+    c->base = c->length = 0;
+    c->rights = 0;
+  }
+  __atomic_store_n(&c->seq, seq + 2, __ATOMIC_RELEASE);
+}
+
+bool MemoryServer::drop_grant_locked(const std::string &id) {
+  auto it = grants_.find(id);
+  if (it == grants_.end()) return false;
+  if (it->second.slot >= 0) {
+    cma_write_locked(it->second.slot, nullptr, nullptr);
+    cma_free_.push_back(uint32_t(it->second.slot));
+  }
+  grants_.erase(it);
+  return true;
+}
+
+void MemoryServer::cma_describe(GrantBody *body) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (!cma_table_) return;
+  body->cma_table = uint64_t(uintptr_t(cma_table_));
+  body->cma_slots = cma_slots_;
+}
+
+size_t MemoryServer::cma_slots_used() {
+  std::lock_guard<std::mutex> lk(mu_);
+  return cma_table_ ? cma_slots_ - cma_free_.size() : 0;
+}
 
 int MemoryServer::add_element(const std::string &name, uint64_t size) {
   if (name.empty() || name.size() > 128) return set_error(-EINVAL, "element name must be 1..128 bytes");
@@ -589,21 +650,24 @@ int MemoryServer::add_lent_element(const std::string &name, char *base, uint64_t
 }
 
 int MemoryServer::remove_element(const std::string &name) {
-  bool held = false;
+  bool sync = false, async = false;
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (!elements_.erase(name)) return set_error(-ENOENT, "no element '" + name + "'");
-    for (auto it = grants_.begin(); it != grants_.end();) {
-      if (it->second.element != name) { ++it; continue; }
-      held = held || attached_locked(it->first);
-      drop_notices_locked(it->first);
-      forget_expiry_locked(it->first);
-      it = grants_.erase(it);
+    std::vector<std::string> gone;
+    for (auto &[id, g] : grants_)
+      if (g.element == name) gone.push_back(id);
+    for (const auto &id : gone) {
+      holders_locked(id, &sync, &async);
+      drop_notices_locked(id);
+      forget_expiry_locked(id);
+      drop_grant_locked(id);
     }
   }
-  // Connections still holding one of its grants let go of it before this returns; with none
-  // (the holders detached), nothing on the loop can reach the memory any more.
-  if (held) cut([&](const Grant &g) { return g.element == name; }, -ECANCELED);
+  // Connections over which the loop may still move its bytes let go of it before this returns;
+  // with none (the holders detached, or only peers on this host, which move the bytes themselves
+  // and find their grant gone before their next transfer), nothing on the loop reaches it.
+  cut_holders([name](const Grant &g) { return g.element == name; }, -ECANCELED, sync, async);
   return 0;
 }
 
@@ -625,14 +689,27 @@ int MemoryServer::grant(Grant *g) {
   if (g->offset > size || g->length > size - g->offset)
     return set_error(-ERANGE, "grant: range [" + std::to_string(g->offset) + ", +" + std::to_string(g->length) +
                                   ") is outside element '" + g->element + "' of " + std::to_string(size) + " bytes");
-  if (g->id.empty()) g->id = "g" + to_hex(random_bytes(8));
-  if (g->secret.empty()) g->secret = to_hex(random_bytes(32));
+  // A grant on a whole lent element gets a slot in the table for peers on this host (if there is
+  // one, and a slot free), named in the id the server makes up.
+  int64_t slot = -1;
+  std::string fresh = random_bytes(40);  // one system call: 8 bytes of id, 32 of secret
+  if (g->id.empty() && cma_table_ && !cma_free_.empty() && it->second->lent && g->offset == 0 && g->length == size) {
+    slot = cma_free_.back();
+    g->id = "g" + to_hex(fresh.substr(0, 8)) + "_" + std::to_string(slot);
+  }
+  if (g->id.empty()) g->id = "g" + to_hex(fresh.substr(0, 8));
+  if (g->secret.empty()) g->secret = to_hex(fresh.substr(8));
   for (char c : g->id)
     if (!isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_')
       return set_error(-EINVAL, "grant id may hold letters, digits, '-' and '_' only");
   if (g->id.size() > 64 || g->secret.size() < 32 || g->secret.size() > 256)
     return set_error(-EINVAL, "grant: id up to 64 bytes, secret 32..256 bytes");
   if (grants_.count(g->id) || notices_.count(g->id)) return set_error(-EEXIST, "grant '" + g->id + "' already exists");
+  g->slot = slot;
+  if (slot >= 0) {
+    cma_free_.pop_back();
+    cma_write_locked(slot, g, it->second->base);
+  }
   grants_[g->id] = *g;
   notices_[g->id] = Notices();
   if (g->ttl_ms && !stopped_) {
@@ -649,17 +726,17 @@ int MemoryServer::grant(Grant *g) {
 }
 
 int MemoryServer::revoke(const std::string &grant_id) {
-  bool held;
+  bool sync = false, async = false;
   {
     std::lock_guard<std::mutex> lk(mu_);
-    bool had = grants_.erase(grant_id) > 0;
+    bool had = drop_grant_locked(grant_id);
     auto it = notices_.find(grant_id);
     if ((it == notices_.end() || it->second.dropped) && !had) return set_error(-ENOENT, "no grant '" + grant_id + "'");
     drop_notices_locked(grant_id);  // an expired grant's record goes here too
     forget_expiry_locked(grant_id);
-    held = attached_locked(grant_id);
+    holders_locked(grant_id, &sync, &async);
   }
-  if (held) cut([&](const Grant &g) { return g.id == grant_id; }, -ECANCELED);
+  cut_holders([grant_id](const Grant &g) { return g.id == grant_id; }, -ECANCELED, sync, async);
   return 0;
 }
 
@@ -702,9 +779,9 @@ void MemoryServer::on_expiry_timer() {
       std::string id = expiry_q_.begin()->second;
       expiry_q_.erase(expiry_q_.begin());
       expiry_of_.erase(id);
-      if (!grants_.erase(id)) continue;
+      if (!drop_grant_locked(id)) continue;
       end_notices_locked(id, -EKEYEXPIRED);
-      if (attached_locked(id)) expired.push_back(id);
+      if (attached_.count(id)) expired.push_back(id);
     }
   }
   for (const auto &id : expired) cut_locked_loop([&](const Grant &g) { return g.id == id; }, -EKEYEXPIRED);
@@ -774,15 +851,19 @@ int MemoryServer::take_attachment(const Grant &g, bool is_unix, bool session, st
     return -EPERM;
   }
   if (is_unix && session && !e->second->lent) return -EOPNOTSUPP;  // a memfd cannot ride a shared socket's frames
-  attached_[g.id]++;
+  Held &held = attached_[g.id];
+  (is_unix ? held.unix_ : held.tcp)++;
   *element = e->second;
   return 0;
 }
 
-void MemoryServer::release_attachment(const std::string &grant_id, bool lost) {
+void MemoryServer::release_attachment(const std::string &grant_id, bool is_unix, bool lost) {
   std::lock_guard<std::mutex> lk(mu_);
   auto a = attached_.find(grant_id);
-  if (a != attached_.end() && --a->second == 0) attached_.erase(a);
+  if (a != attached_.end()) {
+    (is_unix ? a->second.unix_ : a->second.tcp)--;
+    if (a->second.tcp == 0 && a->second.unix_ == 0) attached_.erase(a);
+  }
   if (!lost) return;
   auto it = notices_.find(grant_id);
   if (it == notices_.end() || it->second.ended) return;  // closed by revoke/expiry, not by the holder
@@ -818,7 +899,9 @@ int MemoryServer::wait_notify(const std::string &grant_id, Notice *out, int time
     if (n.ended) return leave(set_error(n.ended, "grant '" + grant_id + "' was revoked or its server stopped"));
     if (timeout_ms < 0) {
       notices_cv_.wait(lk);
-    } else if (notices_cv_.wait_until(lk, deadline) == std::cv_status::timeout) {
+    } else if (timeout_ms == 0 || notices_cv_.wait_until(lk, deadline) == std::cv_status::timeout) {
+      // (A zero timeout only looks: a timed wait that is already over still sleeps out the
+      // kernel's timer slack, some 50 us.)
       // One last look: a notice that raced the deadline is still delivered.
       if (!n.queue.empty() || n.lost > 0 || n.ended) continue;
       return leave(set_error(-ETIMEDOUT, "no word from the holder of grant '" + grant_id + "' within " +
@@ -834,6 +917,11 @@ void MemoryServer::cut_locked_loop(const std::function<bool(const Grant &)> &pre
 
 void MemoryServer::cut(const std::function<bool(const Grant &)> &pred, int reason) {
   loop_.run_sync([&] { cut_locked_loop(pred, reason); });
+}
+
+void MemoryServer::cut_holders(std::function<bool(const Grant &)> pred, int reason, bool sync, bool async) {
+  if (sync) cut(pred, reason);
+  else if (async) loop_.post([this, pred = std::move(pred), reason] { cut_locked_loop(pred, reason); });
 }
 
 std::shared_ptr<Element> MemoryServer::find_element(const std::string &name) {
@@ -928,6 +1016,16 @@ int MemoryServer::listen_unix(const std::string &path) {
     unix_path_ = path;
   });
   if (rc) return set_error(rc, why);
+  std::lock_guard<std::mutex> lk(mu_);
+  if (!cma_table_) {
+    constexpr uint32_t kSlots = 4096;
+    void *p = mmap(nullptr, size_t(kSlots) * sizeof(CmaSlot), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p != MAP_FAILED) {  // without one, peers on this host ask (ATTACH) as they do elsewhere
+      cma_table_ = static_cast<CmaSlot *>(p);
+      cma_slots_ = kSlots;
+      for (uint32_t i = kSlots; i-- > 0;) cma_free_.push_back(i);
+    }
+  }
   return 0;
 }
 
@@ -1011,6 +1109,8 @@ void MemoryServer::stop() {
       std::lock_guard<std::mutex> lk(mu_);
       expiry_q_.clear();
       expiry_of_.clear();
+      for (auto &[id, g] : grants_)  // the grants stay for the owner to revoke; peers can no longer use them
+        if (g.slot >= 0) cma_write_locked(g.slot, nullptr, nullptr);
     }
     if (expiry_timer_)
       uv_close(reinterpret_cast<uv_handle_t *>(expiry_timer_), [](uv_handle_t *h) { delete reinterpret_cast<uv_timer_t *>(h); });

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "core/params.h"
+#include "proto/auth.h"
 #include "io/ioloop.h"
 
 namespace libd {
@@ -55,6 +56,7 @@ struct Grant {
   uint64_t length = 0;
   unsigned rights = 0;
   uint64_t ttl_ms = 0;  // 0: until revoked; else the loop revokes it this long after grant()
+  int64_t slot = -1;    // its slot in the grant table for peers on this host (proto::CmaSlot), or -1
 };
 
 // What a grant's owner learns from its holders.
@@ -109,6 +111,9 @@ class MemoryServer {
   std::string client_config(const Grant &g) const;
 
   void stop();  // closes listeners and connections; elements stay until destruction
+  // The grant table for peers on this host (made by listen_unix): a grant on a whole lent element
+  // gets a slot there, and its id names it (proto::CmaSlot). Its slots, for tests.
+  size_t cma_slots_used();
   size_t connections();
 
   class Conn;  // one client connection (loop thread only)
@@ -129,9 +134,25 @@ class MemoryServer {
   // if the holder left without a word (`lost`), tells a waiting owner.
   struct Attachment;
   int take_attachment(const Grant &g, bool is_unix, bool session, std::shared_ptr<Element> *element);
-  void release_attachment(const std::string &grant_id, bool lost);
-  std::unordered_map<std::string, int> attached_;  // under mu_: grant id -> connections holding it
-  bool attached_locked(const std::string &grant_id) const { return attached_.count(grant_id) > 0; }
+  void release_attachment(const std::string &grant_id, bool is_unix, bool lost);
+  // Under mu_: grant id -> how many connections hold it, over tcp (the loop reads and writes the
+  // memory for them) and over the unix socket (the peer moves the bytes itself: the loop never
+  // touches the memory).
+  struct Held {
+    int tcp = 0, unix_ = 0;
+  };
+  std::unordered_map<std::string, Held> attached_;
+  // How ending a grant reaches its holders: `sync` when the loop may be touching its memory for
+  // one (the caller waits until it let go), else `async` (told, not waited for) when only peers
+  // on this host hold it.
+  void holders_locked(const std::string &grant_id, bool *sync, bool *async) const {
+    auto it = attached_.find(grant_id);
+    if (it == attached_.end()) return;
+    *sync = *sync || it->second.tcp > 0;
+    *async = *async || it->second.unix_ > 0;
+  }
+  // Ends the grants `pred` picks: waits for the loop if `sync`, else only asks it if `async`.
+  void cut_holders(std::function<bool(const Grant &)> pred, int reason, bool sync, bool async);
   // Ends the grants `pred` picks on every connection (loop thread; reason for DETACHED).
   void cut_locked_loop(const std::function<bool(const Grant &)> &pred, int reason);
   // The same from any thread (waits for the loop).
@@ -160,6 +181,14 @@ class MemoryServer {
   void on_expiry_timer();  // loop thread
   void start_cm();  // loop thread
   void on_cm_request(rdma_cm_id *id, const std::string &ticket);
+
+  // The grant table (under mu_ for the owner's writes; peers read it by cross-memory attach).
+  proto::CmaSlot *cma_table_ = nullptr;
+  uint32_t cma_slots_ = 0;
+  std::vector<uint32_t> cma_free_;
+  void cma_write_locked(int64_t slot, const Grant *g, const char *base);  // g null: clear it
+  bool drop_grant_locked(const std::string &id);  // erases a grant (and frees its slot); false if none
+  void cma_describe(proto::GrantBody *body);      // the table's address and size, for a session's AUTH_OK
 
   std::unique_ptr<CmListener> cm_;  // loop thread; reset in stop() after every connection
   std::unordered_map<std::string, Conn *> cm_tickets_;  // loop thread: one-shot, per connection

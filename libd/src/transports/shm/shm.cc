@@ -17,6 +17,7 @@
 // (revoke, expiry, withdraw) says so on the socket (DETACHED): that transport alone goes to
 // ERROR, as a closed socket moves a transport of its own. The session's socket is watched on the
 // shared loop, which reads what the server sends on it.
+#include <openssl/crypto.h>
 #include <sys/mman.h>
 #include <sys/uio.h>
 #include <sys/socket.h>
@@ -128,6 +129,9 @@ class ShmSession : public FrameReader::Handler, public std::enable_shared_from_t
     std::shared_ptr<ShmSession> s(new ShmSession());
     s->fd_ = fd;
     s->nonce_ = std::move(nonce);
+    s->pid_ = pid_t(grant->cma_pid);
+    s->table_ = grant->cma_table;
+    s->slots_ = grant->cma_slots;
     s->start_watch();
     *out = std::move(s);
     return 0;
@@ -184,6 +188,56 @@ class ShmSession : public FrameReader::Handler, public std::enable_shared_from_t
     return 0;
   }
 
+  // Attaches a grant with a slot in the owner's grant table without a round trip (proto::CmaSlot):
+  // 0 with the grant, the slot's address and its seq (which the transport checks before each
+  // transfer); -EAGAIN when the table cannot vouch for it (no table, not a slotted id, a slot
+  // that is free, changing or not this grant's): the caller asks the server, whose answer is
+  // final. The server still hears of the attachment (ATTACH, not waited for), so the holder's
+  // word and its leaving reach the owner as for any other; a refusal there ends it.
+  int attach_local(const std::string &grant_id, const std::string &secret, const std::string &aid, FailFn fn,
+                   uint32_t *handle, GrantBody *grant, Alive *alive, uint64_t *slot_addr, uint64_t *slot_seq) {
+    if (!table_) return -EAGAIN;
+    int64_t slot = cma_slot_of(grant_id);
+    if (slot < 0 || slot >= int64_t(slots_)) return -EAGAIN;
+    uint64_t addr = table_ + uint64_t(slot) * sizeof(CmaSlot);
+    CmaSlot c;
+    uint64_t again = 0;
+    if (!read_owner(&c, addr, sizeof c) || (c.seq & 1) || !c.live) return -EAGAIN;
+    // The grant is for anyone holding it ("*"), or for this action alone.
+    if (CRYPTO_memcmp(cma_tag(secret, grant_id, "*").data(), c.tag, sizeof c.tag) != 0 &&
+        CRYPTO_memcmp(cma_tag(secret, grant_id, aid).data(), c.tag, sizeof c.tag) != 0)
+      return -EAGAIN;
+    if (!read_owner(&again, addr, sizeof again) || again != c.seq) return -EAGAIN;  // torn: changed while read
+    std::unique_lock<std::mutex> lk(mu_);
+    if (closed_) return -EAGAIN;
+    uint32_t h = next_handle_++;
+    attaches_[h].async = true;
+    auto al = std::make_shared<std::atomic<bool>>(true);
+    users_[h] = User{std::move(fn), al};
+    std::string frame = encode_attach(h, {grant_id, secret, aid}, nonce_);
+    lk.unlock();
+    int rc;
+    {
+      std::lock_guard<std::mutex> sl(send_mu_);
+      rc = send_all(fd_, frame.data(), frame.size(), Deadline::after_ms(1000));
+    }
+    if (rc) {
+      lk.lock();
+      users_.erase(h);
+      attaches_.erase(h);
+      fail_locked(-ECONNRESET, std::string("cannot reach the memory element: ") + strerror(-rc));
+      return -EAGAIN;
+    }
+    *grant = GrantBody{c.length, 0, c.length, c.rights};
+    grant->cma_pid = uint32_t(pid_);
+    grant->cma_base = c.base;
+    *handle = h;
+    *alive = std::move(al);
+    *slot_addr = addr;
+    *slot_seq = c.seq;
+    return 0;
+  }
+
   // Lets an attachment go (no answer). Nothing of it runs any more: shm copies complete inline.
   void detach(uint32_t h) {
     {
@@ -225,6 +279,7 @@ class ShmSession : public FrameReader::Handler, public std::enable_shared_from_t
     if (h.opcode == kAttachOk) {
       auto it = attaches_.find(uint32_t(h.addr));
       if (h.addr > UINT32_MAX || it == attaches_.end() || it->second.done) return -EPROTO;
+      if (it->second.async) return 0;  // the table vouched already: only the verdict matters
       it->second.body.assign(size_t(payload_length(h)), '\0');
       *dest = it->second.body.data();
       return 0;
@@ -236,12 +291,18 @@ class ShmSession : public FrameReader::Handler, public std::enable_shared_from_t
   int on_frame(const Header &h) override {
     if (h.opcode == kAttachOk) {
       Attaching &a = attaches_[uint32_t(h.addr)];
-      a.done = true;
-      a.status = h.status;
-      cv_.notify_all();
-      return 0;
+      if (a.async) {
+        attaches_.erase(uint32_t(h.addr));
+        if (h.status == 0) return 0;
+        // The grant ended between the table's word and the server's: as if it ended after.
+      } else {
+        a.done = true;
+        a.status = h.status;
+        cv_.notify_all();
+        return 0;
+      }
     }
-    auto it = users_.find(uint32_t(h.addr));  // DETACHED
+    auto it = users_.find(uint32_t(h.addr));  // DETACHED, or a refused ATTACH the table vouched for
     if (it == users_.end()) return 0;
     User u = std::move(it->second);
     users_.erase(it);
@@ -261,9 +322,16 @@ class ShmSession : public FrameReader::Handler, public std::enable_shared_from_t
     bool done = false;
     int status = 0;
     std::string body;
+    bool async = false;  // attach_local: nobody waits for the answer
   };
 
   ShmSession() : reader_(this) {}
+
+  // Reads the owner's memory (its grant table) by cross-memory attach.
+  bool read_owner(void *dst, uint64_t addr, size_t n) {
+    struct iovec l = {dst, n}, r = {reinterpret_cast<void *>(uintptr_t(addr)), n};
+    return process_vm_readv(pid_, &l, 1, &r, 1, 0) == ssize_t(n);
+  }
 
   void start_watch() {
     holder_ = new std::shared_ptr<ShmSession>(shared_from_this());  // the watch keeps the session alive
@@ -335,6 +403,9 @@ class ShmSession : public FrameReader::Handler, public std::enable_shared_from_t
 
   int fd_ = -1;
   std::string nonce_;
+  pid_t pid_ = 0;         // the owner's process
+  uint64_t table_ = 0;    // its grant table, if it has one
+  uint32_t slots_ = 0;
   std::mutex mu_;
   std::mutex send_mu_;
   std::condition_variable cv_;
@@ -415,6 +486,14 @@ class ShmTransport : public Transport {
       auto session = ShmSessions::get().find(path);
       if (!session) break;
       ShmSession::Alive alive;
+      if (session->attach_local(grant_id, secret, aid(), on_fail, &handle_, &g, &alive, &slot_addr_, &slot_seq_) == 0) {
+        session_ = std::move(session);
+        alive_ = std::move(alive);
+        cma_pid_ = pid_t(g.cma_pid);
+        cma_base_ = g.cma_base;
+        set_remote(g.offset, g.length, g.rights);
+        return 0;
+      }
       int rc = session->attach(grant_id, secret, aid(), deadline, on_fail, &handle_, &g, &alive);
       if (rc == 0) {
         session_ = std::move(session);
@@ -488,6 +567,14 @@ class ShmTransport : public Transport {
     return set_error(-e, std::string("cross-memory attach: ") + strerror(e));
   }
 
+  // A grant attached from the owner's table: its slot must still be the one checked then (one
+  // 8-byte read of the owner's memory).
+  bool slot_unchanged() {
+    uint64_t seq = 0;
+    struct iovec l = {&seq, sizeof seq}, r = {reinterpret_cast<void *>(uintptr_t(slot_addr_)), sizeof seq};
+    return process_vm_readv(cma_pid_, &l, 1, &r, 1, 0) == ssize_t(sizeof seq) && seq == slot_seq_;
+  }
+
   // One segment by cross-memory attach; the kernel may move less than asked, so loop.
   int cma_copy(bool is_read, const Segment &s) {
     uint64_t done = 0;
@@ -534,6 +621,7 @@ class ShmTransport : public Transport {
       session_->detach(handle_);  // the connection stays, for the next transport
       session_.reset();
     }
+    slot_addr_ = slot_seq_ = 0;
     if (watch_) {
       Watch *w = watch_;
       watch_ = nullptr;
@@ -572,6 +660,12 @@ class ShmTransport : public Transport {
       op->complete(-ECONNRESET, "the memory element is gone");
       return 0;
     }
+    if (slot_addr_ && !slot_unchanged()) {
+      const char *why = "the memory's owner ended this grant (revoked, expired, or the memory withdrawn)";
+      fail(-ECONNRESET, why);
+      op->complete(-ECONNRESET, why);
+      return 0;
+    }
     bool is_read = op->kind() == OpKind::Read;
     for (const auto &s : op->segments()) {
       if (cma_pid_) {
@@ -601,6 +695,7 @@ class ShmTransport : public Transport {
   bool shared_ = false;
   std::shared_ptr<ShmSession> session_;  // share,1: the process's connection to the server
   uint32_t handle_ = 0;                  // this transport's attachment on it
+  uint64_t slot_addr_ = 0, slot_seq_ = 0;  // its slot in the owner's grant table, when it came from there
   pid_t cma_pid_ = 0;       // lent memory: the owner's process, else 0 (memfd mapping)
   uint64_t cma_base_ = 0;   // the element's address in the owner
   std::mutex notify_mu_;

@@ -120,7 +120,36 @@ class TcpTransport : public Transport {
     return 0;
   }
 
+  // An operation's own connect, on a shared connection: the ATTACH goes out and the operation
+  // right behind it, without waiting for the answer (one round trip for both); the verdict is
+  // do_settle's, and a refusal fails the operation with it anyway. Until then the client checks
+  // nothing the server does not check again per request.
+  int do_connect_lazy(Deadline deadline) override {
+    shared_ = params_.get_or("share", "0") == "1";
+    if (!shared_) return do_connect(deadline);
+    std::string key = params_.get_or("host", "") + "|" + params_.get_or("port", "");
+    auto conn = TcpSessions::get().find(key);
+    if (!conn) return do_connect(deadline);  // the first to this server opens the session (AUTH)
+    TcpCredentials creds{params_.get_or("grant", ""), params_.get_or("secret", ""), aid()};
+    if (conn->attach_async(creds, [this](int err, const std::string &why) { fail(err, why); }, &handle_) != 0)
+      return do_connect(deadline);  // it closed meanwhile: a new one
+    conn_ = std::move(conn);
+    unsettled_ = true;
+    set_remote(0, UINT64_MAX / 2, LIBD_RIGHT_READ | LIBD_RIGHT_WRITE);
+    return 0;
+  }
+
+  int do_settle(Deadline deadline) override {
+    if (!unsettled_ || !conn_) return 0;
+    proto::GrantBody grant;
+    int rc = conn_->verdict(handle_, deadline, &grant);
+    unsettled_ = false;
+    if (rc == 0) set_remote(grant.offset, grant.length, grant.rights);
+    return rc;
+  }
+
   void do_disconnect() override {
+    unsettled_ = false;
     if (!conn_) return;
     if (shared_) conn_->detach(handle_);  // the connection stays, for the next transport
     else conn_->close(-ECONNABORTED, "the transport was closed");
@@ -153,6 +182,7 @@ class TcpTransport : public Transport {
   std::shared_ptr<TcpConn> conn_;
   bool shared_ = false;
   uint32_t handle_ = 0;  // this transport's attachment on a shared connection
+  bool unsettled_ = false;  // attached by an operation: the server's verdict not read yet
 };
 
 }  // namespace

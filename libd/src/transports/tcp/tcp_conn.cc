@@ -89,7 +89,7 @@ bool TcpConn::refused_locked(uint32_t handle, const std::shared_ptr<Op> &op) {
   }
   auto it = ended_.find(handle);
   if (it == ended_.end()) return false;
-  op->complete(-ECONNRESET, it->second);
+  op->complete(it->second.first, it->second.second);
   return true;
 }
 
@@ -174,7 +174,7 @@ int TcpConn::notify(uint64_t value, int status, uint32_t handle) {
   Lock lk(mu_);
   if (closed_) return set_error(-ENOTCONN, "the connection to the memory element is closed (" + close_why_ + ")");
   auto ended = ended_.find(handle);
-  if (ended != ended_.end()) return set_error(-ECONNRESET, ended->second);
+  if (ended != ended_.end()) return set_error(ended->second.first, ended->second.second);
   // A state with no operation and nothing to wait for: it only keeps the chunk's accounting
   // (detached: nobody completes it).
   auto st = std::make_shared<OpState>();
@@ -187,11 +187,9 @@ int TcpConn::notify(uint64_t value, int status, uint32_t handle) {
   return 0;
 }
 
-int TcpConn::attach(const TcpCredentials &creds, Deadline deadline, FailFn on_fail, uint32_t *handle, GrantBody *grant) {
-  Lock lk(mu_);
-  if (closed_) return set_error(-ENOTCONN, "the connection to the memory element is closed (" + close_why_ + ")");
+uint32_t TcpConn::queue_attach_locked(const TcpCredentials &creds, bool flush) {
   uint32_t h = next_handle_++;
-  Attaching &a = attaches_[h];  // unordered_map nodes stay put: the reference outlives rehashing
+  attaches_[h];
   attaching_++;
   std::string frame = encode_attach(h, creds, nonce_);
   auto st = std::make_shared<OpState>();
@@ -204,7 +202,56 @@ int TcpConn::attach(const TcpCredentials &creds, Deadline deadline, FailFn on_fa
   sendq_.push_back(std::move(c));
   sendq_.back().data = sendq_.back().owned.data();
   st->queued_sends++;
-  if (!flush_locked()) want_loop_locked();
+  if (flush && !flush_locked()) want_loop_locked();
+  return h;
+}
+
+int TcpConn::attach_async(const TcpCredentials &creds, FailFn on_fail, uint32_t *handle) {
+  Lock lk(mu_);
+  if (closed_) return set_error(-ENOTCONN, "the connection to the memory element is closed (" + close_why_ + ")");
+  // Not sent yet: the operation that follows goes out with it in one system call (and the server
+  // answers both in one). verdict() sends it if nothing did.
+  uint32_t h = queue_attach_locked(creds, false);
+  attaches_[h].async = true;
+  users_[h] = std::move(on_fail);
+  // Who reads the answer: the operation that follows hands it to the loop (or leads), as verdict() does.
+  *handle = h;
+  return 0;
+}
+
+int TcpConn::verdict(uint32_t h, Deadline deadline, GrantBody *grant) {
+  Lock lk(mu_);
+  auto it = attaches_.find(h);
+  if (it == attaches_.end() || !it->second.async) return 0;  // settled before
+  Attaching &a = it->second;
+  if (!sendq_.empty() && !flush_locked()) want_loop_locked();
+  while (!a.done && !closed_) {
+    // Read the answer here rather than wait for the loop to hand it over (one thread woken, not
+    // two); the loop, if it was reading, takes over again after.
+    if (reader_ != Reader::Leader) {
+      lead_locked(lk, [&] { return a.done; }, deadline);
+      continue;
+    }
+    if (cv_.wait_until(lk, deadline.at()) == std::cv_status::timeout && !a.done && !closed_)
+      fail_locked(-ETIMEDOUT, "no answer to ATTACH from the memory element within the deadline", true);
+  }
+  Attaching got = std::move(a);
+  attaches_.erase(h);
+  if (!got.done) return set_error(close_err_ ? close_err_ : -ENOTCONN, "the connection to the memory element closed (" + close_why_ + ")");
+  if (got.status != 0) return set_error(got.status, refusal_reason(got.status));
+  std::string why;
+  if (decode_grant(got.body.data(), got.body.size(), grant, &why)) {
+    fail_locked(-EPROTO, "protocol error from the memory element: " + why, true);
+    return set_error(-EPROTO, why);
+  }
+  return 0;
+}
+
+int TcpConn::attach(const TcpCredentials &creds, Deadline deadline, FailFn on_fail, uint32_t *handle, GrantBody *grant) {
+  Lock lk(mu_);
+  if (closed_) return set_error(-ENOTCONN, "the connection to the memory element is closed (" + close_why_ + ")");
+  uint32_t h = queue_attach_locked(creds, true);
+  Attaching &a = attaches_[h];  // unordered_map nodes stay put: the reference outlives rehashing
   // The answer comes on the stream: read it here if nobody else is reading, else wait for the
   // reader (the loop or another caller leading) to hand it over.
   while (!a.done && !closed_) {
@@ -248,6 +295,11 @@ void TcpConn::set_on_dead(std::function<void()> fn) {
 void TcpConn::detach(uint32_t handle) {
   Lock lk(mu_);
   users_.erase(handle);
+  auto pending = attaches_.find(handle);
+  if (pending != attaches_.end() && pending->second.async) {
+    if (!pending->second.done) attaching_--;  // its answer, when it comes, finds nobody
+    attaches_.erase(pending);
+  }
   bool ended = ended_.erase(handle) > 0;
   // Its operations end here; bytes already queued for the stream are sent whole first (the
   // stream needs them, and they point into the caller's buffers).
@@ -277,19 +329,26 @@ void TcpConn::detach(uint32_t handle) {
 }
 
 void TcpConn::cut_handle_locked(uint32_t handle, int reason) {
-  std::string why = reason == -EKEYEXPIRED ? "the memory's owner let this grant expire"
-                                           : "the memory's owner ended this grant (revoked, or the memory withdrawn)";
-  ended_[handle] = why;
+  // DETACHED (the owner ended the grant: -ECANCELED, -EKEYEXPIRED) or a refused ATTACH that
+  // requests followed (-EACCES and the other refusals: the requests fail with it).
+  bool refused = reason != -ECANCELED && reason != -EKEYEXPIRED && reason != 0;
+  int err = refused ? reason : -ECONNRESET;
+  std::string why = refused ? refusal_reason(reason)
+                    : reason == -EKEYEXPIRED ? "the memory's owner let this grant expire"
+                                             : "the memory's owner ended this grant (revoked, or the memory withdrawn)";
+  ended_[handle] = {err, why};
   std::vector<std::shared_ptr<OpState>> mine;
   for (auto &[id, p] : inflight_)
     if (p.st->handle == handle) mine.push_back(p.st);
-  for (auto &st : mine) op_error(st, -ECONNRESET, why);
+  for (auto &c : sendq_)
+    if (c.st && c.st->op && c.st->handle == handle) mine.push_back(c.st);
+  for (auto &st : mine) op_error(st, err, why);
   for (auto &st : mine) maybe_finish_locked(st);
   auto it = users_.find(handle);
   if (it == users_.end()) return;
   FailFn fn = std::move(it->second);
   users_.erase(it);
-  if (fn) fn(-ECONNRESET, why);  // the transport learns before its waiters wake (as fail_locked)
+  if (fn) fn(err, why);  // the transport learns before its waiters wake (as fail_locked)
 }
 
 void TcpConn::close(int err, const std::string &why) {
@@ -440,8 +499,10 @@ void TcpConn::check_deadlines_locked() {
 int TcpConn::on_header(const Header &h, char **dest) {
   if (h.opcode == kPong) return 0;
   if (h.opcode == kAttachOk) {
+    if (!session_ || h.addr == 0 || h.addr >= next_handle_) return -EPROTO;
     auto it = attaches_.find(uint32_t(h.addr));
-    if (!session_ || h.addr > UINT32_MAX || it == attaches_.end() || it->second.done) return -EPROTO;
+    if (it == attaches_.end()) return 0;  // the answer to an attachment let go of before it came
+    if (it->second.done) return -EPROTO;
     it->second.body.assign(size_t(payload_length(h)), '\0');
     *dest = it->second.body.data();
     return 0;
@@ -461,9 +522,17 @@ int TcpConn::on_header(const Header &h, char **dest) {
 int TcpConn::on_frame(const Header &h) {
   if (h.opcode == kPong) return 0;
   if (h.opcode == kAttachOk) {
-    Attaching &a = attaches_[uint32_t(h.addr)];
+    auto it = attaches_.find(uint32_t(h.addr));
+    if (it == attaches_.end()) return 0;
+    Attaching &a = it->second;
     a.done = true;
     a.status = h.status;
+    if (a.async) {
+      attaching_--;
+      // Requests that followed a refused ATTACH fail with the refusal itself (the server, for
+      // which the handle never existed, answers them -ECONNRESET just after).
+      if (h.status != 0) cut_handle_locked(uint32_t(h.addr), h.status);
+    }
     cv_.notify_all();
     return 0;
   }

@@ -64,6 +64,11 @@ class TcpConn : public proto::FrameReader::Handler, public OpDriver, public std:
   // memory element's refusal (the session goes on). on_fail hears of the attachment's end: the
   // owner cut it (DETACHED) or the connection failed.
   int attach(const TcpCredentials &creds, Deadline deadline, FailFn on_fail, uint32_t *handle, proto::GrantBody *grant);
+  // The same without waiting: the ATTACH is queued and the caller's requests may follow it at
+  // once (the server takes them in order). verdict() waits for the answer; a refusal ends the
+  // attachment (its requests fail with the refusal) whether or not anyone asks.
+  int attach_async(const TcpCredentials &creds, FailFn on_fail, uint32_t *handle);
+  int verdict(uint32_t handle, Deadline deadline, proto::GrantBody *grant);
   void add_user(uint32_t handle, FailFn on_fail);
   // Lets an attachment go: its operations still running end with -ECONNABORTED (on return the
   // connection no longer touches their buffers), and the server is told (DETACH).
@@ -103,7 +108,9 @@ class TcpConn : public proto::FrameReader::Handler, public OpDriver, public std:
     bool done = false;
     int status = 0;
     std::string body;
+    bool async = false;  // attach_async: the attachment runs already; the verdict is kept for verdict()
   };
+  uint32_t queue_attach_locked(const TcpCredentials &creds, bool flush);  // ATTACH queued (sent if flush); its handle
   enum class Reader { None, Leader, Loop };
   using Lock = std::unique_lock<std::mutex>;
 
@@ -134,7 +141,7 @@ class TcpConn : public proto::FrameReader::Handler, public OpDriver, public std:
   std::string nonce_;  // the server's challenge: ATTACHes are signed over it
   uint32_t next_handle_ = 1;
   std::unordered_map<uint32_t, FailFn> users_;        // live attachments
-  std::unordered_map<uint32_t, std::string> ended_;   // handles the owner ended, and why
+  std::unordered_map<uint32_t, std::pair<int, std::string>> ended_;  // handles the owner ended (or refused), how and why
   std::unordered_map<uint32_t, Attaching> attaches_;  // ATTACHes in flight
   int attaching_ = 0;
   std::function<void()> on_dead_;
