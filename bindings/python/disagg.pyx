@@ -22,6 +22,7 @@ import os
 import time
 from concurrent.futures import CancelledError
 
+from cpython.buffer cimport PyBUF_C_CONTIGUOUS, PyBuffer_Release, PyObject_GetBuffer
 from cpython.exc cimport PyErr_CheckSignals
 from libc.stdint cimport uint64_t
 from libc.stdlib cimport free, malloc
@@ -30,7 +31,19 @@ from libc.string cimport strlen
 cimport clibd
 
 __all__ = ["LibdAction", "LibdTransport", "LibdTransportRDMA", "LibdTransportRDMAServer", "Operation",
-           "CancelledError", "STATES"]
+           "CancelledError", "STATES", "buffer_info"]
+
+
+def buffer_info(obj):
+    """(address, bytes, readonly) of a C-contiguous buffer-protocol object (a numpy array, bytes,
+    bytearray, memoryview...), without copying: what a registration needs, read in one call.
+    BufferError if the memory is not C-contiguous."""
+    cdef Py_buffer view
+    PyObject_GetBuffer(obj, &view, PyBUF_C_CONTIGUOUS)
+    try:
+        return <size_t>view.buf, view.len, bool(view.readonly)
+    finally:
+        PyBuffer_Release(&view)
 
 STATES = {clibd.LIBD_STATE_INIT: "INIT", clibd.LIBD_STATE_INITD: "INITD", clibd.LIBD_STATE_READY: "READY",
           clibd.LIBD_STATE_ERROR: "ERROR", clibd.LIBD_STATE_TERMINATED: "TERMINATED"}

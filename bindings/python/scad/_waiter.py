@@ -43,7 +43,10 @@ async def wait_fd(fd: int, ready: Callable[[], bool], timeout: Optional[float]) 
 
     loop.add_reader(fd, look)
     try:
-        await asyncio.wait_for(fut, timeout)
+        if timeout is None:
+            await fut
+        else:
+            await asyncio.wait_for(fut, timeout)
         return True
     except asyncio.TimeoutError:
         return ready()

@@ -76,18 +76,20 @@ class ActiveOperation(OperationBase):
         self._action = LibdAction(connector.name)
         self._transports = []
         self._ops = []
-        timeout_ms = int(connector.timeout * 1000)
+        where = f"{_where(self.impl, md.host, md.port, md.path)};timeout_ms,{int(connector.timeout * 1000)}"
+        read = self._kind is OperationKind.READ
         try:
             for i, (local, remote) in enumerate(zip(self._descs, md.descriptors)):
                 local.register_memory(connector)
-                self._action.add_transport(f"d{i};{self.impl};{_where(self.impl, md.host, md.port, md.path)};"
-                                           f"grant,{remote.grant};secret,{remote.secret};timeout_ms,{timeout_ms}")
+                self._action.add_transport(f"d{i};{self.impl};{where};grant,{remote.grant};secret,{remote.secret}")
                 t = self._action.get_transport(f"d{i}", "rdma")
                 t.reg_memory(local.ptr, local.size, keep=local)
                 self._transports.append(t)
-                # The first transfer connects (the owner checks the grant then) and starts.
-                op = t.read_async(local.size, 0, 0) if self._kind is OperationKind.READ else t.write_async(local.size, 0, 0)
-                self._ops.append(op)
+                # The first transfer connects (on a shared connection it rides its grant's ATTACH)
+                # and starts.
+                self._ops.append(t.read_async(local.size, 0, 0) if read else t.write_async(local.size, 0, 0))
+            for t in self._transports:
+                t.remote()  # the owner's verdict on the grant: a refusal is an error here, not later
         except PermissionError as e:
             self._fail_setup()
             raise PermissionError(errno.EACCES, f"{_REFUSED} ({e})") from None

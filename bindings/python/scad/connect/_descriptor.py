@@ -73,6 +73,19 @@ def _is_torch_tensor(data: Any) -> bool:
     return type(data).__module__.split(".")[0] == "torch" and hasattr(data, "data_ptr")
 
 
+_BUFFER_INFO: Any = False  # disagg.buffer_info, None without the binding, False before the first look
+
+
+def _buffer_info() -> Any:
+    global _BUFFER_INFO
+    if _BUFFER_INFO is False:
+        try:
+            from disagg import buffer_info as _BUFFER_INFO
+        except ImportError:  # pragma: no cover - the objects work without the binding
+            _BUFFER_INFO = None
+    return _BUFFER_INFO
+
+
 def _from_buffer(obj: Any) -> tuple[int, int, bool]:
     """(address, size, readonly) of a contiguous buffer-protocol object, without copying."""
     view = memoryview(obj)
@@ -105,13 +118,20 @@ class Descriptor:
             if self._ptr == 0 or self._size <= 0:
                 raise ValueError("an (address, size, device) descriptor needs a non-null address and a size > 0")
         elif isinstance(data, numpy.ndarray):
-            if not data.flags.c_contiguous:
-                raise ValueError("a descriptor needs a C-contiguous array (use numpy.ascontiguousarray)")
-            if data.nbytes == 0:
+            info = _buffer_info()
+            if info is not None:  # the binding reads address, size and mode in one call
+                try:
+                    self._ptr, self._size, self._readonly = info(data)
+                except (BufferError, ValueError):  # numpy says "ndarray is not C-contiguous"
+                    raise ValueError("a descriptor needs a C-contiguous array (use numpy.ascontiguousarray)") from None
+            else:
+                if not data.flags.c_contiguous:
+                    raise ValueError("a descriptor needs a C-contiguous array (use numpy.ascontiguousarray)")
+                self._ptr = data.__array_interface__["data"][0]
+                self._size = data.nbytes
+                self._readonly = not data.flags.writeable
+            if self._size == 0:
                 raise ValueError("a descriptor needs at least one byte")
-            self._ptr = data.__array_interface__["data"][0]
-            self._size = data.nbytes
-            self._readonly = not data.flags.writeable
         elif _is_torch_tensor(data):
             if data.device.type != "cpu":
                 self._device = Device(str(data.device))

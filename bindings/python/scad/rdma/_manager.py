@@ -123,11 +123,12 @@ class RdmaManager:
         grant stays). For a peer done with a buffer, even in the owner's own process."""
         self._forget_qp(remote.route)
 
-    async def request_queue_pair(self, remote: RdmaBuffer) -> QueuePair:
-        """The queue pair to remote's route, connected (made on first use, then reused)."""
+    def _queue_pair(self, remote: RdmaBuffer) -> tuple:
+        """The queue pair to remote's route and whether it is new (made now, not connected yet:
+        its first transfer connects, and learns the owner's verdict on the key then)."""
         qp = self._qps.get(remote.route)
         if qp is not None:
-            return qp
+            return qp, False
         impl = _memserver.choose_transport(self._transport, remote.hostname, remote.path, remote.verbs, remote.whole)
         from disagg import LibdAction
 
@@ -137,26 +138,39 @@ class RdmaManager:
         action = LibdAction(self.name)
         where = _memserver.where(impl, remote.host, remote.port, remote.path)
         action.add_transport(f"qp;{impl};{where};grant,{remote.grant};secret,{remote._secret};timeout_ms,{self._timeout_ms}")
-        t = action.get_transport("qp", "rdma")
-        try:
-            await wait_in_thread(t.connect)  # the owner checks the key now: a refusal is an error here
-        except PermissionError as e:
-            action.terminate()
-            raise PermissionError(e.errno, f"the owner refused this buffer's key (dropped or expired): {e}") from None
-        except ConnectionError as e:
-            action.terminate()
-            raise ConnectionError(e.errno, f"cannot reach the buffer's owner over {impl}: {e}") from None
-        qp = self._qps.setdefault(remote.route, QueuePair(action, t, remote.route, impl))
-        if qp._t is not t:
-            action.terminate()  # another task connected the same route meanwhile: use that one
+        made = QueuePair(action, action.get_transport("qp", "rdma"), remote.route, impl)
+        qp = self._qps.setdefault(remote.route, made)
+        if qp is not made:
+            action.terminate()  # another thread made the same route's meanwhile: use that one
+        return qp, qp is made
+
+    async def request_queue_pair(self, remote: RdmaBuffer) -> QueuePair:
+        """The queue pair to remote's route, connected (made on first use, then reused)."""
+        qp, new = self._queue_pair(remote)
+        if new:
+            try:
+                await wait_in_thread(qp._t.connect)  # the owner checks the key now: a refusal is an error here
+            except (PermissionError, ConnectionError) as e:
+                self._forget_qp(remote.route)
+                raise _refusal(e, qp.impl, True) from None
         return qp
 
+    def _transfer_start(self, remote: RdmaBuffer, memory: Any, offset: int, read: bool) -> tuple:
+        """Starts a transfer on remote's queue pair (made, and connected by this transfer, on first
+        use); the queue pair and whether it was new."""
+        qp, new = self._queue_pair(remote)
+        try:
+            (qp.get if read else qp.put)(memory, remote, offset)
+        except (PermissionError, ConnectionError) as e:
+            self._forget_qp(remote.route)
+            raise _refusal(e, qp.impl, new) from None
+        return qp, new
+
     async def transfer(self, remote: RdmaBuffer, memory: Any, offset: int, timeout: Optional[float], read: bool) -> None:
-        qp = await self.request_queue_pair(remote)
         lock = self._qp_locks.setdefault(remote.route, asyncio.Lock())
         async with lock:  # one read_into/write_from at a time per route: one local region at a time
+            qp, new = self._transfer_start(remote, memory, offset, read)
             try:
-                (qp.get if read else qp.put)(memory, remote, offset)
                 await qp.wait(timeout)
             except TimeoutError:
                 qp.cancel()  # the caller's memory is not written after it was told "timed out"
@@ -165,8 +179,7 @@ class RdmaManager:
                 # The connection is of no more use (the key was revoked, or the owner is gone):
                 # the next transfer connects afresh and gets the owner's answer.
                 self._forget_qp(remote.route)
-                raise type(e)(e.errno, f"the buffer's owner cut the transfer off (it dropped the buffer, or is "
-                                       f"gone): {e}") from None
+                raise _refusal(e, qp.impl, new) from None
 
     # ---- internals ----------------------------------------------------------------------
     def _serve_locked(self) -> Any:
@@ -186,3 +199,13 @@ class RdmaManager:
             self._server.withdraw(region.element)
         except KeyError:
             pass
+
+
+def _refusal(e: OSError, impl: str, new: bool) -> OSError:
+    """What a transfer's failure means to the caller: a refused key, an owner out of reach (on the
+    first contact), or a transfer cut off."""
+    if isinstance(e, PermissionError):
+        return PermissionError(e.errno, f"the owner refused this buffer's key (dropped or expired): {e}")
+    if new:
+        return ConnectionError(e.errno, f"cannot reach the buffer's owner over {impl}: {e}")
+    return ConnectionError(e.errno, f"the buffer's owner cut the transfer off (it dropped the buffer, or is gone): {e}")

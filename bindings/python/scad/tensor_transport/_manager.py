@@ -20,6 +20,7 @@ from typing import Any, Dict, List, Optional, Set
 import numpy
 
 from ..rdma import RdmaBuffer, RdmaManager
+from ..rdma._manager import _refusal
 from ._metadata import CommunicatorMetadata, FetchRequest, ScadCommunicatorMetadata, ScadTransportMetadata
 
 try:
@@ -295,14 +296,15 @@ class ScadTensorTransport(_Base):
         async with self._route(buf.route):
             try:
                 receive.check()
-                qp = await manager.request_queue_pair(buf)
+                qp, new = manager._transfer_start(buf, local, 0, True)  # a new queue pair connects with it
                 receive.track(qp)
-                qp.get(local, buf)
                 try:
                     await qp.wait(max(0.0, deadline - time.monotonic()))
                 except TimeoutError:
                     raise TimeoutError(f"the receive of object {receive.obj_id} took longer than {self._timeout} s "
                                        "and was cancelled") from None
+                except (PermissionError, ConnectionError) as e:
+                    raise _refusal(e, qp.impl, new) from None
                 receive.check()  # cancelled before the wait began: nothing was waited for
                 _counters.add(**{f"{qp.impl}_reads": 1})
             except BaseException as e:
