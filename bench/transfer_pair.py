@@ -18,6 +18,7 @@ A cell is (mode, size, op, inflight):
 """
 import json
 import os
+import select
 import subprocess
 import sys
 import time
@@ -60,6 +61,16 @@ class Channel:
 
 
 _proto_out = None
+
+
+def await_command(progress=None):
+    """How every active side waits for the owner's next command: polling its pipe (and yielding
+    the CPU), as NIXL's must (without a progress thread its agent has to be driven meanwhile), so
+    that no API's figure carries a pipe wake-up the others do not. `progress` runs each round."""
+    while not select.select([sys.stdin], [], [], 0)[0]:
+        if progress is not None:
+            progress()
+        os.sched_yield()
 
 
 def claim_stdout():

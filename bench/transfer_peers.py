@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import numpy  # noqa: E402
 
-from transfer_pair import claim_stdout, emit, fail, fill_value, measure, start_active, stdio_channel  # noqa: E402
+from transfer_pair import await_command, claim_stdout, emit, fail, fill_value, measure, start_active, stdio_channel  # noqa: E402
 
 perf = time.perf_counter
 yield_cpu = os.sched_yield
@@ -217,12 +217,9 @@ class Active:
 
     def serve(self):
         while True:
-            if self.api == "nixl":
-                # No progress thread: the agent is driven while it waits for the next command, or a
-                # notification still queued in UCX (they go out over tcp) would never leave.
-                while not select.select([sys.stdin], [], [], 0)[0]:
-                    self.lib.agent.get_new_notifs()
-                    yield_cpu()
+            # NIXL without a progress thread: the agent is driven while it waits for the next
+            # command, or a notification still queued in UCX (they go out over tcp) never leaves.
+            await_command(self.lib.agent.get_new_notifs if self.api == "nixl" else None)
             msg = self.chan.recv()
             cmd = msg["cmd"]
             if cmd == "quit":

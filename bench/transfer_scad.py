@@ -20,7 +20,7 @@ sys.path[:0] = [str(ROOT / "build" / "python"), str(ROOT / "bindings" / "python"
 
 import numpy  # noqa: E402
 
-from transfer_pair import claim_stdout, Channel, emit, fail, fill_value, measure, measure_async, start_active, stdio_channel  # noqa: E402
+from transfer_pair import await_command, claim_stdout, Channel, emit, fail, fill_value, measure, measure_async, start_active, stdio_channel  # noqa: E402
 
 perf = time.perf_counter
 
@@ -132,6 +132,7 @@ class Active:
 
     async def serve(self):
         while True:
+            await_command()
             msg = self.chan.recv()
             cmd = msg["cmd"]
             if cmd == "quit":
