@@ -36,12 +36,13 @@ int resolve(const std::string &host, const std::string &port, sockaddr_storage *
   return 0;
 }
 
-std::string encode_attach(uint32_t handle, const Credentials &creds, const std::string &nonce) {
+std::string encode_attach(uint32_t handle, const Credentials &creds, const std::string &nonce, bool quiet) {
   std::string body = encode_auth({creds.grant_id, creds.client_id,
                                   compute_mac(creds.secret, nonce, creds.grant_id, creds.client_id)});
   Header h;
   h.opcode = kAttach;
   h.addr = handle;
+  h.req_id = quiet ? kAttachQuiet : 0;
   h.size = body.size();
   char hdr[kHeaderSize];
   encode_header(h, hdr);

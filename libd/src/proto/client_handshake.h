@@ -31,7 +31,8 @@ std::string refusal_reason(int status);
 int connect_authenticated(const sockaddr *addr, socklen_t len, const Credentials &creds, const Deadline &deadline,
                           int *fd, GrantBody *grant, uint64_t auth_flags = 0, std::string *nonce = nullptr);
 
-// The ATTACH frame (header and body) for one more grant on a session.
-std::string encode_attach(uint32_t handle, const Credentials &creds, const std::string &nonce);
+// The ATTACH frame (header and body) for one more grant on a session. quiet: the server answers
+// only a refusal (the peer needs nothing from a grant it checked itself, in the owner's table).
+std::string encode_attach(uint32_t handle, const Credentials &creds, const std::string &nonce, bool quiet = false);
 
 }  // namespace libd::proto

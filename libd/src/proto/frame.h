@@ -28,7 +28,9 @@
 // connection then carries any number of grants of the same server, each an *attachment* with a
 // 32-bit handle the client chooses. The AUTH grant is handle 0; ATTACH (addr = the new handle,
 // body as AUTH's, its mac over the connection's own nonce) adds one and is answered by ATTACH_OK
-// (addr = the handle; status; when 0 the grant body, as AUTH_OK's). READ, WRITE and NOTIFY name
+// (addr = the handle; status; when 0 the grant body, as AUTH_OK's), unless bit 0 of its req_id asks
+// for quiet (only a refusal is answered: a peer on the owner's host that checked the grant in the
+// owner's table needs nothing else). READ, WRITE and NOTIFY name
 // their attachment in the top 32 bits of req_id (on a connection that is not a session those bits
 // are ignored: old clients count their ids from 1). DETACH (addr = handle, no body, no answer)
 // ends an attachment; a holder that detaches without a NOTIFY counts as gone, as a closed
@@ -73,6 +75,7 @@ enum Opcode : uint8_t {
 };
 
 constexpr uint64_t kAuthSession = 1;  // AUTH addr bit: make this connection a session
+constexpr uint64_t kAttachQuiet = 1;  // ATTACH req_id bit: answer a refusal only (no ATTACH_OK on success)
 // The attachment a session request names (top 32 bits of its req_id), and a req_id for one.
 inline uint32_t handle_of(uint64_t req_id) { return uint32_t(req_id >> 32); }
 inline uint64_t with_handle(uint32_t handle, uint64_t low) { return (uint64_t(handle) << 32) | (low & 0xffffffffu); }

@@ -321,6 +321,7 @@ class MemoryServer::Conn : public FrameReader::Handler {
     GrantBody body;
     int rc = admit(uint32_t(h.addr), &body);
     if (rc == -EPROTO) return rc;
+    if (rc == 0 && (h.req_id & kAttachQuiet)) return 0;  // the peer checked it itself: nothing to say
     std::string payload = rc == 0 ? encode_grant(body) : std::string();
     r.status = rc;  // a refused grant leaves the session as it was
     r.size = payload.size();
@@ -939,6 +940,12 @@ bool MemoryServer::find_grant(const std::string &id, Grant *out) {
 }
 
 size_t MemoryServer::connections() { return nconns_.load(); }
+
+size_t MemoryServer::holders(const std::string &grant_id) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = attached_.find(grant_id);
+  return it == attached_.end() ? 0 : size_t(it->second.tcp + it->second.unix_);
+}
 
 int MemoryServer::listen_tcp(const std::string &host, uint16_t port, uint16_t *bound) {
   int rc = 0;

@@ -115,6 +115,9 @@ class MemoryServer {
   // gets a slot there, and its id names it (proto::CmaSlot). Its slots, for tests.
   size_t cma_slots_used();
   size_t connections();
+  // How many connections hold the grant right now (attachments counted under the lock): tests
+  // and diagnostics.
+  size_t holders(const std::string &grant_id);
 
   class Conn;  // one client connection (loop thread only)
 

@@ -211,10 +211,10 @@ class ShmSession : public FrameReader::Handler, public std::enable_shared_from_t
     std::unique_lock<std::mutex> lk(mu_);
     if (closed_) return -EAGAIN;
     uint32_t h = next_handle_++;
-    attaches_[h].async = true;
     auto al = std::make_shared<std::atomic<bool>>(true);
     users_[h] = User{std::move(fn), al};
-    std::string frame = encode_attach(h, {grant_id, secret, aid}, nonce_);
+    // Quiet: only a refusal is answered (as DETACHED would be: the watch ends the attachment).
+    std::string frame = encode_attach(h, {grant_id, secret, aid}, nonce_, true);
     lk.unlock();
     int rc;
     {
@@ -277,9 +277,10 @@ class ShmSession : public FrameReader::Handler, public std::enable_shared_from_t
   // ---- FrameReader::Handler (the loop thread, under mu_) ----
   int on_header(const Header &h, char **dest) override {
     if (h.opcode == kAttachOk) {
+      if (h.addr == 0 || h.addr >= next_handle_) return -EPROTO;
       auto it = attaches_.find(uint32_t(h.addr));
-      if (h.addr > UINT32_MAX || it == attaches_.end() || it->second.done) return -EPROTO;
-      if (it->second.async) return 0;  // the table vouched already: only the verdict matters
+      if (it == attaches_.end()) return h.status != 0 && h.size == 0 ? 0 : -EPROTO;  // a quiet ATTACH refused
+      if (it->second.done) return -EPROTO;
       it->second.body.assign(size_t(payload_length(h)), '\0');
       *dest = it->second.body.data();
       return 0;
@@ -290,17 +291,15 @@ class ShmSession : public FrameReader::Handler, public std::enable_shared_from_t
 
   int on_frame(const Header &h) override {
     if (h.opcode == kAttachOk) {
-      Attaching &a = attaches_[uint32_t(h.addr)];
-      if (a.async) {
-        attaches_.erase(uint32_t(h.addr));
-        if (h.status == 0) return 0;
-        // The grant ended between the table's word and the server's: as if it ended after.
-      } else {
-        a.done = true;
-        a.status = h.status;
+      auto at = attaches_.find(uint32_t(h.addr));
+      if (at != attaches_.end()) {
+        at->second.done = true;
+        at->second.status = h.status;
         cv_.notify_all();
         return 0;
       }
+      // A quiet ATTACH refused: the grant ended between the table's word and the server's, as if
+      // it ended after.
     }
     auto it = users_.find(uint32_t(h.addr));  // DETACHED, or a refused ATTACH the table vouched for
     if (it == users_.end()) return 0;
@@ -322,7 +321,6 @@ class ShmSession : public FrameReader::Handler, public std::enable_shared_from_t
     bool done = false;
     int status = 0;
     std::string body;
-    bool async = false;  // attach_local: nobody waits for the answer
   };
 
   ShmSession() : reader_(this) {}
