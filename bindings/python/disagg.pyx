@@ -420,13 +420,18 @@ cdef class LibdTransportRDMA(LibdTransport):
         self._size = size
         self.buf = None
 
-    def notify(self, uint64_t value, int status=0):
+    def notify(self, uint64_t value, int status=0, bint last=False):
         """Tells the memory's owner this holder finished (status 0) or gave up (a negative errno),
-        with a 64-bit value. Call it once the transfers it covers have completed."""
+        with a 64-bit value. Call it once the transfers it covers have completed. last: the holder
+        is done with the grant (a shared connection lets go of it in the same write; terminate the
+        transport after)."""
         cdef clibd.libd_transport *t = self._tr()
         cdef int rc
         with nogil:
-            rc = clibd.libd_trdma_notify(t, value, status)
+            if last:
+                rc = clibd.libd_trdma_notify_last(t, value, status)
+            else:
+                rc = clibd.libd_trdma_notify(t, value, status)
         _check(rc, "notify")
 
     @property

@@ -304,6 +304,10 @@ int libd_trdma_server_unwatch_notify(libd_transport *trans, const char *grant_id
  * the transfers. Connects first if the transport is not READY (as a transfer would).
  * -ECONNRESET / -ENOTCONN the owner is gone; -EINVAL status > 0; -EOPNOTSUPP local/fake. */
 int libd_trdma_notify(libd_transport *trans, uint64_t value, int status);
+/* The holder's last word (since 1.2): as libd_trdma_notify, and the holder is done with the grant
+ * — on a shared connection (share,1) the grant is let go of in the same write, so the owner, woken
+ * by the word, finds nobody holding it. The transport moves no more data afterwards (terminate it). */
+int libd_trdma_notify_last(libd_transport *trans, uint64_t value, int status);
 
 #if defined(__GNUC__)
 #pragma GCC visibility pop

@@ -365,3 +365,44 @@ TEST(SharedTcp, AnOperationOnARevokedGrantFailsWithTheRefusal) {
   EXPECT_EQ(0, libd_trdma_read(first, 64, 0, fbuf)) << libd_last_error();
   EXPECT_EQ(1u, o.server->connections());
 }
+
+TEST_P(Shared, TheLastWordLetsGoOfTheGrantInTheSameWrite) {
+  std::vector<char> mem(4096);
+  Owner o(mem);
+  auto *first = o.holder(GetParam(), o.grant());
+  ASSERT_EQ(0, libd_transport_connect(first)) << libd_last_error();
+  auto g = o.grant();
+  auto *t = o.holder(GetParam(), g);
+  char *buf = nullptr;
+  ASSERT_EQ(0, libd_trdma_reg(t, 64, reinterpret_cast<void **>(&buf)));
+  ASSERT_EQ(0, libd_trdma_read(t, 64, 0, buf)) << libd_last_error();
+  ASSERT_EQ(0, libd_trdma_notify_last(t, 9, 0)) << libd_last_error();
+  libd::Notice n;
+  ASSERT_EQ(0, o.server->wait_notify(g.id, &n, 3000)) << libd_last_error();
+  EXPECT_EQ(9u, n.value);
+  // The owner, woken by the word, finds nobody holding the grant: ending it is no trip to the loop.
+  EXPECT_EQ(0u, o.server->holders(g.id)) << "the DETACH is counted before the word is handed over";
+  EXPECT_EQ(1u, o.server->connections()) << "after the word";
+  EXPECT_NE(0, libd_trdma_read(t, 64, 0, buf)) << "the holder let go of the grant";
+  EXPECT_EQ(1u, o.server->connections()) << "after the read: " << libd_last_error();
+  ASSERT_EQ(0, libd_transport_terminate(t));
+  EXPECT_EQ(-ETIMEDOUT, o.server->wait_notify(g.id, &n, 100)) << "no loss: it said it was done";
+  EXPECT_EQ(0, o.server->revoke(g.id));
+  EXPECT_EQ(1u, o.server->connections()) << test::transport_error(first) << " | " << test::transport_error(t);
+}
+
+TEST_P(Shared, APlainWordKeepsTheGrantUntilTheHolderLeaves) {
+  std::vector<char> mem(4096);
+  Owner o(mem);
+  auto g = o.grant();
+  auto *t = o.holder(GetParam(), g);
+  char *buf = nullptr;
+  ASSERT_EQ(0, libd_trdma_reg(t, 64, reinterpret_cast<void **>(&buf)));
+  ASSERT_EQ(0, libd_trdma_read(t, 64, 0, buf)) << libd_last_error();
+  ASSERT_EQ(0, libd_trdma_notify(t, 5, 0)) << libd_last_error();
+  libd::Notice n;
+  ASSERT_EQ(0, o.server->wait_notify(g.id, &n, 3000)) << libd_last_error();
+  EXPECT_EQ(1u, o.server->holders(g.id)) << "a word alone does not let go of the grant";
+  ASSERT_EQ(0, libd_trdma_read(t, 64, 0, buf)) << libd_last_error();
+  ASSERT_EQ(0, libd_transport_terminate(t));
+}

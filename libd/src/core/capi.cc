@@ -351,5 +351,9 @@ int libd_trdma_notify(libd_transport *t, uint64_t value, int status) {
   CHECK_T(t);
   return T(t)->notify(value, status);
 }
+int libd_trdma_notify_last(libd_transport *t, uint64_t value, int status) {
+  CHECK_T(t);
+  return T(t)->notify(value, status, true);
+}
 
 }  // extern "C"

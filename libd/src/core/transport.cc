@@ -495,7 +495,7 @@ int Transport::run_nowait(OpKind kind, Segment seg) {
   return 0;
 }
 
-int Transport::notify(uint64_t value, int status) {
+int Transport::notify(uint64_t value, int status, bool last) {
   if (kind() != LIBD_KIND_RDMA) return unsupported("notify");
   if (status > 0 || status < -4095) return set_error(-EINVAL, "notify: status must be 0 or a negative errno");
   Deadline deadline = op_deadline();
@@ -506,7 +506,7 @@ int Transport::notify(uint64_t value, int status) {
       if (int rc = ensure_ready(deadline)) return rc;
       continue;
     }
-    return do_notify(value, status, io, deadline);
+    return do_notify(value, status, last, io, deadline);
   }
 }
 

@@ -84,7 +84,8 @@ class Transport : public libd_transport {
   int run_nowait(OpKind kind, Segment seg);
   // Tells the memory's owner this holder finished (status 0) or gave up (status < 0), after
   // every transfer the caller already saw complete. Waits for READY like an operation.
-  int notify(uint64_t value, int status);
+  // last: the holder is done with the grant (libd_trdma_notify_last).
+  int notify(uint64_t value, int status, bool last = false);
 
   // ---- rdma_server ----
   virtual int serve() { return unsupported("serve"); }
@@ -176,8 +177,9 @@ class Transport : public libd_transport {
   virtual void do_terminate() {}  // servers stop here
   // Sends the notification on the connection to the owner. Called under the shared I/O lock,
   // READY; the implementation may release `io` as do_run may.
-  virtual int do_notify(uint64_t value, int status, std::shared_lock<IoGate> &io, Deadline deadline) {
-    (void)value, (void)status, (void)io, (void)deadline;
+  // `last`: the holder is done with the grant (a shared connection lets go of it in the same write).
+  virtual int do_notify(uint64_t value, int status, bool last, std::shared_lock<IoGate> &io, Deadline deadline) {
+    (void)value, (void)status, (void)last, (void)io, (void)deadline;
     return unsupported("notify");
   }
 

@@ -259,11 +259,28 @@ class ShmSession : public FrameReader::Handler, public std::enable_shared_from_t
     send_all(fd_, hdr, kHeaderSize, Deadline::after_ms(1000));  // a failure is the watch's to see
   }
 
-  int notify(uint32_t h, uint64_t value, int status, Deadline deadline) {
-    char hdr[kHeaderSize];
-    encode_notify(value, status, hdr, h);
+  // detach: and the DETACH of h in the same write (the holder is done with the grant).
+  int notify(uint32_t h, uint64_t value, int status, Deadline deadline, bool detach = false) {
+    char frames[2 * kHeaderSize];
+    encode_notify(value, status, frames, h);
+    size_t n = kHeaderSize;
+    if (detach) {
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        auto it = users_.find(h);
+        if (it != users_.end()) {
+          it->second.alive->store(false);
+          users_.erase(it);
+        }
+      }
+      Header d;
+      d.opcode = kDetach;
+      d.addr = h;
+      encode_header(d, frames + kHeaderSize);
+      n += kHeaderSize;
+    }
     std::lock_guard<std::mutex> sl(send_mu_);  // one frame at a time on the socket
-    if (int rc = send_all(fd_, hdr, kHeaderSize, deadline))
+    if (int rc = send_all(fd_, frames, n, deadline))
       return set_error(rc == -ETIMEDOUT ? rc : -ECONNRESET, "cannot tell the memory's owner: " + std::string(strerror(-rc)));
     return 0;
   }
@@ -616,9 +633,10 @@ class ShmTransport : public Transport {
 
   void do_disconnect() override {
     if (session_) {
-      session_->detach(handle_);  // the connection stays, for the next transport
+      if (!detached_) session_->detach(handle_);  // the connection stays, for the next transport
       session_.reset();
     }
+    detached_ = false;
     slot_addr_ = slot_seq_ = 0;
     if (watch_) {
       Watch *w = watch_;
@@ -636,10 +654,13 @@ class ShmTransport : public Transport {
     alive_.reset();
   }
 
-  int do_notify(uint64_t value, int status, std::shared_lock<IoGate> &, Deadline deadline) override {
+  int do_notify(uint64_t value, int status, bool last, std::shared_lock<IoGate> &, Deadline deadline) override {
     if (!alive_->load(std::memory_order_acquire))
       return set_error(-ECONNRESET, "the memory element closed the connection (grant revoked or server gone)");
-    if (session_) return session_->notify(handle_, value, status, deadline);
+    if (session_) {
+      if (last) detached_ = true;  // terminate then has nothing left to say
+      return session_->notify(handle_, value, status, deadline, last);
+    }
     char hdr[kHeaderSize];
     encode_notify(value, status, hdr);
     std::lock_guard<std::mutex> lk(notify_mu_);  // one frame at a time on the socket
@@ -691,6 +712,7 @@ class ShmTransport : public Transport {
 
  private:
   bool shared_ = false;
+  bool detached_ = false;                // its last word detached it already (notify_last)
   std::shared_ptr<ShmSession> session_;  // share,1: the process's connection to the server
   uint32_t handle_ = 0;                  // this transport's attachment on it
   uint64_t slot_addr_ = 0, slot_seq_ = 0;  // its slot in the owner's grant table, when it came from there

@@ -83,6 +83,7 @@ class TcpTransport : public Transport {
   }
 
   int do_connect(Deadline deadline) override {
+    detached_ = false;
     std::string host = params_.get_or("host", "");
     std::string port = params_.get_or("port", "");
     struct sockaddr_storage addr;
@@ -135,6 +136,7 @@ class TcpTransport : public Transport {
       return do_connect(deadline);  // it closed meanwhile: a new one
     conn_ = std::move(conn);
     unsettled_ = true;
+    detached_ = false;
     set_remote(0, UINT64_MAX / 2, LIBD_RIGHT_READ | LIBD_RIGHT_WRITE);
     return 0;
   }
@@ -151,8 +153,12 @@ class TcpTransport : public Transport {
   void do_disconnect() override {
     unsettled_ = false;
     if (!conn_) return;
-    if (shared_) conn_->detach(handle_);  // the connection stays, for the next transport
-    else conn_->close(-ECONNABORTED, "the transport was closed");
+    if (shared_) {
+      // The connection stays, for the next transport; a last word detached this one already.
+      if (!detached_) conn_->detach(handle_);
+    } else {
+      conn_->close(-ECONNABORTED, "the transport was closed");
+    }
     conn_.reset();
   }
 
@@ -171,11 +177,13 @@ class TcpTransport : public Transport {
     return 0;
   }
 
-  int do_notify(uint64_t value, int status, std::shared_lock<IoGate> &io, Deadline) override {
+  int do_notify(uint64_t value, int status, bool last, std::shared_lock<IoGate> &io, Deadline) override {
     auto conn = conn_;
     uint32_t handle = handle_;
+    bool detach = last && shared_;
+    if (detach) detached_ = true;  // terminate then has nothing left to say
     io.unlock();
-    return conn->notify(value, status, handle);
+    return conn->notify(value, status, handle, detach);
   }
 
  private:
@@ -183,6 +191,7 @@ class TcpTransport : public Transport {
   bool shared_ = false;
   uint32_t handle_ = 0;  // this transport's attachment on a shared connection
   bool unsettled_ = false;  // attached by an operation: the server's verdict not read yet
+  bool detached_ = false;   // its last word detached it already (notify_last)
 };
 
 }  // namespace

@@ -182,6 +182,19 @@ int TcpConn::notify(uint64_t value, int status, uint32_t handle) {
   char hdr[kHeaderSize];
   encode_notify(value, status, hdr, handle);
   queue_locked(hdr, nullptr, 0, st);
+  if (detach && session_) {
+    users_.erase(handle);
+    auto pending = attaches_.find(handle);
+    if (pending != attaches_.end() && pending->second.async) {
+      if (!pending->second.done) attaching_--;
+      attaches_.erase(pending);
+    }
+    Header d;
+    d.opcode = kDetach;
+    d.addr = handle;
+    encode_header(d, hdr);
+    queue_locked(hdr, nullptr, 0, st);
+  }
   if (!flush_locked()) want_loop_locked();
   if (closed_) return set_error(close_err_, "the connection to the memory element is closed (" + close_why_ + ")");
   return 0;

@@ -55,7 +55,8 @@ class TcpConn : public proto::FrameReader::Handler, public OpDriver, public std:
   // Detaches an operation (cancel): on return the connection no longer touches its buffers.
   void cancel(Op *op) override;
   // Queues a NOTIFY behind everything sent so far (it has no answer). -ENOTCONN if closed.
-  int notify(uint64_t value, int status, uint32_t handle = 0);
+  // detach: and the DETACH of `handle` in the same write (its operations are all done).
+  int notify(uint64_t value, int status, uint32_t handle = 0, bool detach = false);
   // Closes the connection; pending operations fail with err. Waits until the loop let go of it.
   void close(int err, const std::string &why);
 

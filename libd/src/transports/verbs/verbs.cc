@@ -114,7 +114,7 @@ class VerbsTransport : public Transport {
     return driver->finish_direct(seq, deadline, why);
   }
 
-  int do_notify(uint64_t value, int status, std::shared_lock<IoGate> &io, Deadline deadline) override {
+  int do_notify(uint64_t value, int status, bool, std::shared_lock<IoGate> &io, Deadline deadline) override {
     auto driver = driver_;
     io.unlock();
     return driver->notify(value, status, deadline);
