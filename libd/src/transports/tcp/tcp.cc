@@ -163,7 +163,7 @@ class TcpTransport : public Transport {
   }
 
   int do_post(const std::shared_ptr<Op> &op) override {
-    op->set_driver(conn_, false);
+    op->set_driver(conn_, false, true);  // a waiter looks (reads the socket) before it sleeps
     conn_->post(op, handle_);
     return 0;
   }

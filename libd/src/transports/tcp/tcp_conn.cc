@@ -170,7 +170,15 @@ void TcpConn::cancel(Op *op) {
   maybe_finish_locked(st);
 }
 
-int TcpConn::notify(uint64_t value, int status, uint32_t handle) {
+void TcpConn::progress(Op *) {
+  Lock lk(mu_, std::try_to_lock);
+  if (!lk.owns_lock() || closed_ || reader_ == Reader::Leader) return;  // someone else is at it
+  if (!sendq_.empty()) flush_locked();
+  read_locked();
+  // (The loop, which was reading, notices on its next wake-up that nothing is due any more.)
+}
+
+int TcpConn::notify(uint64_t value, int status, uint32_t handle, bool detach) {
   Lock lk(mu_);
   if (closed_) return set_error(-ENOTCONN, "the connection to the memory element is closed (" + close_why_ + ")");
   auto ended = ended_.find(handle);

@@ -54,6 +54,9 @@ class TcpConn : public proto::FrameReader::Handler, public OpDriver, public std:
   void run(const std::shared_ptr<Op> &op, uint32_t handle = 0);
   // Detaches an operation (cancel): on return the connection no longer touches its buffers.
   void cancel(Op *op) override;
+  // A waiter that polls (libd_op_poll) reads what the socket holds itself when nobody else is
+  // reading right now: its answer is taken without the loop's thread being woken for it.
+  void progress(Op *waiting) override;
   // Queues a NOTIFY behind everything sent so far (it has no answer). -ENOTCONN if closed.
   // detach: and the DETACH of `handle` in the same write (its operations are all done).
   int notify(uint64_t value, int status, uint32_t handle = 0, bool detach = false);
