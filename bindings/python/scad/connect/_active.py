@@ -21,7 +21,7 @@ from ._descriptor import Descriptor, as_list
 from ._metadata import RdmaMetadata
 from ._operation_kind import TERMINAL as _TERMINAL, OperationBase, OperationKind, OperationStatus
 from .._memserver import where as _where
-from .._waiter import new_eventfd, wait_fd
+from .._waiter import new_eventfd, poll_until, wait_fd
 
 log = logging.getLogger("scad.connect")
 
@@ -115,12 +115,14 @@ class ActiveOperation(OperationBase):
         operation expired), OperationCancelledError if this side cancelled it."""
         if self._status is OperationStatus.IN_PROGRESS:
             ops = self._ops
-            if not all(op.done() for op in ops):
+            done = lambda: all(op.done() for op in ops)  # noqa: E731 - a look also reads answers in (libd)
+            busy = self._connector.busy_poll_us
+            if not poll_until(done, busy if timeout is None else min(busy, timeout * 1e6)):
                 if self._fd < 0:
                     self._fd = new_eventfd()
                     for op in ops:
                         op.watch(self._fd)  # libd writes to it as each completes
-                if not await wait_fd(self._fd, lambda: all(op.done() for op in ops), timeout):
+                if not await wait_fd(self._fd, done, timeout):
                     raise TimeoutError(f"the transfers did not finish within {timeout} s (they go on)")
             self._drive(0)  # every transfer is done: tell the owner, end the operation
         self._raise_if_failed()
@@ -195,7 +197,7 @@ class ActiveOperation(OperationBase):
                 return
         try:
             for t in self._transports:
-                t.notify(self._value, 0)
+                t.notify(self._value, 0, last=True)  # and let go of the grant in the same write
         except Exception as e:  # noqa: BLE001
             self._end(OperationStatus.ERRORED, f"the transfers completed but the owner could not be told: {e}",
                       ConnectionError)

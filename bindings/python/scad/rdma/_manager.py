@@ -28,25 +28,30 @@ class RdmaManager:
 
     @classmethod
     def get(cls, *, host: Optional[str] = None, transport: Optional[str] = None,
-            timeout: float = 30.0) -> "RdmaManager":
+            timeout: float = 30.0, busy_poll_us: float = 0.0) -> "RdmaManager":
         """This process's manager, made on first use. host: the address its memory server
         advertises (default $SCAD_RDMA_HOST, else 127.0.0.1); transport: force "shm", "tcp" or
-        "verbs" for its queue pairs; timeout: libd's per-transfer deadline in seconds. Options
-        are taken on first use only; asking for others later is an error."""
-        options = (host, transport, timeout)
+        "verbs" for its queue pairs; timeout: libd's per-transfer deadline in seconds;
+        busy_poll_us: how long a wait for transfers polls before it sleeps (0: sleep at once).
+        Options are taken on first use only; asking for others later is an error."""
+        options = (host, transport, timeout, busy_poll_us)
         with cls._instance_lock:
             # A forked child does not inherit its parent's connections: it gets its own manager.
             if cls._instance is None or cls._instance_pid != os.getpid():
-                cls._instance = cls(host=host, transport=transport, timeout=timeout)
+                cls._instance = cls(host=host, transport=transport, timeout=timeout, busy_poll_us=busy_poll_us)
                 cls._instance_pid = os.getpid()
                 cls._instance._options = options
-            elif options != (None, None, 30.0) and options != cls._instance._options:
+            elif options != (None, None, 30.0, 0.0) and options != cls._instance._options:
                 raise ValueError("the RdmaManager of this process already exists with other options")
             return cls._instance
 
-    def __init__(self, *, host: Optional[str], transport: Optional[str], timeout: float) -> None:
+    def __init__(self, *, host: Optional[str], transport: Optional[str], timeout: float,
+                 busy_poll_us: float = 0.0) -> None:
         if transport not in (None, "shm", "tcp", "verbs"):
             raise ValueError(f"transport must be 'shm', 'tcp', 'verbs' or None, not {transport!r}")
+        if busy_poll_us < 0:
+            raise ValueError("busy_poll_us must be >= 0")
+        self.busy_poll_us = float(busy_poll_us)
         self.name = f"scad-rdma-{uuid.uuid4().hex[:16]}"
         self.hostname = socket.gethostname()
         self._host = host or os.environ.get("SCAD_RDMA_HOST", "127.0.0.1")
@@ -171,7 +176,7 @@ class RdmaManager:
         async with lock:  # one read_into/write_from at a time per route: one local region at a time
             qp, new = self._transfer_start(remote, memory, offset, read)
             try:
-                await qp.wait(timeout)
+                await qp.wait(timeout, self.busy_poll_us)
             except TimeoutError:
                 qp.cancel()  # the caller's memory is not written after it was told "timed out"
                 raise TimeoutError(f"the transfer did not finish within {timeout} s and was cancelled") from None

@@ -16,7 +16,7 @@ from typing import Any, List, Optional
 import numpy
 
 from ..connect import Descriptor
-from .._waiter import new_eventfd, wait_fd
+from .._waiter import new_eventfd, poll_until, wait_fd
 from ._buffer import RdmaBuffer
 
 
@@ -71,19 +71,26 @@ class QueuePair:
                 op.wait(0)  # raises what it failed with
         return not self._pending
 
-    async def wait(self, timeout: Optional[float] = None) -> None:
+    async def wait(self, timeout: Optional[float] = None, busy_poll_us: float = 0.0) -> None:
         """Waits for every transfer started; TimeoutError if `timeout` seconds pass first (they
-        go on: wait again, or cancel())."""
+        go on: wait again, or cancel()). busy_poll_us: how long to poll before sleeping."""
         with self._lock:
             pending = list(self._pending)
-        if not all(op.done() for op in pending):
+        done = lambda: all(op.done() for op in pending)  # noqa: E731 - a look also reads answers in (libd)
+        if not poll_until(done, busy_poll_us if timeout is None else min(busy_poll_us, timeout * 1e6)):
             if self._fd < 0:
                 self._fd = new_eventfd()
             for op in pending:
                 op.watch(self._fd)  # libd writes to it as each completes
-            if not await wait_fd(self._fd, lambda: all(op.done() for op in pending), timeout):
+            if not await wait_fd(self._fd, done, timeout):
                 raise TimeoutError(f"the transfers did not finish within {timeout} s (they go on)")
         self._wait_all(0)  # all done: raises the first failure
+
+    def poll_done(self) -> bool:
+        """True once every transfer started has finished, failed or not (poll() raises failures)."""
+        with self._lock:
+            pending = list(self._pending)
+        return all(op.done() for op in pending)
 
     def cancel(self) -> None:
         """Cancels every transfer started: once it returns, libd touches none of their memory."""

@@ -140,14 +140,19 @@ class ScadFetchRequest(FetchRequest):
 class ScadTensorTransport(_Base):
     """Register with Ray (ray.experimental.register_tensor_transport) or call directly.
 
-    timeout: seconds a receive may take before it is cancelled with TimeoutError. Ray makes the
-    transport without arguments: to change it under Ray, register a subclass that sets the class
-    attribute `timeout`."""
+    timeout: seconds a receive may take before it is cancelled with TimeoutError; busy_poll_us:
+    how long a read polls for its completion before it sleeps (0: sleep at once; polling trades a
+    core for the wake-up a sleeper pays). Ray makes the transport without arguments: to change
+    them under Ray, register a subclass that sets the class attributes."""
 
     timeout: float = 30.0
+    busy_poll_us: float = 0.0
 
-    def __init__(self, timeout: Optional[float] = None) -> None:
+    def __init__(self, timeout: Optional[float] = None, busy_poll_us: Optional[float] = None) -> None:
         self._timeout = type(self).timeout if timeout is None else timeout
+        self._busy_poll_us = float(type(self).busy_poll_us if busy_poll_us is None else busy_poll_us)
+        if self._busy_poll_us < 0:
+            raise ValueError("busy_poll_us must be >= 0")
         self._loop = _Loop()
         self._lent: Dict[str, List[RdmaBuffer]] = {}        # source: obj_id -> its tensors' buffers
         self._receiving: Dict[str, Set[_Receive]] = {}       # destination: obj_id -> receives in flight
@@ -299,7 +304,7 @@ class ScadTensorTransport(_Base):
                 qp, new = manager._transfer_start(buf, local, 0, True)  # a new queue pair connects with it
                 receive.track(qp)
                 try:
-                    await qp.wait(max(0.0, deadline - time.monotonic()))
+                    await qp.wait(max(0.0, deadline - time.monotonic()), self._busy_poll_us)
                 except TimeoutError:
                     raise TimeoutError(f"the receive of object {receive.obj_id} took longer than {self._timeout} s "
                                        "and was cancelled") from None
