@@ -104,6 +104,7 @@ def main():
     ap.add_argument("--skip-peers", action="store_true")
     args = ap.parse_args()
     t_start = time.time()
+    load_before = os.getloadavg()
     if not args.no_setup:
         subprocess.run([str(ROOT / "scripts/setup")], check=True)
     ours_python = str(ROOT / ".venv/bin/python")
@@ -119,7 +120,8 @@ def main():
     stamp = time.strftime("%Y%m%d-%H%M%S")
     log_path = out / f"transfer-{stamp}.log"
     rows, failures, notes = [], {}, []
-    base_env = dict(os.environ, PYTHONUNBUFFERED="1")
+    # numpy's OpenBLAS starts a pool of threads that spin for a while; nothing here does algebra.
+    base_env = dict(os.environ, PYTHONUNBUFFERED="1", OPENBLAS_NUM_THREADS="1")
     with open(log_path, "w") as log:
         for transport in transports:
             print(f"measuring over {transport} ...", flush=True)
@@ -155,6 +157,9 @@ def main():
         notes.append("scad.tensor_transport has no write: Ray's tensor transport is one-sided and only reads "
                      "(the destination pulls).")
     report(rows, sizes, transports, apis, failures, notes)
+    load_after = os.getloadavg()
+    print(f"\nload average (1, 5, 15 min) before: {' '.join(f'{x:.2f}' for x in load_before)}, after: "
+          f"{' '.join(f'{x:.2f}' for x in load_after)} (2 cores: anything else running shows in the figures)")
     path = out / f"transfer-{stamp}.json"
     path.write_text(json.dumps({"rows": rows, "failures": {" ".join(k): v for k, v in failures.items()}}, indent=1))
     print(f"\nraw results: {path.relative_to(ROOT)}, worker logs: {log_path.relative_to(ROOT)}; "

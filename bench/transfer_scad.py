@@ -20,6 +20,10 @@ sys.path[:0] = [str(ROOT / "build" / "python"), str(ROOT / "bindings" / "python"
 
 import numpy  # noqa: E402
 
+# How long our waits poll before they sleep (the APIs' busy_poll_us): NIXL and Mooncake poll their
+# transfers (and NIXL's owner its notifications) with a core spinning, so ours do too.
+BUSY_POLL_US = 500.0
+
 from transfer_pair import await_command, claim_stdout, Channel, emit, fail, fill_value, measure, measure_async, start_active, stdio_channel  # noqa: E402
 
 perf = time.perf_counter
@@ -86,7 +90,7 @@ class Owner:
     async def connect_cycle(self, lent, op):
         from scad.connect import Connector, Descriptor
         if self.connector is None:
-            self.connector = Connector()
+            self.connector = Connector(busy_poll_us=BUSY_POLL_US)
         t0 = perf()
         make = self.connector.create_readable if op == "read" else self.connector.create_writable
         ops = [make(Descriptor(a)) for a in lent]
@@ -183,7 +187,7 @@ class Active:
     async def connect_go(self, msg):
         from scad.connect import Connector, Descriptor, RdmaMetadata
         if self.connector is None:
-            self.connector = Connector(transport=self.transport)
+            self.connector = Connector(transport=self.transport, busy_poll_us=BUSY_POLL_US)
         ops = []
         for text, local in zip(msg["records"], self.local):
             md = RdmaMetadata.from_json(text)
@@ -196,7 +200,7 @@ class Active:
     async def rdma_go(self, msg):
         from scad.rdma import RdmaBuffer, RdmaManager
         if self.manager is None:
-            self.manager = RdmaManager.get(transport=self.transport)
+            self.manager = RdmaManager.get(transport=self.transport, busy_poll_us=BUSY_POLL_US)
         bufs = [RdmaBuffer.from_json(text) for text in msg["records"]]
         if self.op == "read":
             await asyncio.gather(*(b.read_into(local) for b, local in zip(bufs, self.local)))
@@ -210,7 +214,7 @@ class Active:
         from scad.tensor_transport import ScadTensorTransport
         if self.tensors is None:
             RdmaManager.get(transport=self.transport)  # the transport the tensor transport's reads use
-            self.tensors = ScadTensorTransport()
+            self.tensors = ScadTensorTransport(busy_poll_us=BUSY_POLL_US)
         meta = pickle.loads(base64.b64decode(msg["meta"]))
         self.tensors.recv_multiple_tensors(msg["object"], meta, self.tensors.get_communicator_metadata(),
                                            target_buffers=self.local)
