@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import pathlib
+import signal
 import statistics
 import subprocess
 import sys
@@ -64,12 +65,28 @@ def plan_for(api, sizes, mode):
     return cells
 
 
+def time_limit_s(plan):
+    """How long a worker pair may take: a cell takes about a second (0.25 s of measured batches,
+    warm-up, a 16 MiB cell's copies), so 10 s a cell and 30 s to start is ample; 20 cells: 230 s."""
+    return 30 + 10 * len(plan)
+
+
 def run_worker(python, script, api, transport, plan, env, log):
     argv = [python, str(BENCH / script), "owner", api, transport, json.dumps(plan)]
     t0 = time.time()
-    proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=log, text=True, env=env, timeout=900)
+    limit = time_limit_s(plan)
+    # A session of its own: a worker that hangs (a NIXL pair once spun for 8 minutes) is killed
+    # with its active side, the whole process group, and the run goes on with the next API.
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, text=True, env=env, start_new_session=True)
+    timed_out = False
+    try:
+        stdout, _ = proc.communicate(timeout=limit)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, _ = proc.communicate()
     rows, error = [], None
-    for line in proc.stdout.splitlines():
+    for line in stdout.splitlines():
         if line.startswith("@@"):
             msg = json.loads(line[2:])
             if "error" in msg:
@@ -77,7 +94,9 @@ def run_worker(python, script, api, transport, plan, env, log):
             else:
                 rows.append(msg)
     crash = ""
-    if proc.returncode != 0 and error is None:
+    if timed_out:
+        error = f"took longer than {limit} s: killed after {len(rows)} of {len(plan)} cells"
+    elif proc.returncode != 0 and error is None:
         if len(rows) == len(plan):  # seen with NIXL: SIGSEGV in the agent's teardown, after every figure
             crash = f" (the process then ended with status {proc.returncode})"
         else:

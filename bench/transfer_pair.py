@@ -59,6 +59,16 @@ class Channel:
                     raise RuntimeError(f"the active side failed: {msg['error']}")
                 return msg
 
+    def recv_polling(self):
+        """recv(), waiting the way every active side waits for a command (await_command): polling
+        the pipe and yielding the CPU. For an owner that waits for its peer's word, as NIXL's owner
+        spins on its notifications, so that no API's figure carries a pipe wake-up the others do
+        not. One line is in flight at a time, so nothing waits in the file's buffer unseen."""
+        fd = self.r.fileno()
+        while not select.select([fd], [], [], 0)[0]:
+            os.sched_yield()
+        return self.recv()
+
 
 _proto_out = None
 

@@ -195,7 +195,7 @@ class Owner:
         for a in lent:
             self.lib.reg(a)
         self.peer.send({"cmd": "go", "addrs": [a.ctypes.data for a in lent]})
-        self.peer.recv()  # the peer's word: the transfer engine has no completion signal for the target
+        self.peer.recv_polling()  # the peer's word: the transfer engine has no completion signal for the target
         for a in lent:
             self.lib.engine.unregister_memory(a.ctypes.data)
         return perf() - t0

@@ -107,7 +107,7 @@ class Owner:
         t0 = perf()
         bufs = [self.manager.request_buffer(a) for a in lent]
         self.peer.send({"cmd": "go", "records": [b.to_json() for b in bufs]})
-        self.peer.recv()  # Monarch has no completion signal: the peer says so
+        self.peer.recv_polling()  # Monarch has no completion signal: the peer says so
         for b in bufs:
             b.drop()
         return perf() - t0
@@ -121,7 +121,7 @@ class Owner:
         t0 = perf()
         meta = self.tensors.extract_tensor_transport_metadata(obj, lent)
         self.peer.send({"cmd": "go", "object": obj, "meta": base64.b64encode(pickle.dumps(meta)).decode()})
-        self.peer.recv()  # Ray calls garbage_collect once the object is out of scope
+        self.peer.recv_polling()  # Ray calls garbage_collect once the object is out of scope
         self.tensors.garbage_collect(obj, meta)
         return perf() - t0
 
