@@ -66,6 +66,10 @@ class RdmaManager:
         self._next = 0
         self._qps: Dict[tuple, QueuePair] = {}
         self._qp_locks: Dict[tuple, asyncio.Lock] = {}
+        # Per owner's server: how this process reaches it (transport, and the durl up to the
+        # grant), decided once, not per queue pair (the decision looks at the file system).
+        self._servers: Dict[tuple, tuple] = {}
+        self._reached_servers: set = set()  # servers a transfer of this process has reached
 
     # ---- the owner's side ---------------------------------------------------------------
     def request_buffer(self, memory: Any, size: Optional[int] = None, *, ttl: Optional[float] = None) -> RdmaBuffer:
@@ -131,23 +135,37 @@ class RdmaManager:
     def _queue_pair(self, remote: RdmaBuffer) -> tuple:
         """The queue pair to remote's route and whether it is new (made now, not connected yet:
         its first transfer connects, and learns the owner's verdict on the key then)."""
-        qp = self._qps.get(remote.route)
+        route = remote.route
+        qp = self._qps.get(route)
         if qp is not None:
             return qp, False
-        impl = _memserver.choose_transport(self._transport, remote.hostname, remote.path, remote.verbs, remote.whole)
+        server = (remote.hostname, remote.host, remote.port, remote.path, remote.verbs, remote.whole)
+        how = self._servers.get(server)
+        if how is None:
+            impl = _memserver.choose_transport(self._transport, remote.hostname, remote.path, remote.verbs, remote.whole)
+            where = _memserver.where(impl, remote.host, remote.port, remote.path)
+            how = self._servers[server] = (impl, f"qp;{impl};{where};timeout_ms,{self._timeout_ms};")
+        impl, durl = how
         from disagg import LibdAction
 
         # An action per queue pair: closing it lets go of its grant entirely (an action keeps
         # every transport it ever had until it is freed). Over shm and tcp the queue pair rides
         # the process's shared connection to the owner's server.
         action = LibdAction(self.name)
-        where = _memserver.where(impl, remote.host, remote.port, remote.path)
-        action.add_transport(f"qp;{impl};{where};grant,{remote.grant};secret,{remote._secret};timeout_ms,{self._timeout_ms}")
-        made = QueuePair(action, action.get_transport("qp", "rdma"), remote.route, impl)
-        qp = self._qps.setdefault(remote.route, made)
+        action.add_transport(f"{durl}grant,{remote.grant};secret,{remote._secret}")
+        made = QueuePair(action, action.get_transport("qp", "rdma"), route, impl)
+        qp = self._qps.setdefault(route, made)
         if qp is not made:
             action.terminate()  # another thread made the same route's meanwhile: use that one
         return qp, qp is made
+
+    def _reached(self, remote: RdmaBuffer) -> bool:
+        """Whether a transfer of this process has reached remote's server (its connection, which
+        queue pairs to that server share, is then open: a new one connects without a handshake)."""
+        return (remote.host, remote.port, remote.path) in self._reached_servers
+
+    def _mark_reached(self, remote: RdmaBuffer) -> None:
+        self._reached_servers.add((remote.host, remote.port, remote.path))
 
     async def request_queue_pair(self, remote: RdmaBuffer) -> QueuePair:
         """The queue pair to remote's route, connected (made on first use, then reused)."""
@@ -172,11 +190,15 @@ class RdmaManager:
         return qp, new
 
     async def transfer(self, remote: RdmaBuffer, memory: Any, offset: int, timeout: Optional[float], read: bool) -> None:
-        lock = self._qp_locks.setdefault(remote.route, asyncio.Lock())
+        lock = self._qp_locks.get(remote.route)
+        if lock is None:
+            lock = self._qp_locks.setdefault(remote.route, asyncio.Lock())
         async with lock:  # one read_into/write_from at a time per route: one local region at a time
             qp, new = self._transfer_start(remote, memory, offset, read)
             try:
-                await qp.wait(timeout, self.busy_poll_us)
+                if not qp.finished():  # shm copies complete as they start: no wait at all
+                    await qp.wait(timeout, self.busy_poll_us)
+                self._mark_reached(remote)
             except TimeoutError:
                 qp.cancel()  # the caller's memory is not written after it was told "timed out"
                 raise TimeoutError(f"the transfer did not finish within {timeout} s and was cancelled") from None

@@ -86,6 +86,17 @@ class QueuePair:
                 raise TimeoutError(f"the transfers did not finish within {timeout} s (they go on)")
         self._wait_all(0)  # all done: raises the first failure
 
+    def finished(self) -> bool:
+        """True, the pending list emptied, when every transfer started has completed successfully
+        (shm's complete as they start); False if one still runs or failed (wait() says how)."""
+        with self._lock:
+            pending = self._pending
+            for op in pending:
+                if op.status != 0:
+                    return False
+            pending.clear()
+        return True
+
     def poll_done(self) -> bool:
         """True once every transfer started has finished, failed or not (poll() raises failures)."""
         with self._lock:

@@ -21,6 +21,7 @@ import numpy
 
 from ..rdma import RdmaBuffer, RdmaManager
 from ..rdma._manager import _refusal
+from .._waiter import wait_in_thread
 from ._metadata import CommunicatorMetadata, FetchRequest, ScadCommunicatorMetadata, ScadTransportMetadata
 
 try:
@@ -301,8 +302,19 @@ class ScadTensorTransport(_Base):
         async with self._route(buf.route):
             try:
                 receive.check()
-                qp, new = manager._transfer_start(buf, local, 0, True)  # a new queue pair connects with it
+                qp, new = manager._queue_pair(buf)
                 receive.track(qp)
+                if new and not manager._reached(buf):
+                    # The first contact with this owner's server runs the handshake (an owner that
+                    # does not answer holds it up to the deadline): in a thread, so that the loop
+                    # serves other receives meanwhile, and an abort meanwhile is seen before the
+                    # read starts. Later queue pairs to it connect with their first read.
+                    try:
+                        await wait_in_thread(qp._t.connect)
+                    except (PermissionError, ConnectionError) as e:
+                        raise _refusal(e, qp.impl, True) from None
+                    receive.check()
+                manager._transfer_start(buf, local, 0, True)
                 try:
                     await qp.wait(max(0.0, deadline - time.monotonic()), self._busy_poll_us)
                 except TimeoutError:
@@ -311,6 +323,7 @@ class ScadTensorTransport(_Base):
                 except (PermissionError, ConnectionError) as e:
                     raise _refusal(e, qp.impl, new) from None
                 receive.check()  # cancelled before the wait began: nothing was waited for
+                manager._mark_reached(buf)
                 _counters.add(**{f"{qp.impl}_reads": 1})
             except BaseException as e:
                 receive.fail(e)
