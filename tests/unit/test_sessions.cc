@@ -37,9 +37,10 @@ struct Owner {
   }
 
   // A shared transport of `impl` holding `g`, in an action of its own.
-  libd_transport *holder(const std::string &impl, const libd::Grant &g, const std::string &aid = "holder") {
+  libd_transport *holder(const std::string &impl, const libd::Grant &g, const std::string &aid = "holder",
+                         const std::string &extra = "") {
     actions.push_back(make_action(aid));
-    std::string durl = "t;" + impl + ";share,1;timeout_ms,3000;" + server->client_config(g);
+    std::string durl = "t;" + impl + ";share,1;timeout_ms,3000;" + extra + server->client_config(g);
     EXPECT_EQ(0, libd_action_add_transport(actions.back().get(), durl.c_str())) << libd_last_error();
     return libd_action_get_transport(actions.back().get(), "t");
   }
@@ -405,4 +406,61 @@ TEST_P(Shared, APlainWordKeepsTheGrantUntilTheHolderLeaves) {
   EXPECT_EQ(1u, o.server->holders(g.id)) << "a word alone does not let go of the grant";
   ASSERT_EQ(0, libd_trdma_read(t, 64, 0, buf)) << libd_last_error();
   ASSERT_EQ(0, libd_transport_terminate(t));
+}
+
+// announce,0 (shm, a grant the owner's table vouches for): the server hears of the holder only
+// with its word; one that leaves without a word was never there for it.
+TEST(UnannouncedShm, AHolderThatLeavesWithoutAWordIsNeverSeen) {
+  std::vector<char> mem(4096);
+  Owner o(mem);
+  auto *first = o.holder("shm", o.grant());
+  ASSERT_EQ(0, libd_transport_connect(first)) << libd_last_error();  // the session, for the table
+  for (std::string announce : {"1", "0"}) {
+    auto g = o.grant();
+    auto *t = o.holder("shm", g, "holder", "announce," + announce + ";");
+    char *buf = nullptr;
+    ASSERT_EQ(0, libd_trdma_reg(t, 64, reinterpret_cast<void **>(&buf)));
+    ASSERT_EQ(0, libd_trdma_read(t, 64, 0, buf)) << libd_last_error();
+    ASSERT_EQ(0, libd_transport_terminate(t));
+    libd::Notice n;
+    if (announce == "1") {
+      EXPECT_EQ(-ECONNRESET, o.server->wait_notify(g.id, &n, 3000)) << "an announced holder that left is a loss";
+    } else {
+      EXPECT_EQ(-ETIMEDOUT, o.server->wait_notify(g.id, &n, 200)) << "an unannounced one was never there";
+      EXPECT_EQ(0u, o.server->holders(g.id));
+    }
+  }
+}
+
+TEST(UnannouncedShm, ItsWordReachesTheOwnerAndARevokeCutsItOff) {
+  std::vector<char> mem(4096);
+  test::fill_random(mem.data(), mem.size(), 5);
+  Owner o(mem);
+  auto *first = o.holder("shm", o.grant());
+  ASSERT_EQ(0, libd_transport_connect(first)) << libd_last_error();
+  auto g = o.grant();
+  auto *t = o.holder("shm", g, "holder", "announce,0;");
+  char *buf = nullptr;
+  ASSERT_EQ(0, libd_trdma_reg(t, 128, reinterpret_cast<void **>(&buf)));
+  ASSERT_EQ(0, libd_trdma_read(t, 64, 0, buf)) << libd_last_error();
+  EXPECT_EQ(0, memcmp(buf, mem.data(), 64));
+  ASSERT_EQ(0, libd_trdma_notify(t, 41, 0)) << libd_last_error();
+  libd::Notice n;
+  ASSERT_EQ(0, o.server->wait_notify(g.id, &n, 3000)) << "the word announces the holder: " << libd_last_error();
+  EXPECT_EQ(41u, n.value);
+  EXPECT_EQ(1u, o.server->holders(g.id));
+  auto g2 = o.grant();
+  auto *t2 = o.holder("shm", g2, "holder-2", "announce,0;");
+  ASSERT_EQ(0, libd_trdma_reg(t2, 64, reinterpret_cast<void **>(&buf)));
+  ASSERT_EQ(0, libd_trdma_read(t2, 64, 0, buf)) << libd_last_error();
+  ASSERT_EQ(0, o.server->revoke(g2.id));
+  EXPECT_NE(0, libd_trdma_read(t2, 64, 0, buf)) << "the slot, checked before each transfer, cuts it off";
+}
+
+TEST(UnannouncedShm, AnnounceTakesZeroOrOne) {
+  std::vector<char> mem(4096);
+  Owner o(mem);
+  auto action = make_action("holder");
+  std::string durl = "t;shm;share,1;announce,2;" + o.server->client_config(o.grant());
+  EXPECT_EQ(-EINVAL, libd_action_add_transport(action.get(), durl.c_str()));
 }

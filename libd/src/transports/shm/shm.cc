@@ -194,8 +194,14 @@ class ShmSession : public FrameReader::Handler, public std::enable_shared_from_t
   // that is free, changing or not this grant's): the caller asks the server, whose answer is
   // final. The server still hears of the attachment (ATTACH, not waited for), so the holder's
   // word and its leaving reach the owner as for any other; a refusal there ends it.
+  //
+  // announce false (announce,0): the ATTACH is not sent now but with the holder's word (NOTIFY),
+  // and not at all if it leaves without one: nothing wakes the owner's server for a holder whose
+  // owner waits for no word (the slot, checked before each transfer, still cuts it off). The
+  // price: a holder that dies before its word is not reported lost.
   int attach_local(const std::string &grant_id, const std::string &secret, const std::string &aid, FailFn fn,
-                   uint32_t *handle, GrantBody *grant, Alive *alive, uint64_t *slot_addr, uint64_t *slot_seq) {
+                   uint32_t *handle, GrantBody *grant, Alive *alive, uint64_t *slot_addr, uint64_t *slot_seq,
+                   bool announce = true) {
     if (!table_) return -EAGAIN;
     int64_t slot = cma_slot_of(grant_id);
     if (slot < 0 || slot >= int64_t(slots_)) return -EAGAIN;
@@ -213,13 +219,16 @@ class ShmSession : public FrameReader::Handler, public std::enable_shared_from_t
     uint32_t h = next_handle_++;
     auto al = std::make_shared<std::atomic<bool>>(true);
     users_[h] = User{std::move(fn), al};
-    // Quiet: only a refusal is answered (as DETACHED would be: the watch ends the attachment).
-    std::string frame = encode_attach(h, {grant_id, secret, aid}, nonce_, true);
-    lk.unlock();
-    int rc;
-    {
+    int rc = 0;
+    if (announce) {
+      // Quiet: only a refusal is answered (as DETACHED would be: the watch ends the attachment).
+      std::string frame = encode_attach(h, {grant_id, secret, aid}, nonce_, true);
+      lk.unlock();
       std::lock_guard<std::mutex> sl(send_mu_);
       rc = send_all(fd_, frame.data(), frame.size(), Deadline::after_ms(1000));
+    } else {
+      unannounced_[h] = Credentials{grant_id, secret, aid};
+      lk.unlock();
     }
     if (rc) {
       lk.lock();
@@ -249,6 +258,7 @@ class ShmSession : public FrameReader::Handler, public std::enable_shared_from_t
       }
       it->second.alive->store(false);
       users_.erase(it);
+      if (unannounced_.erase(h)) return;  // the server never heard of it: nothing to let go of
     }
     Header d;
     d.opcode = kDetach;
@@ -260,27 +270,37 @@ class ShmSession : public FrameReader::Handler, public std::enable_shared_from_t
   }
 
   // detach: and the DETACH of h in the same write (the holder is done with the grant).
+  // An attachment not announced yet (attach_local, announce false) is announced first, in the same
+  // write: the word must reach the owner as any holder's does.
   int notify(uint32_t h, uint64_t value, int status, Deadline deadline, bool detach = false) {
-    char frames[2 * kHeaderSize];
-    encode_notify(value, status, frames, h);
-    size_t n = kHeaderSize;
-    if (detach) {
-      {
-        std::lock_guard<std::mutex> lk(mu_);
+    std::string frames;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      auto un = unannounced_.find(h);
+      if (un != unannounced_.end()) {
+        frames = encode_attach(h, un->second, nonce_, true);
+        unannounced_.erase(un);
+      }
+      if (detach) {
         auto it = users_.find(h);
         if (it != users_.end()) {
           it->second.alive->store(false);
           users_.erase(it);
         }
       }
+    }
+    char hdr[kHeaderSize];
+    encode_notify(value, status, hdr, h);
+    frames.append(hdr, kHeaderSize);
+    if (detach) {
       Header d;
       d.opcode = kDetach;
       d.addr = h;
-      encode_header(d, frames + kHeaderSize);
-      n += kHeaderSize;
+      encode_header(d, hdr);
+      frames.append(hdr, kHeaderSize);
     }
     std::lock_guard<std::mutex> sl(send_mu_);  // one frame at a time on the socket
-    if (int rc = send_all(fd_, frames, n, deadline))
+    if (int rc = send_all(fd_, frames.data(), frames.size(), deadline))
       return set_error(rc == -ETIMEDOUT ? rc : -ECONNRESET, "cannot tell the memory's owner: " + std::string(strerror(-rc)));
     return 0;
   }
@@ -334,6 +354,7 @@ class ShmSession : public FrameReader::Handler, public std::enable_shared_from_t
     FailFn fn;
     Alive alive;
   };
+  std::unordered_map<uint32_t, Credentials> unannounced_;  // attach_local without announce: not sent yet
   struct Attaching {
     bool done = false;
     int status = 0;
@@ -400,6 +421,7 @@ class ShmSession : public FrameReader::Handler, public std::enable_shared_from_t
       if (u.fn) u.fn(err, why);
     }
     users_.clear();
+    unannounced_.clear();
     cv_.notify_all();
     if (on_dead_) IoLoop::shared().post(on_dead_);
     auto *holder = holder_;
@@ -488,6 +510,8 @@ class ShmTransport : public Transport {
       return set_error(-EINVAL, "parameter 'path' is too long for a unix socket");
     std::string share = params_.get_or("share", "0");
     if (share != "0" && share != "1") return set_error(-EINVAL, "parameter 'share' must be 0 or 1");
+    std::string announce = params_.get_or("announce", "1");
+    if (announce != "0" && announce != "1") return set_error(-EINVAL, "parameter 'announce' must be 0 or 1");
     return 0;
   }
 
@@ -501,7 +525,8 @@ class ShmTransport : public Transport {
       auto session = ShmSessions::get().find(path);
       if (!session) break;
       ShmSession::Alive alive;
-      if (session->attach_local(grant_id, secret, aid(), on_fail, &handle_, &g, &alive, &slot_addr_, &slot_seq_) == 0) {
+      if (session->attach_local(grant_id, secret, aid(), on_fail, &handle_, &g, &alive, &slot_addr_, &slot_seq_,
+                                params_.get_or("announce", "1") == "1") == 0) {
         session_ = std::move(session);
         alive_ = std::move(alive);
         cma_pid_ = pid_t(g.cma_pid);
