@@ -7,11 +7,24 @@ bytes until the owner drops it. repr() never shows the secret.
 """
 from __future__ import annotations
 
+import functools
 import json
+from json.encoder import encode_basestring
 from typing import Any, Optional
 
 VERSION = 1
-_FIELDS = {"version", "owner", "hostname", "host", "port", "path", "verbs", "grant", "secret", "offset", "size", "whole"}
+_FIELDS = frozenset({"version", "owner", "hostname", "host", "port", "path", "verbs", "grant", "secret", "offset",
+                     "size", "whole"})
+_TYPES = (("owner", str), ("hostname", str), ("host", str), ("port", int), ("path", str), ("verbs", bool),
+          ("grant", str), ("secret", str), ("offset", int), ("size", int), ("whole", bool))
+_CONFIG_FIELDS = ("host", "path", "grant", "secret")
+_str = encode_basestring  # a JSON string, quoted and escaped (json's own C encoder)
+
+
+@functools.lru_cache(maxsize=64)
+def _owner_part(owner: str, hostname: str, host: str, port: int, path: str, verbs: bool) -> str:
+    return json.dumps({"owner": owner, "hostname": hostname, "host": host, "port": port, "path": path,
+                       "verbs": verbs}, separators=(",", ":"))[1:-1]
 
 
 class RdmaBuffer:
@@ -56,7 +69,12 @@ class RdmaBuffer:
                 "offset": self.offset, "size": self._size, "whole": self.whole}
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), separators=(",", ":"))
+        # The same text as json.dumps(self.to_dict(), separators=(",", ":")), written out
+        # directly: a buffer's record goes out with every transfer a peer is to make, and its
+        # owner's part is the same every time.
+        return (f'{{"version":{VERSION},{_owner_part(self.owner, self.hostname, self.host, self.port, self.path, self.verbs)},'
+                f'"grant":{_str(self.grant)},"secret":{_str(self._secret)},"offset":{int(self.offset)},'
+                f'"size":{int(self._size)},"whole":{"true" if self.whole else "false"}}}')
 
     @classmethod
     def from_json(cls, text: str | bytes) -> "RdmaBuffer":
@@ -64,17 +82,17 @@ class RdmaBuffer:
             raw = json.loads(text)
         except (TypeError, ValueError) as e:
             raise ValueError(f"RdmaBuffer: not JSON ({e})") from None
-        if not isinstance(raw, dict) or set(raw) != _FIELDS:
+        if type(raw) is not dict or raw.keys() != _FIELDS:
             raise ValueError(f"RdmaBuffer: expected exactly the fields {sorted(_FIELDS)}")
         if raw["version"] != VERSION:
             raise ValueError(f"RdmaBuffer: version {raw['version']!r} (this side reads {VERSION})")
-        for key, typ in (("owner", str), ("hostname", str), ("host", str), ("port", int), ("path", str),
-                         ("verbs", bool), ("grant", str), ("secret", str), ("offset", int), ("size", int),
-                         ("whole", bool)):
-            if not isinstance(raw[key], typ):
+        get = raw.__getitem__
+        for key, typ in _TYPES:
+            if not isinstance(get(key), typ):
                 raise ValueError(f"RdmaBuffer: field {key!r} has the wrong type")
-        for key in ("host", "path", "grant", "secret"):
-            if any(c in raw[key] for c in ";,"):  # they end up in a libd configuration string
+        for key in _CONFIG_FIELDS:  # they end up in a libd configuration string
+            value = get(key)
+            if ";" in value or "," in value:
                 raise ValueError(f"RdmaBuffer: field {key!r} is malformed")
         if raw["offset"] < 0 or raw["size"] <= 0 or not raw["grant"] or not raw["secret"]:
             raise ValueError("RdmaBuffer: offset, size, grant or secret out of range")

@@ -144,6 +144,11 @@ class RdmaManager:
         if how is None:
             impl = _memserver.choose_transport(self._transport, remote.hostname, remote.path, remote.verbs, remote.whole)
             where = _memserver.where(impl, remote.host, remote.port, remote.path)
+            if impl == "shm":
+                # An owner waits for no word from a queue pair (Monarch's buffers have none), so
+                # its server need not hear of one: announce,0 wakes nothing there per transfer.
+                # The owner's grant table still cuts the queue pair off when the buffer is dropped.
+                where += ";announce,0"
             how = self._servers[server] = (impl, f"qp;{impl};{where};timeout_ms,{self._timeout_ms};")
         impl, durl = how
         from disagg import LibdAction
