@@ -2,6 +2,8 @@
 // nobody else is reading: its completion does not wait for the shared loop's thread to wake up.
 #include <gtest/gtest.h>
 
+#include <sys/resource.h>
+
 #include <chrono>
 #include <future>
 #include <thread>
@@ -59,4 +61,27 @@ TEST_P(TcpProgress, APollingWaiterCompletesItsReadWhileTheLoopIsBusy) {
     }
   }
   for (auto *op : ops) libd_op_free(op);
+}
+
+// busy_poll_us: a blocking call looks at its socket without sleeping for that long before it
+// blocks, so a small read's answer finds it awake (no context switch of its own per read).
+TEST(TcpBusyPoll, ABlockingReadPollsInsteadOfSleeping) {
+  auto rig = test::make_rig("tcp", 1 << 16, 3, "busy_poll_us,200000");
+  ASSERT_EQ(0, libd_transport_connect(rig.t)) << libd_last_error();
+  char *buf = nullptr;
+  ASSERT_EQ(0, libd_trdma_reg(rig.t, 64, reinterpret_cast<void **>(&buf)));
+  ASSERT_EQ(0, libd_trdma_read(rig.t, 64, 0, buf)) << libd_last_error();
+  struct rusage before, after;
+  getrusage(RUSAGE_THREAD, &before);
+  for (int i = 0; i < 200; i++) ASSERT_EQ(0, libd_trdma_read(rig.t, 64, 0, buf)) << libd_last_error();
+  getrusage(RUSAGE_THREAD, &after);
+  EXPECT_LT(after.ru_nvcsw - before.ru_nvcsw, 40) << "the reader slept waiting for its answers";
+}
+
+TEST(TcpBusyPoll, TheParameterIsChecked) {
+  for (const char *bad : {"busy_poll_us,x", "busy_poll_us,2000000"}) {
+    auto action = test::make_action("client-1");
+    std::string durl = std::string("mem;tcp;host,127.0.0.1;port,1;grant,g;secret,") + std::string(64, 'a') + ";" + bad;
+    EXPECT_EQ(-EINVAL, libd_action_add_transport(action.get(), durl.c_str())) << bad;
+  }
 }

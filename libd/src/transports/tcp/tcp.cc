@@ -79,6 +79,10 @@ class TcpTransport : public Transport {
     if (params_.get_or("secret", "").size() < 32) return set_error(-EINVAL, "parameter 'secret' is too short");
     std::string share = params_.get_or("share", "0");
     if (share != "0" && share != "1") return set_error(-EINVAL, "parameter 'share' must be 0 or 1");
+    uint64_t spin;
+    if (int rc = params_.get_u64("busy_poll_us", 0, &spin)) return rc;
+    if (spin > 1000000) return set_error(-EINVAL, "parameter 'busy_poll_us' must be at most 1000000");
+    spin_us_ = uint32_t(spin);
     return 0;
   }
 
@@ -173,7 +177,7 @@ class TcpTransport : public Transport {
     auto conn = conn_;
     uint32_t handle = handle_;
     io.unlock();  // a leader may wait a whole deadline: recover/terminate must not wait for it
-    conn->run(op, handle);
+    conn->run(op, handle, spin_us_);
     return 0;
   }
 
@@ -192,6 +196,7 @@ class TcpTransport : public Transport {
   uint32_t handle_ = 0;  // this transport's attachment on a shared connection
   bool unsettled_ = false;  // attached by an operation: the server's verdict not read yet
   bool detached_ = false;   // its last word detached it already (notify_last)
+  uint32_t spin_us_ = 0;    // busy_poll_us: a blocking call polls its answer this long before it sleeps
 };
 
 }  // namespace

@@ -104,18 +104,21 @@ void TcpConn::post(const std::shared_ptr<Op> &op, uint32_t handle) {
 }
 
 template <class Done>
-void TcpConn::lead_locked(Lock &lk, Done done, Deadline deadline) {
+void TcpConn::lead_locked(Lock &lk, Done done, Deadline deadline, uint32_t spin_us) {
   reader_ = Reader::Leader;
+  auto spin_until = Clock::now() + std::chrono::microseconds(spin_us);
   while (!done() && !closed_) {
     short events = short(POLLIN | (sendq_.empty() ? 0 : POLLOUT));
-    int64_t left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline.at() - Clock::now()).count();
+    auto now = Clock::now();
+    int64_t left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline.at() - now).count();
     if (left <= 0) {
       fail_locked(-ETIMEDOUT, "no answer from the memory element within the deadline", true);
       break;
     }
     lk.unlock();
     struct pollfd p = {fd_, events, 0};
-    int r = ::poll(&p, 1, int(std::min<int64_t>(left, 1000)));
+    // While the spin lasts, only look (the core stays ours); then sleep until the socket moves.
+    int r = ::poll(&p, 1, now < spin_until ? 0 : int(std::min<int64_t>(left, 1000)));
     lk.lock();
     if (r < 0 && errno != EINTR) {
       fail_locked(-errno, std::string("poll: ") + strerror(errno), true);
@@ -134,7 +137,7 @@ void TcpConn::lead_locked(Lock &lk, Done done, Deadline deadline) {
   cv_.notify_all();  // an attacher waiting for someone to read may lead now
 }
 
-void TcpConn::run(const std::shared_ptr<Op> &op, uint32_t handle) {
+void TcpConn::run(const std::shared_ptr<Op> &op, uint32_t handle, uint32_t spin_us) {
   Lock lk(mu_);
   if (refused_locked(handle, op)) return;
   // Leading pays off where latency is the cost: small transfers. A large one is copied by the
@@ -147,7 +150,7 @@ void TcpConn::run(const std::shared_ptr<Op> &op, uint32_t handle) {
     return;
   }
   auto st = enqueue_locked(op, handle);
-  lead_locked(lk, [&] { return st->finished; }, op->deadline());
+  lead_locked(lk, [&] { return st->finished; }, op->deadline(), spin_us);
 }
 
 void TcpConn::cancel(Op *op) {

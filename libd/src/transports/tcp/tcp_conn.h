@@ -51,7 +51,9 @@ class TcpConn : public proto::FrameReader::Handler, public OpDriver, public std:
   // Starts an operation; the loop completes it. `handle`: its attachment on a session.
   void post(const std::shared_ptr<Op> &op, uint32_t handle = 0);
   // Runs an operation to completion, leading progress in this thread when the connection is idle.
-  void run(const std::shared_ptr<Op> &op, uint32_t handle = 0);
+  // spin_us: how long the leader polls the socket without sleeping before it blocks (a sleeper's
+  // wake-up costs more than a small answer's round trip on a loaded host).
+  void run(const std::shared_ptr<Op> &op, uint32_t handle = 0, uint32_t spin_us = 0);
   // Detaches an operation (cancel): on return the connection no longer touches its buffers.
   void cancel(Op *op) override;
   // A waiter that polls (libd_op_poll) reads what the socket holds itself when nobody else is
@@ -122,7 +124,7 @@ class TcpConn : public proto::FrameReader::Handler, public OpDriver, public std:
   void start_watch();
   std::shared_ptr<OpState> enqueue_locked(const std::shared_ptr<Op> &op, uint32_t handle);
   // Leads progress in the calling thread until done() or the connection closes (deadline: fails it).
-  template <class Done> void lead_locked(Lock &lk, Done done, Deadline deadline);
+  template <class Done> void lead_locked(Lock &lk, Done done, Deadline deadline, uint32_t spin_us = 0);
   bool idle_locked() const { return inflight_.empty() && attaching_ == 0; }
   bool refused_locked(uint32_t handle, const std::shared_ptr<Op> &op);  // the owner ended the handle
   void cut_handle_locked(uint32_t handle, int reason);                 // DETACHED
