@@ -168,7 +168,8 @@ class Active:
         local = numpy.full(size * inflight, 255 - msg["value"], dtype=numpy.uint8)
         action = LibdAction("bench")
         where = f"path,{ep['path']}" if self.transport == "shm" else f"host,{ep['host']};port,{ep['port']}"
-        action.add_transport(f"x;{self.transport};{where};timeout_ms,60000")
+        spin = f";busy_poll_us,{int(BUSY_POLL_US)}" if self.transport == "tcp" else ""
+        action.add_transport(f"x;{self.transport};{where};timeout_ms,60000{spin}")
         config = ";".join(p for p in msg["config"].split(";") if p.split(",", 1)[0] in ("grant", "secret"))
         action.config_transport("x", config)
         t = action.get_transport("x", "rdma")
