@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+from concurrent.futures import CancelledError
 import contextlib
 import threading
 import time
@@ -21,7 +22,7 @@ import numpy
 
 from ..rdma import RdmaBuffer, RdmaManager
 from ..rdma._manager import _refusal
-from .._waiter import wait_in_thread
+from .._waiter import poll_until, wait_in_thread
 from ._metadata import CommunicatorMetadata, FetchRequest, ScadCommunicatorMetadata, ScadTransportMetadata
 
 try:
@@ -125,6 +126,21 @@ class _Receive:
         self.check()
 
 
+class _Route:
+    """A route (a remote buffer's queue pair) in use by this process's receives: one at a time,
+    since a queue pair reads into one local region at a time and each receive closes its queue
+    pair when done. Receives on the loop take turns on `lock`; a direct one (recv_multiple_tensors
+    in the caller's thread) takes a route only while nobody else has it, and the loop's wait for
+    `freed` when it has."""
+
+    def __init__(self) -> None:
+        self.lock = asyncio.Lock()  # bound to the module's loop at its first use there
+        self.users = 0              # receives on the loop using or waiting for it
+        self.direct = False         # a direct receive holds it
+        self.freed: Optional[asyncio.Event] = None  # set (on the loop) when a direct receive lets go
+        self.loop: Any = None
+
+
 @dataclass
 class ScadFetchRequest(FetchRequest):
     """A receive in flight (Ray's FetchRequest): wait_fetch_complete returns its tensors. Dropped
@@ -157,7 +173,7 @@ class ScadTensorTransport(_Base):
         self._loop = _Loop()
         self._lent: Dict[str, List[RdmaBuffer]] = {}        # source: obj_id -> its tensors' buffers
         self._receiving: Dict[str, Set[_Receive]] = {}       # destination: obj_id -> receives in flight
-        self._routes: Dict[tuple, list] = {}                 # destination: route -> [asyncio.Lock, users]
+        self._routes: Dict[tuple, _Route] = {}              # destination: routes in use (under _lock)
         self._lock = threading.Lock()
 
     @staticmethod
@@ -225,15 +241,110 @@ class ScadTensorTransport(_Base):
     def recv_multiple_tensors(self, obj_id: str, tensor_transport_metadata: ScadTransportMetadata,
                               communicator_metadata: Any = None, target_buffers: Optional[List[Any]] = None) -> List[Any]:
         """Reads every tensor of the object into target_buffers (when given) or new arrays /
-        tensors, and returns them."""
-        return self.wait_fetch_complete(self.fetch_multiple_tensors(obj_id, tensor_transport_metadata,
-                                                                    communicator_metadata, target_buffers))
+        tensors, and returns them. Where it can (no other receive of this process uses the
+        object's buffers, and their owners' servers have been reached before, so no handshake can
+        hold it up), the reads start and are waited for in the calling thread, in libd with the
+        GIL released: no hand-off to the module's loop thread and back."""
+        out, reads = self._targets(tensor_transport_metadata, target_buffers)
+        receive = self._begin(obj_id)
+        manager = RdmaManager.get()
+        routes = [buf.route for buf, _ in reads]
+        if not all(manager._reached(buf) for buf, _ in reads) or not self._claim(routes):
+            future = self._loop.submit(self._recv(receive, reads))
+            return self.wait_fetch_complete(ScadFetchRequest(obj_id=obj_id, tensors=out, receive=receive, future=future))
+        try:
+            self._recv_direct(receive, reads)
+        finally:
+            self._unclaim(routes)
+            self._end(receive)
+        return out
+
+    def _recv_direct(self, receive: _Receive, reads: List[tuple]) -> None:
+        manager = RdmaManager.get()
+        started = []
+        try:
+            try:
+                for buf, local in reads:
+                    receive.check()
+                    qp, new = manager._queue_pair(buf)
+                    receive.track(qp)
+                    started.append((buf, qp, new))
+                    manager._transfer_start(buf, local, 0, True)
+                deadline = time.monotonic() + self._timeout
+                poll_until(lambda: all(qp.poll_done() for _, qp, _ in started), self._busy_poll_us)
+                for buf, qp, new in started:
+                    try:
+                        qp._wait_all(max(0.0, deadline - time.monotonic()))  # in libd, the GIL released
+                    except TimeoutError:
+                        raise TimeoutError(f"the receive of object {receive.obj_id} took longer than {self._timeout} s "
+                                           "and was cancelled") from None
+                    except (PermissionError, ConnectionError) as e:
+                        receive.check()  # aborted meanwhile: that is what it ended with
+                        raise _refusal(e, qp.impl, new) from None
+                receive.check()
+            except BaseException as e:
+                receive.fail(e)  # cancels what still runs: the targets are not written after this
+                _counters.add(failed_receives=1)
+                raise
+            finally:
+                for buf, _, _ in started:
+                    manager.release_queue_pair(buf)  # this side is done; the loan stays
+        except CancelledError:
+            raise ConnectionAbortedError(f"the receive of object {receive.obj_id} was aborted") from None
+        for buf, qp, _ in started:
+            manager._mark_reached(buf)
+            _counters.add(**{f"{qp.impl}_reads": 1})
+        _counters.add(received_objects=1, received_tensors=len(reads), received_bytes=sum(l.nbytes for _, l in reads))
+
+    def _claim(self, routes: List[tuple]) -> bool:
+        """Takes every route for a direct receive if none is in use; else takes none."""
+        with self._lock:
+            if any(r in self._routes for r in routes) or len(set(routes)) != len(routes):
+                return False
+            for r in routes:
+                entry = self._routes[r] = _Route()
+                entry.direct = True
+            return True
+
+    def _unclaim(self, routes: List[tuple]) -> None:
+        wake = []
+        with self._lock:
+            for r in routes:
+                entry = self._routes[r]
+                entry.direct = False
+                if entry.freed is not None:
+                    wake.append(entry)
+                if not entry.users:
+                    del self._routes[r]
+        for entry in wake:
+            entry.loop.call_soon_threadsafe(entry.freed.set)
+
+    def _begin(self, obj_id: str) -> _Receive:
+        receive = _Receive(obj_id)
+        with self._lock:
+            self._receiving.setdefault(obj_id, set()).add(receive)
+        return receive
+
+    def _end(self, receive: _Receive) -> None:
+        with self._lock:
+            receiving = self._receiving.get(receive.obj_id)
+            if receiving is not None:
+                receiving.discard(receive)
+                if not receiving:
+                    del self._receiving[receive.obj_id]
 
     def fetch_multiple_tensors(self, obj_id: str, tensor_transport_metadata: ScadTransportMetadata,
                                communicator_metadata: Any = None,
                                target_buffers: Optional[List[Any]] = None) -> ScadFetchRequest:
         """Starts reading every tensor of the object; returns at once. wait_fetch_complete waits."""
-        meta = tensor_transport_metadata
+        out, reads = self._targets(tensor_transport_metadata, target_buffers)
+        receive = self._begin(obj_id)
+        future = self._loop.submit(self._recv(receive, reads))
+        return ScadFetchRequest(obj_id=obj_id, tensors=out, receive=receive, future=future)
+
+    @staticmethod
+    def _targets(meta: Any, target_buffers: Optional[List[Any]]) -> tuple:
+        """The tensors to return and the (buffer, target memory) of each read, checked."""
         if not isinstance(meta, ScadTransportMetadata):
             raise TypeError(f"metadata of another transport ({type(meta).__name__}), not ScadTransportMetadata")
         if len(meta.buffers) != len(meta.tensor_meta):
@@ -261,11 +372,7 @@ class ScadTensorTransport(_Base):
             if local.nbytes != buf.size():
                 raise ValueError(f"a target of {local.nbytes} bytes for tensor {i} of {buf.size()}")
             reads.append((buf, local))
-        receive = _Receive(obj_id)
-        with self._lock:
-            self._receiving.setdefault(obj_id, set()).add(receive)
-        future = self._loop.submit(self._recv(receive, reads))
-        return ScadFetchRequest(obj_id=obj_id, tensors=out, receive=receive, future=future)
+        return out, reads
 
     def wait_fetch_complete(self, fetch_request: ScadFetchRequest, timeout: Optional[float] = -1) -> List[Any]:
         """Waits for the receive (timeout: seconds, -1 or None for as long as it takes, 0 to
@@ -288,12 +395,7 @@ class ScadTensorTransport(_Base):
             _counters.add(failed_receives=1)
             raise
         finally:
-            with self._lock:
-                receiving = self._receiving.get(receive.obj_id)
-                if receiving is not None:
-                    receiving.discard(receive)
-                    if not receiving:
-                        del self._receiving[receive.obj_id]
+            self._end(receive)
         _counters.add(received_objects=1, received_tensors=len(reads),
                       received_bytes=sum(local.nbytes for _, local in reads))
 
@@ -333,17 +435,30 @@ class ScadTensorTransport(_Base):
 
     @contextlib.asynccontextmanager
     async def _route(self, route: tuple):
-        """One receive at a time per buffer in this process: a queue pair reads into one local
-        region at a time, and each receive closes its queue pair when it is done."""
-        entry = self._routes.setdefault(route, [asyncio.Lock(), 0])
-        entry[1] += 1
+        """One receive at a time per buffer in this process (see _Route)."""
+        with self._lock:
+            entry = self._routes.get(route)
+            if entry is None:
+                entry = self._routes[route] = _Route()
+            entry.users += 1
         try:
-            async with entry[0]:
+            async with entry.lock:
+                while True:
+                    with self._lock:
+                        if not entry.direct:
+                            break
+                        if entry.freed is None:
+                            entry.freed, entry.loop = asyncio.Event(), asyncio.get_running_loop()
+                        freed = entry.freed
+                    await freed.wait()
+                    with self._lock:
+                        entry.freed = None
                 yield
         finally:
-            entry[1] -= 1
-            if not entry[1]:
-                del self._routes[route]
+            with self._lock:
+                entry.users -= 1
+                if not entry.users and not entry.direct:
+                    del self._routes[route]
 
     def abort_transport(self, obj_id: str, communicator_metadata: Any = None) -> None:
         """Cancels this process's receives of the object in flight: they raise
