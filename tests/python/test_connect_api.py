@@ -138,3 +138,10 @@ def test_a_writable_needs_writable_memory_and_a_read_needs_writable_local_memory
             c.create_readable([])
     with pytest.raises(ValueError, match="transport"):
         Connector(transport="carrier-pigeon")
+
+
+def test_busy_polling_is_a_duration():
+    with pytest.raises(ValueError, match="busy_poll_us"):
+        Connector(busy_poll_us=-1)
+    with Connector(busy_poll_us=300) as c:
+        assert c.busy_poll_us == 300.0

@@ -3,6 +3,7 @@ as RdmaBuffers, a peer reads and writes them; plus the registration cache in one
 import asyncio
 import ctypes
 import os
+import json
 import pickle
 
 import numpy
@@ -178,3 +179,22 @@ def test_a_reused_address_range_is_registered_afresh_at_its_new_size():
         large.drop()
         assert manager.regions() == []
     asyncio.run(main())
+
+
+def test_the_handle_is_written_as_json_would_write_it_and_read_strictly():
+    buf = RdmaBuffer(owner='o"1', hostname="h", host="127.0.0.1", port=1, path="/tmp/x y.sock", verbs=True,
+                     grant="g1_7", secret="ab" * 32, offset=3, size=10, whole=False)
+    assert buf.to_json() == json.dumps(buf.to_dict(), separators=(",", ":"))
+    raw = buf.to_dict()
+    for key, wrong in (("port", "1"), ("verbs", 1), ("size", 1.5), ("grant", 7), ("whole", None)):
+        with pytest.raises(ValueError, match="wrong type"):
+            RdmaBuffer.from_json(json.dumps(dict(raw, **{key: wrong})))
+    for key in ("host", "path", "secret"):
+        with pytest.raises(ValueError, match="malformed"):
+            RdmaBuffer.from_json(json.dumps(dict(raw, **{key: "a,b"})))
+
+
+def test_busy_polling_is_a_duration():
+    with pytest.raises(ValueError, match="busy_poll_us"):
+        RdmaManager(host=None, transport=None, timeout=30.0, busy_poll_us=-1)
+    assert RdmaManager(host=None, transport=None, timeout=30.0, busy_poll_us=250).busy_poll_us == 250.0

@@ -73,6 +73,9 @@ def test_the_interface_says_what_ray_asks():
         t.extract_tensor_transport_metadata("x", [numpy.zeros((4, 4))[:, 1]])
     assert ScadTensorTransport(timeout=5)._timeout == 5
     assert type("Quick", (ScadTensorTransport,), {"timeout": 2.0})()._timeout == 2.0  # how Ray is given a timeout
+    assert type("Spin", (ScadTensorTransport,), {"busy_poll_us": 200})()._busy_poll_us == 200.0
+    with pytest.raises(ValueError, match="busy_poll_us"):
+        ScadTensorTransport(busy_poll_us=-1)
 
 
 @pytest.mark.parametrize("actors", [None, "tcp"], indirect=True)
