@@ -99,7 +99,9 @@ void TcpConn::post(const std::shared_ptr<Op> &op, uint32_t handle) {
   enqueue_locked(op, handle);
   if (reader_ == Reader::None) {
     reader_ = Reader::Loop;
-    want_loop_locked();
+    // A session the loop reads already, whose deadline tick still runs and whose request went out
+    // whole, needs nothing of the loop: waking it would cost a thread switch per operation.
+    if (!(ticking_ && (watching_ & UV_READABLE) && sendq_.empty())) want_loop_locked();
   }
 }
 
@@ -615,15 +617,24 @@ void TcpConn::update_watch() {
     watching_ = events;
     uv_poll_start(poll_, events, on_poll);
   }
+  // The tick runs while there is work and stops itself at the first tick that finds none, so
+  // operations started in a burst find it running (post() then need not wake the loop).
   bool busy = reader_ == Reader::Loop || !sendq_.empty();
-  if (busy && !uv_is_active(reinterpret_cast<uv_handle_t *>(timer_)))
+  if (busy && !ticking_) {
+    ticking_ = true;
     uv_timer_start(timer_, [](uv_timer_t *t) {
       auto *c = static_cast<TcpConn *>(t->data);
       Lock lk(c->mu_);
-      c->check_deadlines_locked();
+      // A poller may have read the last answer itself (progress) while the loop slept.
+      if (c->reader_ == Reader::Loop && c->idle_locked()) c->reader_ = Reader::None;
+      if (c->reader_ == Reader::Loop || !c->sendq_.empty() || c->closed_) {
+        c->check_deadlines_locked();
+      } else {
+        uv_timer_stop(t);
+        c->ticking_ = false;
+      }
     }, kTickMs, kTickMs);
-  else if (!busy)
-    uv_timer_stop(timer_);
+  }
 }
 
 void TcpConn::on_poll(uv_poll_t *h, int status, int events) {

@@ -168,6 +168,7 @@ class TcpConn : public proto::FrameReader::Handler, public OpDriver, public std:
   uv_poll_t *poll_ = nullptr;
   uv_timer_t *timer_ = nullptr;
   int watching_ = 0;
+  bool ticking_ = false;  // the deadline tick runs (loop thread starts it; it stops itself when idle)
   static constexpr size_t kStagingSize = 64 * 1024;
   char staging_[kStagingSize];
 };
