@@ -118,6 +118,13 @@ class _Receive:
         if self.error is not None:
             raise ConnectionAbortedError(f"the receive of object {self.obj_id} ended: {self.error}")
 
+    def start(self, begin: Any) -> None:
+        """Runs begin() (which starts a read) unless the receive has ended; an abort waits for a
+        start under way, so no read of the receive starts after abort() returns."""
+        with self._lock:
+            self.check()
+            begin()
+
     def track(self, qp: Any) -> None:
         with self._lock:
             if self.error is None:
@@ -265,11 +272,10 @@ class ScadTensorTransport(_Base):
         try:
             try:
                 for buf, local in reads:
-                    receive.check()
                     qp, new = manager._queue_pair(buf)
                     receive.track(qp)
                     started.append((buf, qp, new))
-                    manager._transfer_start(buf, local, 0, True)
+                    receive.start(lambda: manager._transfer_start(buf, local, 0, True))
                 deadline = time.monotonic() + self._timeout
                 poll_until(lambda: all(qp.poll_done() for _, qp, _ in started), self._busy_poll_us)
                 for buf, qp, new in started:
@@ -415,8 +421,7 @@ class ScadTensorTransport(_Base):
                         await wait_in_thread(qp._t.connect)
                     except (PermissionError, ConnectionError) as e:
                         raise _refusal(e, qp.impl, True) from None
-                    receive.check()
-                manager._transfer_start(buf, local, 0, True)
+                receive.start(lambda: manager._transfer_start(buf, local, 0, True))
                 try:
                     await qp.wait(max(0.0, deadline - time.monotonic()), self._busy_poll_us)
                 except TimeoutError:
