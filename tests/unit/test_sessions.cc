@@ -38,9 +38,10 @@ struct Owner {
 
   // A shared transport of `impl` holding `g`, in an action of its own.
   libd_transport *holder(const std::string &impl, const libd::Grant &g, const std::string &aid = "holder",
-                         const std::string &extra = "") {
+                         const std::string &extra = "", int timeout_ms = 3000) {
     actions.push_back(make_action(aid));
-    std::string durl = "t;" + impl + ";share,1;timeout_ms,3000;" + extra + server->client_config(g);
+    std::string durl = "t;" + impl + ";share,1;timeout_ms," + std::to_string(timeout_ms) + ";" + extra +
+                       server->client_config(g);
     EXPECT_EQ(0, libd_action_add_transport(actions.back().get(), durl.c_str())) << libd_last_error();
     return libd_action_get_transport(actions.back().get(), "t");
   }
@@ -241,6 +242,31 @@ TEST(SharedTcp, ManyOperationsOfManyGrantsInterleaveOnOneConnection) {
   for (size_t i = 0; i < ts.size(); i++)
     for (int round = 0; round < 4; round++)
       EXPECT_EQ(0, memcmp(bufs[i] + (round << 15), mem.data() + ((i * 64 + round) << 10), 32 << 10)) << i << " " << round;
+  EXPECT_EQ(1u, o.server->connections());
+}
+
+// A session is shared: one holder's operation that outlives its deadline while the server is
+// busy answering it ends alone. The connection, and every other holder on it, goes on.
+TEST(SharedTcp, AnOperationPastItsDeadlineEndsAloneWhileTheServerAnswers) {
+  const size_t big = size_t(1) << 30;  // far more than loopback tcp moves within the deadline
+  std::vector<char> mem(big, 'm');
+  Owner o(mem);
+  auto *other = o.holder("tcp", o.grant(), "other", "", 60000);
+  auto *slow = o.holder("tcp", o.grant(), "slow", "", 150);
+  ASSERT_EQ(0, libd_transport_connect(other)) << libd_last_error();
+  ASSERT_EQ(0, libd_transport_connect(slow)) << libd_last_error();
+  char *dst = nullptr, *small = nullptr;
+  ASSERT_EQ(0, libd_trdma_reg(slow, big, reinterpret_cast<void **>(&dst)));
+  ASSERT_EQ(0, libd_trdma_reg(other, 4096, reinterpret_cast<void **>(&small)));
+  libd_op *op = nullptr;
+  ASSERT_EQ(0, libd_trdma_read_async(slow, big, 0, dst, &op)) << libd_last_error();
+  EXPECT_EQ(-ETIMEDOUT, libd_op_wait(op, 30000)) << libd_last_error();
+  libd_op_free(op);
+  EXPECT_EQ(LIBD_STATE_READY, libd_transport_state(other));
+  EXPECT_EQ(LIBD_STATE_READY, libd_transport_state(slow));
+  mem[100] = 'x';
+  EXPECT_EQ(0, libd_trdma_read(other, 4096, 0, small)) << libd_last_error();  // behind the rest of the dropped answer
+  EXPECT_EQ('x', small[100]);
   EXPECT_EQ(1u, o.server->connections());
 }
 

@@ -99,6 +99,8 @@ class MemoryServer::Conn : public FrameReader::Handler {
     // wait for it forever.
     for (auto &[h, a] : atts_) srv_->release_attachment(a.grant.id, unix_, !a.notified);
     atts_.clear();
+    for (auto &a : draining_) srv_->release_attachment(a.grant.id, unix_, !a.notified);
+    draining_.clear();
     if (!cm_ticket_.empty()) srv_->cm_tickets_.erase(cm_ticket_);
     uv_timer_stop(&auth_timer_);
     pending_closes_ = 2;
@@ -119,10 +121,16 @@ class MemoryServer::Conn : public FrameReader::Handler {
     std::vector<uint32_t> ended;
     for (auto &[h, a] : atts_)
       if (pred(a.grant)) ended.push_back(h);
+    for (auto d = draining_.begin(); d != draining_.end();) {
+      if (!pred(d->grant)) { ++d; continue; }
+      if (sending(d->element.get())) { close(); return; }  // detached, but its READ answers are still being sent
+      srv_->release_attachment(d->grant.id, unix_, false);
+      d = draining_.erase(d);
+    }
     if (ended.empty()) return;
     if (!session_) { close(); return; }
     for (uint32_t h : ended)
-      if (queued_.count(atts_[h].element.get())) { close(); return; }
+      if (sending(atts_[h].element.get())) { close(); return; }
     for (uint32_t h : ended) {
       if (reader_.in_payload() && reader_.current().opcode == kWrite && payload_handle_ == h) {
         reader_.discard_current();  // the rest of that WRITE is dropped, and refused
@@ -193,7 +201,13 @@ class MemoryServer::Conn : public FrameReader::Handler {
       case kDetach: {
         auto it = atts_.find(uint32_t(h.addr));
         if (h.addr > UINT32_MAX || it == atts_.end()) return 0;  // ended by the owner meanwhile
-        srv_->release_attachment(it->second.grant.id, unix_, !it->second.notified);
+        if (sending(it->second.element.get())) {
+          // READ answers from its memory are still queued: the grant stays held (the owner's
+          // revoke or withdraw waits for this loop) until they are sent.
+          draining_.push_back(std::move(it->second));
+        } else {
+          srv_->release_attachment(it->second.grant.id, unix_, !it->second.notified);
+        }
         atts_.erase(it);
         return 0;
       }
@@ -452,7 +466,10 @@ class MemoryServer::Conn : public FrameReader::Handler {
     encode_header(h, w->hdrs.back().data());
     w->bufs.push_back(uv_buf_init(w->hdrs.back().data(), kHeaderSize));
     if (data && h.size) {
-      if (std::find(w->elements.begin(), w->elements.end(), element) == w->elements.end()) w->elements.push_back(element);
+      if (std::find(w->elements.begin(), w->elements.end(), element) == w->elements.end()) {
+        w->elements.push_back(element);
+        queued_[element.get()]++;  // from the moment it is batched: a DETACH in the same read sees it
+      }
       uv_buf_t b;
       b.base = data;
       b.len = size_t(h.size);
@@ -465,14 +482,13 @@ class MemoryServer::Conn : public FrameReader::Handler {
     WriteReq *w = batch_;
     batch_ = nullptr;
     if (!w) return;
-    if (closing_) { delete w; return; }
+    if (closing_) { unqueue(w); delete w; return; }
     w->req.data = w;
     writes_++;
     int rc = uv_write(&w->req, stream(), w->bufs.data(), unsigned(w->bufs.size()), [](uv_write_t *req, int status) {
       auto *w = static_cast<WriteReq *>(req->data);
       Conn *c = w->conn;
-      for (auto &e : w->elements)
-        if (--c->queued_[e.get()] == 0) c->queued_.erase(e.get());
+      c->unqueue(w);
       delete w;
       c->writes_--;
       if (status < 0) { c->close(); return; }
@@ -484,11 +500,11 @@ class MemoryServer::Conn : public FrameReader::Handler {
     });
     if (rc < 0) {
       writes_--;
+      unqueue(w);
       delete w;
       close();
       return;
     }
-    for (auto &e : w->elements) queued_[e.get()]++;
     // A client that asks faster than it reads stops being read: its queue cannot grow forever.
     if (!paused_ && uv_stream_get_write_queue_size(stream()) > kPauseReadingAt) {
       paused_ = true;
@@ -523,6 +539,33 @@ class MemoryServer::Conn : public FrameReader::Handler {
     if (rc) c->close();  // a protocol violation ends this connection only
   }
 
+  // True while answers that send `e`'s memory are batched or not yet all handed to the kernel.
+  bool sending(const Element *e) const {
+    auto it = queued_.find(e);
+    return it != queued_.end() && (uv_stream_get_write_queue_size(&h_.stream) > 0 || in_batch(e));
+  }
+  bool in_batch(const Element *e) const {
+    if (!batch_) return false;
+    for (auto &x : batch_->elements)
+      if (x.get() == e) return true;
+    return false;
+  }
+
+  // A write is done with its elements: attachments that were detached while it was queued are
+  // let go once nothing queued sends their memory any more.
+  void unqueue(WriteReq *w) {
+    for (auto &e : w->elements) {
+      auto it = queued_.find(e.get());
+      if (it == queued_.end() || --it->second > 0) continue;
+      queued_.erase(it);
+      for (auto d = draining_.begin(); d != draining_.end();) {
+        if (d->element.get() != e.get()) { ++d; continue; }
+        srv_->release_attachment(d->grant.id, unix_, !d->notified);
+        d = draining_.erase(d);
+      }
+    }
+  }
+
   void deliver_notices() {
     auto pending = std::move(notices_);
     notices_.clear();
@@ -549,7 +592,8 @@ class MemoryServer::Conn : public FrameReader::Handler {
   int write_status_ = 0;
   uint32_t payload_handle_ = 0;  // the attachment the WRITE payload being received is for
   std::unordered_map<uint32_t, Attachment> atts_;
-  std::unordered_map<const Element *, int> queued_;  // elements whose memory queued writes send
+  std::unordered_map<const Element *, int> queued_;  // elements whose memory batched or queued writes send
+  std::vector<Attachment> draining_;  // detached while their READ answers were queued: still held
   std::vector<std::pair<std::string, Notice>> notices_;  // NOTIFYs of the read being handled
   char staging_[kStagingSize];
 };
@@ -793,6 +837,9 @@ void MemoryServer::drop_notices_locked(const std::string &grant_id) {
   auto it = notices_.find(grant_id);
   if (it == notices_.end()) return;
   wake_locked(it->second);  // before it goes: its watchers learn the grant is over
+  // ...and never hear of it again: their eventfds may be closed and their numbers reused once
+  // the owner learns the grant is gone, while a waiter still keeps the record.
+  it->second.watchers.clear();
   if (it->second.waiters > 0) {
     it->second.ended = -ECANCELED;  // the last waiter, once told, erases it
     it->second.dropped = true;
@@ -836,7 +883,7 @@ void MemoryServer::end_notices_locked(const std::string &grant_id, int err) {
 void MemoryServer::on_notice(const std::string &grant_id, const Notice &n) {
   std::lock_guard<std::mutex> lk(mu_);
   auto it = notices_.find(grant_id);
-  if (it == notices_.end()) return;
+  if (it == notices_.end() || it->second.dropped) return;  // revoked: nobody is told any more
   it->second.queue.push_back(n);
   wake_locked(it->second);
 }

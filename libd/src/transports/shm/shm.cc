@@ -30,6 +30,7 @@
 #include <cstring>
 #include <mutex>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "core/error.h"
 #include "core/transport.h"
@@ -138,6 +139,9 @@ class ShmSession : public FrameReader::Handler, public std::enable_shared_from_t
   }
 
   bool closed() const { return closed_flag_.load(std::memory_order_acquire); }
+  // Every handle it can name is used (they are never reused): it serves its attachments to the
+  // end, and the next transport opens a new session.
+  bool spent() const { return spent_flag_.load(std::memory_order_acquire); }
 
   // The holder of handle `h` (0: the opener): told when its grant ends; `alive` flips to false then.
   Alive add_user(uint32_t h, FailFn fn) {
@@ -151,6 +155,7 @@ class ShmSession : public FrameReader::Handler, public std::enable_shared_from_t
              FailFn fn, uint32_t *handle, GrantBody *grant, Alive *alive) {
     std::unique_lock<std::mutex> lk(mu_);
     if (closed_) return set_error(-ENOTCONN, "the connection to the memory element is closed (" + close_why_ + ")");
+    if (!handles_left_locked()) return set_error(-ENOTCONN, "the shared connection has used all its handles");
     uint32_t h = next_handle_++;
     Attaching &a = attaches_[h];
     std::string frame = encode_attach(h, {grant_id, secret, aid}, nonce_);
@@ -168,9 +173,14 @@ class ShmSession : public FrameReader::Handler, public std::enable_shared_from_t
     }
     // The loop's watch reads the answer.
     if (!cv_.wait_until(lk, deadline.at(), [&] { return a.done || closed_; })) {
+      // This attachment alone is given up (the session serves others, whose transfers never wait
+      // for the server): its answer, when it comes, is dropped, and the DETACH behind it lets go
+      // of whatever it opened (the server takes frames in order and ignores a refused handle).
       attaches_.erase(h);
-      fail_locked(-ETIMEDOUT, "no answer to ATTACH from the memory element within the deadline");
-      return set_error(-ETIMEDOUT, "no answer from the memory element within the deadline");
+      abandoned_.insert(h);
+      lk.unlock();
+      send_detach(h);
+      return set_error(-ETIMEDOUT, "no answer to ATTACH from the memory element within the deadline");
     }
     Attaching got = std::move(a);
     attaches_.erase(h);
@@ -215,7 +225,7 @@ class ShmSession : public FrameReader::Handler, public std::enable_shared_from_t
       return -EAGAIN;
     if (!read_owner(&again, addr, sizeof again) || again != c.seq) return -EAGAIN;  // torn: changed while read
     std::unique_lock<std::mutex> lk(mu_);
-    if (closed_) return -EAGAIN;
+    if (closed_ || !handles_left_locked()) return -EAGAIN;
     uint32_t h = next_handle_++;
     auto al = std::make_shared<std::atomic<bool>>(true);
     users_[h] = User{std::move(fn), al};
@@ -260,6 +270,10 @@ class ShmSession : public FrameReader::Handler, public std::enable_shared_from_t
       users_.erase(it);
       if (unannounced_.erase(h)) return;  // the server never heard of it: nothing to let go of
     }
+    send_detach(h);
+  }
+
+  void send_detach(uint32_t h) {
     Header d;
     d.opcode = kDetach;
     d.addr = h;
@@ -315,6 +329,7 @@ class ShmSession : public FrameReader::Handler, public std::enable_shared_from_t
   int on_header(const Header &h, char **dest) override {
     if (h.opcode == kAttachOk) {
       if (h.addr == 0 || h.addr >= next_handle_) return -EPROTO;
+      if (abandoned_.erase(uint32_t(h.addr))) return 0;  // its attach gave up waiting: dropped
       auto it = attaches_.find(uint32_t(h.addr));
       if (it == attaches_.end()) return h.status != 0 && h.size == 0 ? 0 : -EPROTO;  // a quiet ATTACH refused
       if (it->second.done) return -EPROTO;
@@ -355,6 +370,7 @@ class ShmSession : public FrameReader::Handler, public std::enable_shared_from_t
     Alive alive;
   };
   std::unordered_map<uint32_t, Credentials> unannounced_;  // attach_local without announce: not sent yet
+  std::unordered_set<uint32_t> abandoned_;  // ATTACHes whose caller stopped waiting: their answers are dropped
   struct Attaching {
     bool done = false;
     int status = 0;
@@ -448,6 +464,12 @@ class ShmSession : public FrameReader::Handler, public std::enable_shared_from_t
   std::condition_variable cv_;
   bool closed_ = false;
   std::atomic<bool> closed_flag_{false};
+  std::atomic<bool> spent_flag_{false};
+  bool handles_left_locked() {  // false (and spent) once the handles ran out
+    if (next_handle_ < UINT32_MAX) return true;
+    spent_flag_.store(true, std::memory_order_release);
+    return false;
+  }
   std::string close_why_;
   uint32_t next_handle_ = 1;
   std::unordered_map<uint32_t, User> users_;
@@ -470,7 +492,7 @@ class ShmSessions {
     std::lock_guard<std::mutex> lk(mu_);
     auto it = map_.find(key);
     if (it == map_.end()) return nullptr;
-    if (it->second->closed()) {
+    if (it->second->closed() || it->second->spent()) {
       map_.erase(it);
       return nullptr;
     }
@@ -543,7 +565,7 @@ class ShmTransport : public Transport {
         set_remote(g.offset, g.length, g.rights);
         return 0;
       }
-      if (!session->closed()) return rc;
+      if (!session->closed() && !session->spent()) return rc;
     }
     std::shared_ptr<ShmSession> session;
     if (int rc = ShmSession::open(path, grant_id, secret, aid(), deadline, &session, &g)) return rc;
@@ -724,6 +746,15 @@ class ShmTransport : public Transport {
       } else {
         std::memcpy(map_ + s.raddr, s.buf, s.size);
       }
+    }
+    // The owner may have ended the grant while the bytes moved (its revoke does not wait for
+    // peers on this host): a read may then hold bytes of memory no longer lent, and a write may
+    // have landed after the owner's call returned. Either way the caller must not trust it.
+    if (slot_addr_ && !slot_unchanged()) {
+      const char *why = "the memory's owner ended this grant during the transfer (revoked, expired, or the memory withdrawn)";
+      fail(-ECONNRESET, why);
+      op->complete(-ECONNRESET, why);
+      return 0;
     }
     // A server that died during the copy leaves memory nobody will see again: say so.
     if (!alive_->load(std::memory_order_acquire)) {

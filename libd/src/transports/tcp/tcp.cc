@@ -36,7 +36,7 @@ class TcpSessions {
     std::lock_guard<std::mutex> lk(mu_);
     auto it = map_.find(key);
     if (it == map_.end()) return nullptr;
-    if (it->second->closed()) {
+    if (it->second->closed() || it->second->spent()) {
       map_.erase(it);
       return nullptr;
     }
@@ -109,7 +109,7 @@ class TcpTransport : public Transport {
           set_remote(grant.offset, grant.length, grant.rights);
           return 0;
         }
-        if (!conn->closed()) return set_error(rc, last_error() + " (" + host + ":" + port + ")");
+        if (!conn->closed() && !conn->spent()) return set_error(rc, last_error() + " (" + host + ":" + port + ")");
         // The connection failed under us: open a new one.
       }
       int rc = TcpConn::open(reinterpret_cast<sockaddr *>(&addr), len, creds, deadline, nullptr, &conn_, &grant, true);

@@ -5,8 +5,10 @@
 #include <poll.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <vector>
 
 #include "core/error.h"
 #include "io/sockio.h"
@@ -62,6 +64,7 @@ std::shared_ptr<TcpConn::OpState> TcpConn::enqueue_locked(const std::shared_ptr<
   st->op = op;
   st->handle = handle;
   st->segs_left = op->segments().size();
+  st->posted = Clock::now();
   bool is_write = op->kind() == OpKind::Write;
   for (size_t i = 0; i < op->segments().size() && !closed_; i++) {
     const Segment &s = op->segments()[i];
@@ -106,15 +109,16 @@ void TcpConn::post(const std::shared_ptr<Op> &op, uint32_t handle) {
 }
 
 template <class Done>
-void TcpConn::lead_locked(Lock &lk, Done done, Deadline deadline, uint32_t spin_us) {
+bool TcpConn::lead_locked(Lock &lk, Done done, Deadline deadline, uint32_t spin_us) {
   reader_ = Reader::Leader;
   auto spin_until = Clock::now() + std::chrono::microseconds(spin_us);
+  bool in_time = true;
   while (!done() && !closed_) {
     short events = short(POLLIN | (sendq_.empty() ? 0 : POLLOUT));
     auto now = Clock::now();
     int64_t left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline.at() - now).count();
     if (left <= 0) {
-      fail_locked(-ETIMEDOUT, "no answer from the memory element within the deadline", true);
+      in_time = false;
       break;
     }
     lk.unlock();
@@ -137,6 +141,7 @@ void TcpConn::lead_locked(Lock &lk, Done done, Deadline deadline, uint32_t spin_
     if (reader_ == Reader::Loop || !sendq_.empty() || rewatch) want_loop_locked();
   }
   cv_.notify_all();  // an attacher waiting for someone to read may lead now
+  return in_time;
 }
 
 void TcpConn::run(const std::shared_ptr<Op> &op, uint32_t handle, uint32_t spin_us) {
@@ -152,7 +157,7 @@ void TcpConn::run(const std::shared_ptr<Op> &op, uint32_t handle, uint32_t spin_
     return;
   }
   auto st = enqueue_locked(op, handle);
-  lead_locked(lk, [&] { return st->finished; }, op->deadline(), spin_us);
+  if (!lead_locked(lk, [&] { return st->finished; }, op->deadline(), spin_us)) expire_locked(st);
 }
 
 void TcpConn::cancel(Op *op) {
@@ -215,7 +220,7 @@ int TcpConn::notify(uint64_t value, int status, uint32_t handle, bool detach) {
 
 uint32_t TcpConn::queue_attach_locked(const TcpCredentials &creds, bool flush) {
   uint32_t h = next_handle_++;
-  attaches_[h];
+  attaches_[h].sent = Clock::now();
   attaching_++;
   std::string frame = encode_attach(h, creds, nonce_);
   auto st = std::make_shared<OpState>();
@@ -232,9 +237,16 @@ uint32_t TcpConn::queue_attach_locked(const TcpCredentials &creds, bool flush) {
   return h;
 }
 
+bool TcpConn::handles_left_locked() {
+  if (next_handle_ < UINT32_MAX) return true;
+  spent_flag_.store(true, std::memory_order_release);
+  return false;
+}
+
 int TcpConn::attach_async(const TcpCredentials &creds, FailFn on_fail, uint32_t *handle) {
   Lock lk(mu_);
   if (closed_) return set_error(-ENOTCONN, "the connection to the memory element is closed (" + close_why_ + ")");
+  if (!handles_left_locked()) return set_error(-ENOTCONN, "the shared connection has used all its handles");
   // Not sent yet: the operation that follows goes out with it in one system call (and the server
   // answers both in one). verdict() sends it if nothing did.
   uint32_t h = queue_attach_locked(creds, false);
@@ -251,15 +263,19 @@ int TcpConn::verdict(uint32_t h, Deadline deadline, GrantBody *grant) {
   if (it == attaches_.end() || !it->second.async) return 0;  // settled before
   Attaching &a = it->second;
   if (!sendq_.empty() && !flush_locked()) want_loop_locked();
-  while (!a.done && !closed_) {
+  bool in_time = true;
+  while (!a.done && !closed_ && in_time) {
     // Read the answer here rather than wait for the loop to hand it over (one thread woken, not
     // two); the loop, if it was reading, takes over again after.
     if (reader_ != Reader::Leader) {
-      lead_locked(lk, [&] { return a.done; }, deadline);
+      in_time = lead_locked(lk, [&] { return a.done; }, deadline);
       continue;
     }
-    if (cv_.wait_until(lk, deadline.at()) == std::cv_status::timeout && !a.done && !closed_)
-      fail_locked(-ETIMEDOUT, "no answer to ATTACH from the memory element within the deadline", true);
+    in_time = !(cv_.wait_until(lk, deadline.at()) == std::cv_status::timeout && !a.done && !closed_);
+  }
+  if (!in_time) {
+    abandon_attach_locked(h, a.sent);
+    return set_error(-ETIMEDOUT, "no answer to ATTACH from the memory element within the deadline");
   }
   Attaching got = std::move(a);
   attaches_.erase(h);
@@ -276,17 +292,26 @@ int TcpConn::verdict(uint32_t h, Deadline deadline, GrantBody *grant) {
 int TcpConn::attach(const TcpCredentials &creds, Deadline deadline, FailFn on_fail, uint32_t *handle, GrantBody *grant) {
   Lock lk(mu_);
   if (closed_) return set_error(-ENOTCONN, "the connection to the memory element is closed (" + close_why_ + ")");
+  if (!handles_left_locked()) return set_error(-ENOTCONN, "the shared connection has used all its handles");
   uint32_t h = queue_attach_locked(creds, true);
   Attaching &a = attaches_[h];  // unordered_map nodes stay put: the reference outlives rehashing
   // The answer comes on the stream: read it here if nobody else is reading, else wait for the
   // reader (the loop or another caller leading) to hand it over.
-  while (!a.done && !closed_) {
+  bool in_time = true;
+  while (!a.done && !closed_ && in_time) {
     if (reader_ == Reader::None) {
-      lead_locked(lk, [&] { return a.done; }, deadline);
+      in_time = lead_locked(lk, [&] { return a.done; }, deadline);
       continue;
     }
-    if (cv_.wait_until(lk, deadline.at()) == std::cv_status::timeout && !a.done && !closed_)
-      fail_locked(-ETIMEDOUT, "no answer to ATTACH from the memory element within the deadline", true);
+    in_time = !(cv_.wait_until(lk, deadline.at()) == std::cv_status::timeout && !a.done && !closed_);
+  }
+  if (!in_time) {
+    abandon_attach_locked(h, a.sent);
+    if (!idle_locked() && reader_ == Reader::None) {
+      reader_ = Reader::Loop;
+      want_loop_locked();
+    }
+    return set_error(-ETIMEDOUT, "no answer to ATTACH from the memory element within the deadline");
   }
   attaching_--;
   Attaching got = std::move(a);
@@ -359,7 +384,8 @@ void TcpConn::cut_handle_locked(uint32_t handle, int reason) {
   // requests followed (-EACCES and the other refusals: the requests fail with it).
   bool refused = reason != -ECANCELED && reason != -EKEYEXPIRED && reason != 0;
   int err = refused ? reason : -ECONNRESET;
-  std::string why = refused ? refusal_reason(reason)
+  std::string why = reason == -ETIMEDOUT ? "no answer to ATTACH from the memory element within the deadline"
+                    : refused ? refusal_reason(reason)
                     : reason == -EKEYEXPIRED ? "the memory's owner let this grant expire"
                                              : "the memory's owner ended this grant (revoked, or the memory withdrawn)";
   ended_[handle] = {err, why};
@@ -445,6 +471,7 @@ void TcpConn::read_locked() {
       len = kStagingSize;
     }
     ssize_t n = recv(fd_, target, len, MSG_DONTWAIT);
+    if (n > 0) last_rx_ = Clock::now();
     if (n == 0) {
       fail_locked(-ECONNRESET, "the memory element closed the connection", true);
       return;
@@ -515,11 +542,55 @@ void TcpConn::fail_locked(int err, const std::string &why, bool notify) {
 
 void TcpConn::check_deadlines_locked() {
   auto now = Clock::now();
+  std::vector<std::shared_ptr<OpState>> late;
   for (auto &[id, p] : inflight_)
-    if (now >= p.st->op->deadline().at()) {
-      fail_locked(-ETIMEDOUT, "no answer from the memory element within the deadline", true);
-      return;
-    }
+    if (now >= p.st->op->deadline().at() && std::find(late.begin(), late.end(), p.st) == late.end()) late.push_back(p.st);
+  for (auto &st : late) {
+    if (closed_) return;
+    expire_locked(st);
+  }
+}
+
+void TcpConn::expire_locked(const std::shared_ptr<OpState> &st) {
+  if (closed_ || st->finished) return;
+  const char *why = "no answer from the memory element within the deadline";
+  if (st->queued_sends > 0 || silent_since_locked(st->posted)) {
+    fail_locked(-ETIMEDOUT, why, true);
+    return;
+  }
+  op_error(st, -ETIMEDOUT, why);
+  maybe_finish_locked(st);  // its answers, if they still come, are dropped
+}
+
+void TcpConn::abandon_attach_locked(uint32_t h, Clock::time_point sent) {
+  const char *why = "no answer to ATTACH from the memory element within the deadline";
+  auto it = attaches_.find(h);
+  bool async = false;
+  if (it != attaches_.end()) {
+    async = it->second.async;
+    if (!it->second.done) attaching_--;
+    attaches_.erase(it);
+  }
+  if (closed_) return;
+  if (silent_since_locked(sent)) {
+    fail_locked(-ETIMEDOUT, why, true);
+    return;
+  }
+  // Requests that followed an attach_async fail, and its transport hears of it.
+  if (async) cut_handle_locked(h, -ETIMEDOUT);
+  users_.erase(h);
+  // The server takes frames in order: the DETACH lets go of whatever the ATTACH opened (it
+  // ignores a handle it refused), and the late ATTACH_OK finds no attachment here (dropped).
+  ended_[h] = {-ETIMEDOUT, why};
+  Header d;
+  d.opcode = kDetach;
+  d.addr = h;
+  char hdr[kHeaderSize];
+  encode_header(d, hdr);
+  auto st = std::make_shared<OpState>();
+  st->detached = true;
+  queue_locked(hdr, nullptr, 0, st);
+  if (!flush_locked()) want_loop_locked();
 }
 
 int TcpConn::on_header(const Header &h, char **dest) {

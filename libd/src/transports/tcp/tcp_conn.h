@@ -82,6 +82,9 @@ class TcpConn : public proto::FrameReader::Handler, public OpDriver, public std:
   // Runs (on the shared loop) once the connection has failed: a pool forgets it.
   void set_on_dead(std::function<void()> fn);
   bool closed() const { return closed_flag_.load(std::memory_order_acquire); }
+  // Every handle a session can name is used: it serves its attachments to the end, and the next
+  // transport opens a new session (handles are never reused: a late answer would reach the wrong one).
+  bool spent() const { return spent_flag_.load(std::memory_order_acquire); }
 
   int on_header(const proto::Header &h, char **dest) override;
   int on_frame(const proto::Header &h) override;
@@ -96,6 +99,7 @@ class TcpConn : public proto::FrameReader::Handler, public OpDriver, public std:
     std::string why;
     bool finished = false;
     bool detached = false;
+    Clock::time_point posted;  // when it went out: a session's liveness is judged from it
   };
   struct Pending {
     std::shared_ptr<OpState> st;
@@ -115,6 +119,7 @@ class TcpConn : public proto::FrameReader::Handler, public OpDriver, public std:
     int status = 0;
     std::string body;
     bool async = false;  // attach_async: the attachment runs already; the verdict is kept for verdict()
+    Clock::time_point sent;
   };
   uint32_t queue_attach_locked(const TcpCredentials &creds, bool flush);  // ATTACH queued (sent if flush); its handle
   enum class Reader { None, Leader, Loop };
@@ -124,7 +129,8 @@ class TcpConn : public proto::FrameReader::Handler, public OpDriver, public std:
   void start_watch();
   std::shared_ptr<OpState> enqueue_locked(const std::shared_ptr<Op> &op, uint32_t handle);
   // Leads progress in the calling thread until done() or the connection closes (deadline: fails it).
-  template <class Done> void lead_locked(Lock &lk, Done done, Deadline deadline, uint32_t spin_us = 0);
+  // false if the deadline passed first (the caller decides what ends: see expire_locked).
+  template <class Done> bool lead_locked(Lock &lk, Done done, Deadline deadline, uint32_t spin_us = 0);
   bool idle_locked() const { return inflight_.empty() && attaching_ == 0; }
   bool refused_locked(uint32_t handle, const std::shared_ptr<Op> &op);  // the owner ended the handle
   void cut_handle_locked(uint32_t handle, int reason);                 // DETACHED
@@ -136,6 +142,14 @@ class TcpConn : public proto::FrameReader::Handler, public OpDriver, public std:
   // notify: tell the transport (a failure found here), not when the transport closes us.
   void fail_locked(int err, const std::string &why, bool notify);
   void check_deadlines_locked();
+  // An operation outlived its deadline. A connection of one transport's own ends (as before);
+  // a session is shared, so only that operation ends, unless the connection itself is stuck:
+  // its bytes still wait for the kernel, or the server has said nothing since it was sent.
+  void expire_locked(const std::shared_ptr<OpState> &st);
+  // An ATTACH got no answer in time: on a session only that attachment is given up (its answer,
+  // when it comes, is dropped, and a DETACH follows it), unless the server is silent.
+  void abandon_attach_locked(uint32_t handle, Clock::time_point sent);
+  bool silent_since_locked(Clock::time_point t) const { return !session_ || last_rx_ < t; }
   void want_loop_locked();  // asks the loop to (re)compute what it watches
   void update_watch();      // loop thread
   static void on_poll(uv_poll_t *h, int status, int events);
@@ -152,6 +166,8 @@ class TcpConn : public proto::FrameReader::Handler, public OpDriver, public std:
   int attaching_ = 0;
   std::function<void()> on_dead_;
   std::atomic<bool> closed_flag_{false};
+  std::atomic<bool> spent_flag_{false};
+  bool handles_left_locked();  // false (and spent) once the handles ran out
   std::mutex mu_;
   std::condition_variable cv_;  // detach waits here for queued sends to drain
   bool closed_ = false;
@@ -162,6 +178,7 @@ class TcpConn : public proto::FrameReader::Handler, public OpDriver, public std:
   std::unordered_map<uint64_t, Pending> inflight_;
   uint64_t next_id_ = 0;
   uint64_t current_id_ = 0;  // the response whose payload is arriving
+  Clock::time_point last_rx_{};  // when bytes last came from the server
   std::deque<Chunk> sendq_;
   bool update_posted_ = false;
   // Loop side.
