@@ -102,7 +102,12 @@ int libd_transport_wait_state(libd_transport *trans, unsigned state_mask, int ti
 int libd_transport_wait_change(libd_transport *trans, uint64_t *seq, int timeout_ms);
 
 int libd_transport_init(libd_transport *trans);      /* INIT -> INITD */
-int libd_transport_connect(libd_transport *trans);   /* INITD -> READY */
+/* INITD -> READY. Connecting checks the grant with the memory element, so besides the network's
+ * errors (-ECONNREFUSED, -ETIMEDOUT, -EHOSTUNREACH, ...) it returns the element's refusal:
+ * -EACCES (unknown, revoked or expired grant, wrong secret, another client's grant), -EPERM or
+ * -EOPNOTSUPP (a grant this transport cannot serve; the message says which). A transport whose
+ * first operation connects it (lazily) reports the same through that operation. */
+int libd_transport_connect(libd_transport *trans);
 int libd_transport_recover(libd_transport *trans);   /* ERROR -> READY (reconnects) */
 int libd_transport_terminate(libd_transport *trans); /* any -> TERMINATED */
 

@@ -194,6 +194,24 @@ TEST(SessionServer, RequestsOnADetachedHandleAreRefused) {
   EXPECT_EQ(1u, p.server.holders(p.first.id));
 }
 
+TEST(SessionServer, ASessionHoldsABoundedNumberOfGrants) {
+  Peer p(4096);
+  Grant g = p.grant();
+  std::string many;
+  for (uint32_t h = 1; h < 4096; h++) many += encode_attach(h, {g.id, g.secret, "peer"}, p.nonce, true);
+  p.send(many);
+  p.send(encode_attach(4096, {g.id, g.secret, "peer"}, p.nonce));
+  Header full = p.next();
+  EXPECT_EQ(kAttachOk, full.opcode);
+  EXPECT_EQ(-EMFILE, full.status);
+  EXPECT_EQ(4095u, p.server.holders(g.id));
+  p.send(frame(kDetach, 0, 7) + encode_attach(4097, {g.id, g.secret, "peer"}, p.nonce));
+  Header again = p.next();
+  EXPECT_EQ(kAttachOk, again.opcode);
+  EXPECT_EQ(0, again.status);
+  EXPECT_EQ(4095u, p.server.holders(g.id));
+}
+
 // ---- a DETACH behind queued READ answers ----------------------------------------------------
 
 // The peer asks for more than the sockets can hold, says it finished and detaches in the same

@@ -75,7 +75,7 @@ TEST(TcpBusyPoll, ABlockingReadPollsInsteadOfSleeping) {
   getrusage(RUSAGE_THREAD, &before);
   for (int i = 0; i < 200; i++) ASSERT_EQ(0, libd_trdma_read(rig.t, 64, 0, buf)) << libd_last_error();
   getrusage(RUSAGE_THREAD, &after);
-  EXPECT_LT(after.ru_nvcsw - before.ru_nvcsw, 40) << "the reader slept waiting for its answers";
+  EXPECT_LT(after.ru_nvcsw - before.ru_nvcsw, 100) << "the reader slept waiting for its answers";
 }
 
 TEST(TcpBusyPoll, TheParameterIsChecked) {

@@ -34,28 +34,32 @@ struct MdCtx {
   ~MdCtx() { EVP_MD_CTX_free(ctx); }
 };
 
+// Empty if OpenSSL fails (out of memory, no SHA-256 provider): an empty MAC never matches
+// (macs_equal), so a failure refuses rather than admits. Key material is wiped before returning.
 std::string hmac_sha256(const std::string &key, const std::string &msg) {
   thread_local MdCtx c;
+  const EVP_MD *md = sha256();
+  if (!md || !c.ctx) return std::string();
   unsigned char k[64] = {0}, pad[64], inner[EVP_MAX_MD_SIZE], out[EVP_MAX_MD_SIZE];
-  unsigned int n = 0;
+  unsigned int n = 0, m = 0;
+  bool ok = true;
   if (key.size() > sizeof k) {
-    EVP_DigestInit_ex(c.ctx, sha256(), nullptr);
-    EVP_DigestUpdate(c.ctx, key.data(), key.size());
-    EVP_DigestFinal_ex(c.ctx, k, &n);
+    ok = EVP_DigestInit_ex(c.ctx, md, nullptr) == 1 && EVP_DigestUpdate(c.ctx, key.data(), key.size()) == 1 &&
+         EVP_DigestFinal_ex(c.ctx, k, &n) == 1;
   } else {
     std::memcpy(k, key.data(), key.size());
   }
   for (size_t i = 0; i < sizeof pad; i++) pad[i] = k[i] ^ 0x36;
-  EVP_DigestInit_ex(c.ctx, sha256(), nullptr);
-  EVP_DigestUpdate(c.ctx, pad, sizeof pad);
-  EVP_DigestUpdate(c.ctx, msg.data(), msg.size());
-  EVP_DigestFinal_ex(c.ctx, inner, &n);
+  ok = ok && EVP_DigestInit_ex(c.ctx, md, nullptr) == 1 && EVP_DigestUpdate(c.ctx, pad, sizeof pad) == 1 &&
+       EVP_DigestUpdate(c.ctx, msg.data(), msg.size()) == 1 && EVP_DigestFinal_ex(c.ctx, inner, &n) == 1;
   for (size_t i = 0; i < sizeof pad; i++) pad[i] = k[i] ^ 0x5c;
-  EVP_DigestInit_ex(c.ctx, sha256(), nullptr);
-  EVP_DigestUpdate(c.ctx, pad, sizeof pad);
-  EVP_DigestUpdate(c.ctx, inner, n);
-  EVP_DigestFinal_ex(c.ctx, out, &n);
-  return std::string(reinterpret_cast<char *>(out), n);
+  ok = ok && EVP_DigestInit_ex(c.ctx, md, nullptr) == 1 && EVP_DigestUpdate(c.ctx, pad, sizeof pad) == 1 &&
+       EVP_DigestUpdate(c.ctx, inner, n) == 1 && EVP_DigestFinal_ex(c.ctx, out, &m) == 1;
+  std::string mac = ok ? std::string(reinterpret_cast<char *>(out), m) : std::string();
+  OPENSSL_cleanse(k, sizeof k);
+  OPENSSL_cleanse(pad, sizeof pad);
+  OPENSSL_cleanse(inner, sizeof inner);
+  return mac;
 }
 
 }  // namespace
@@ -168,7 +172,7 @@ int64_t cma_slot_of(const std::string &grant_id) {
 }
 
 bool macs_equal(const std::string &a, const std::string &b) {
-  return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
+  return !a.empty() && a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
 }
 
 std::string random_bytes(size_t n) {

@@ -20,6 +20,9 @@ std::string refusal_reason(int status) {
     return "the memory element refused the grant (unknown or revoked grant, wrong secret, or another client's grant)";
   if (status == -EPERM)
     return "the grant covers part of its element, and shm can only hand out whole elements: reach it over tcp";
+  if (status == -EMFILE)
+    return "the shared connection holds as many grants as the memory element allows on one connection "
+           "(the next transport opens another)";
   if (status == -EOPNOTSUPP)
     return "a shared connection on the memory element's unix socket reaches lent memory only";
   return std::string("the memory element refused the connection: ") + libd_strerror(status);

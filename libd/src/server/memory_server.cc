@@ -30,6 +30,7 @@ using namespace proto;
 namespace {
 constexpr size_t kStagingSize = 64 * 1024;
 constexpr size_t kDirectMin = 16 * 1024;              // payloads this large skip the staging copy
+constexpr size_t kMaxAttachments = 4096;             // grants one session may hold at once
 constexpr size_t kPauseReadingAt = 64ull << 20;       // queued response bytes before we stop reading
 constexpr size_t kResumeReadingAt = 16ull << 20;
 constexpr uint64_t kAuthTimeoutMs = 10000;            // a silent client is dropped after this
@@ -333,7 +334,9 @@ class MemoryServer::Conn : public FrameReader::Handler {
     r.opcode = kAttachOk;
     r.addr = h.addr;
     GrantBody body;
-    int rc = admit(uint32_t(h.addr), &body);
+    // Each attachment costs the server memory: a session holds at most kMaxAttachments at once
+    // (the peer opens another session for more).
+    int rc = atts_.size() + draining_.size() >= kMaxAttachments ? -EMFILE : admit(uint32_t(h.addr), &body);
     if (rc == -EPROTO) return rc;
     if (rc == 0 && (h.req_id & kAttachQuiet)) return 0;  // the peer checked it itself: nothing to say
     std::string payload = rc == 0 ? encode_grant(body) : std::string();
@@ -619,8 +622,9 @@ void MemoryServer::cma_write_locked(int64_t slot, const Grant *g, const char *ba
     c->base = uint64_t(uintptr_t(base + g->offset));
     c->length = g->length;
     c->rights = g->rights;
-    std::memcpy(c->tag, tag.data(), sizeof c->tag);
-    c->live = 1;
+    // No tag (hashing failed): the slot stays dead and holders ask the server instead.
+    if (tag.size() == sizeof c->tag) std::memcpy(c->tag, tag.data(), sizeof c->tag);
+    c->live = tag.size() == sizeof c->tag;
   } else {
     c->live = 0;
     std::memset(c->tag, 0, sizeof c->tag);

@@ -184,6 +184,7 @@ class ShmSession : public FrameReader::Handler, public std::enable_shared_from_t
     }
     Attaching got = std::move(a);
     attaches_.erase(h);
+    if (got.done && got.status == -EMFILE) spent_flag_.store(true, std::memory_order_release);  // full: a new session
     if (!got.done) return set_error(-ECONNRESET, "the connection to the memory element closed (" + close_why_ + ")");
     if (got.status != 0) return set_error(got.status, refusal_reason(got.status));
     std::string why;
@@ -220,8 +221,9 @@ class ShmSession : public FrameReader::Handler, public std::enable_shared_from_t
     uint64_t again = 0;
     if (!read_owner(&c, addr, sizeof c) || (c.seq & 1) || !c.live) return -EAGAIN;
     // The grant is for anyone holding it ("*"), or for this action alone.
-    if (CRYPTO_memcmp(cma_tag(secret, grant_id, "*").data(), c.tag, sizeof c.tag) != 0 &&
-        CRYPTO_memcmp(cma_tag(secret, grant_id, aid).data(), c.tag, sizeof c.tag) != 0)
+    std::string any = cma_tag(secret, grant_id, "*"), mine = cma_tag(secret, grant_id, aid);
+    if (any.size() != sizeof c.tag || mine.size() != sizeof c.tag ||
+        (CRYPTO_memcmp(any.data(), c.tag, sizeof c.tag) != 0 && CRYPTO_memcmp(mine.data(), c.tag, sizeof c.tag) != 0))
       return -EAGAIN;
     if (!read_owner(&again, addr, sizeof again) || again != c.seq) return -EAGAIN;  // torn: changed while read
     std::unique_lock<std::mutex> lk(mu_);
@@ -768,7 +770,7 @@ class ShmTransport : public Transport {
 
  private:
   bool shared_ = false;
-  bool detached_ = false;                // its last word detached it already (notify_last)
+  std::atomic<bool> detached_{false};    // its last word detached it already (notify_last); set under the shared I/O lock
   std::shared_ptr<ShmSession> session_;  // share,1: the process's connection to the server
   uint32_t handle_ = 0;                  // this transport's attachment on it
   uint64_t slot_addr_ = 0, slot_seq_ = 0;  // its slot in the owner's grant table, when it came from there

@@ -12,6 +12,7 @@
 // -ECONNRESET), not the connection. Failures of the connection itself reach every transport on it.
 #include <netdb.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <mutex>
@@ -195,7 +196,7 @@ class TcpTransport : public Transport {
   bool shared_ = false;
   uint32_t handle_ = 0;  // this transport's attachment on a shared connection
   bool unsettled_ = false;  // attached by an operation: the server's verdict not read yet
-  bool detached_ = false;   // its last word detached it already (notify_last)
+  std::atomic<bool> detached_{false};  // its last word detached it already (notify_last); set under the shared I/O lock
   uint32_t spin_us_ = 0;    // busy_poll_us: a blocking call polls its answer this long before it sleeps
 };
 

@@ -316,6 +316,7 @@ int TcpConn::attach(const TcpCredentials &creds, Deadline deadline, FailFn on_fa
   attaching_--;
   Attaching got = std::move(a);
   attaches_.erase(h);
+  if (got.done && got.status == -EMFILE) spent_flag_.store(true, std::memory_order_release);  // full: a new session
   if (!idle_locked() && reader_ == Reader::None) {
     reader_ = Reader::Loop;
     want_loop_locked();
@@ -624,6 +625,7 @@ int TcpConn::on_frame(const Header &h) {
     Attaching &a = it->second;
     a.done = true;
     a.status = h.status;
+    if (h.status == -EMFILE) spent_flag_.store(true, std::memory_order_release);  // full: the next opens a new one
     if (a.async) {
       attaching_--;
       // Requests that followed a refused ATTACH fail with the refusal itself (the server, for

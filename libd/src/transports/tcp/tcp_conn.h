@@ -149,7 +149,12 @@ class TcpConn : public proto::FrameReader::Handler, public OpDriver, public std:
   // An ATTACH got no answer in time: on a session only that attachment is given up (its answer,
   // when it comes, is dropped, and a DETACH follows it), unless the server is silent.
   void abandon_attach_locked(uint32_t handle, Clock::time_point sent);
-  bool silent_since_locked(Clock::time_point t) const { return !session_ || last_rx_ < t; }
+  // The server owes an answer sent at t and has said nothing since, for long enough that it is
+  // not merely slow (a holder with a short deadline must not end everyone's session).
+  bool silent_since_locked(Clock::time_point t) const {
+    return !session_ || (last_rx_ < t && Clock::now() - t >= std::chrono::milliseconds(kSilentSessionMs));
+  }
+  static constexpr int kSilentSessionMs = 1000;
   void want_loop_locked();  // asks the loop to (re)compute what it watches
   void update_watch();      // loop thread
   static void on_poll(uv_poll_t *h, int status, int events);

@@ -38,7 +38,7 @@
 // a slot, marked as the driver's one direct operation, and spins for it: no Op, no shared
 // pointers, no live list. Over rxe the time between the doorbell's system call returning and the
 // next one is spent mostly on the code and data pages the path touches (each a translation and
-// TLB refill under TCG), so fewer structures is lower latency (docs/benchmarks.md, session 10).
+// TLB refill under TCG), so fewer structures is lower latency (measured: docs/benchmarks.md).
 //
 // Completions are event-driven: the completion channel's descriptor sits in the shared libuv
 // loop, which re-arms the queue and polls it. In polling mode a synchronous caller spins on the
