@@ -21,6 +21,11 @@ cdef extern from "libd.h" nogil:
         LIBD_RIGHT_READ
         LIBD_RIGHT_WRITE
         LIBD_HIST_BUCKETS
+        LIBD_CAP_NOWAIT
+        LIBD_CAP_DIRECT
+        LIBD_CAP_NOTIFY
+        LIBD_CAP_LAZY_CONNECT
+        LIBD_CAP_SERVER
 
     const char *libd_strerror(int err)
     const char *libd_last_error()
@@ -47,6 +52,7 @@ cdef extern from "libd.h" nogil:
     int libd_transport_error(libd_transport *trans, char *buf, size_t cap)
     int libd_transport_get_message(libd_transport *trans, char *buf, size_t cap, size_t *needed)
     int libd_transport_set(libd_transport *trans, const char *key, const char *value)
+    int libd_transport_caps(libd_transport *trans)
 
     ctypedef struct libd_stats:
         uint64_t read_ops, write_ops

@@ -48,6 +48,8 @@ def buffer_info(obj):
 STATES = {clibd.LIBD_STATE_INIT: "INIT", clibd.LIBD_STATE_INITD: "INITD", clibd.LIBD_STATE_READY: "READY",
           clibd.LIBD_STATE_ERROR: "ERROR", clibd.LIBD_STATE_TERMINATED: "TERMINATED"}
 _STATE_BITS = {v: k for k, v in STATES.items()}
+_CAP_NAMES = ((clibd.LIBD_CAP_NOWAIT, "nowait"), (clibd.LIBD_CAP_DIRECT, "direct"), (clibd.LIBD_CAP_NOTIFY, "notify"),
+              (clibd.LIBD_CAP_LAZY_CONNECT, "lazy_connect"), (clibd.LIBD_CAP_SERVER, "server"))
 
 _CONNECTION_ERRNOS = {_errno.ECONNRESET, _errno.ENOTCONN, _errno.ECONNREFUSED, _errno.ECONNABORTED,
                       _errno.ESHUTDOWN, _errno.EPIPE, _errno.EHOSTUNREACH}
@@ -254,6 +256,12 @@ cdef class LibdTransport:
         return clibd.libd_transport_impl(self._tr()).decode()
 
     @property
+    def caps(self):
+        """What the transport can do: a frozenset of 'nowait', 'direct', 'notify', 'lazy_connect', 'server'."""
+        cdef int bits = _check(clibd.libd_transport_caps(self._tr()), "caps")
+        return frozenset(name for bit, name in _CAP_NAMES if bits & bit)
+
+    @property
     def state(self):
         """'INIT', 'INITD', 'READY', 'ERROR' or 'TERMINATED'."""
         if self._t == NULL:
@@ -368,6 +376,7 @@ cdef class LibdTransportRDMA(LibdTransport):
     """One-sided access to a memory element: reg(), then read()/write() and their variants."""
     cdef char *_base
     cdef size_t _size
+    cdef int _nowait                # from caps, read once: 1 transfers are copies in this thread, 2 not, 0 not asked yet
     cdef unsigned char[::1] _view   # holds the buffer export: the memory outlives any terminate
     cdef object _owner
     cdef public object buf
@@ -454,14 +463,24 @@ cdef class LibdTransportRDMA(LibdTransport):
                              f"the registered buffer of {self._size} bytes")
         return self._base + offset
 
+    cdef inline bint _copies_inline(self, clibd.libd_transport *t):
+        cdef int bits
+        if self._nowait == 0:
+            bits = clibd.libd_transport_caps(t)
+            if bits < 0:
+                return True  # not known: let libd say
+            self._nowait = 1 if bits & clibd.LIBD_CAP_NOWAIT else 2
+        return self._nowait == 1
+
     def read(self, size_t size, uint64_t addr, size_t offset=0):
         """Remote [addr, addr+size) -> local buffer at offset. Blocks with the GIL released."""
         cdef char *p = self._local(size, offset)
         cdef clibd.libd_transport *t = self._tr()
         cdef int rc = -_EAGAIN
         # A small copy that cannot wait costs less than handing the GIL over and back; libd
-        # says -EAGAIN if it would have to wait, and then the GIL is released.
-        if size <= _NOWAIT_MAX:
+        # says -EAGAIN if it would have to wait, and then the GIL is released. A transport whose
+        # transfers are never such copies (its caps) is not asked.
+        if size <= _NOWAIT_MAX and self._copies_inline(t):
             rc = clibd.libd_trdma_read_nowait(t, size, addr, p)
         if rc == -_EAGAIN:
             with nogil:
@@ -474,7 +493,7 @@ cdef class LibdTransportRDMA(LibdTransport):
         cdef char *p = self._local(size, offset)
         cdef clibd.libd_transport *t = self._tr()
         cdef int rc = -_EAGAIN
-        if size <= _NOWAIT_MAX:
+        if size <= _NOWAIT_MAX and self._copies_inline(t):
             rc = clibd.libd_trdma_write_nowait(t, size, addr, p)
         if rc == -_EAGAIN:
             with nogil:

@@ -37,7 +37,7 @@ extern "C" {
 #endif
 
 #define LIBD_VERSION_MAJOR 1
-#define LIBD_VERSION_MINOR 2
+#define LIBD_VERSION_MINOR 3
 
 typedef struct libd_action libd_action;
 typedef struct libd_transport libd_transport;
@@ -117,6 +117,15 @@ int libd_transport_error(libd_transport *trans, char *buf, size_t cap);
  * (for a server: where and how to reach it). Returns its length, -ENODATA if none yet;
  * -ERANGE if cap is too small (then *needed, if given, holds the size). */
 int libd_transport_get_message(libd_transport *trans, char *buf, size_t cap, size_t *needed);
+/* What the transport can do (since 1.3), once it is INITD: LIBD_CAP_* bits (>= 0), or -EINVAL.
+ * Read it once instead of probing: a binding that sees no LIBD_CAP_NOWAIT skips the *_nowait
+ * forms. LIBD_CAP_DIRECT may appear at connect (verbs in polling mode). */
+#define LIBD_CAP_NOWAIT (1u << 0)       /* transfers are copies made in the calling thread (shm, local) */
+#define LIBD_CAP_DIRECT (1u << 1)       /* a blocking one-segment transfer completes in the calling thread */
+#define LIBD_CAP_NOTIFY (1u << 2)       /* libd_trdma_notify reaches the memory's owner */
+#define LIBD_CAP_LAZY_CONNECT (1u << 3) /* an operation may connect its transport without waiting for the verdict */
+#define LIBD_CAP_SERVER (1u << 4)       /* a memory element server: the libd_trdma_server_* calls */
+int libd_transport_caps(libd_transport *trans);
 /* Transport-specific control knobs (e.g. the fake transport's faults). -EOPNOTSUPP if unknown. */
 int libd_transport_set(libd_transport *trans, const char *key, const char *value);
 

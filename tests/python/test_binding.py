@@ -335,3 +335,20 @@ def test_reg_shares_another_transports_buffer_and_with_releases(memd):
 def _unregistered(action):
     action.add_transport("spare;local;size,4096")
     return action.get_transport("spare", "rdma")
+
+
+def test_caps_say_once_what_each_transport_can_do(memd):
+    server = memd()
+    _, shm = client(server, "shm")
+    _, tcp = client(server, "tcp")
+    assert shm.caps == {"nowait", "notify"}
+    assert tcp.caps == {"notify"}
+    a = LibdAction("caps-local")
+    a.add_transport("m;local;size,4096")
+    assert a.get_transport("m", "rdma").caps == {"nowait"}
+    srv = LibdAction("caps-server")
+    srv.add_transport(f"s;tcp_server;size,4096;path,/tmp/caps-{os.getpid()}.sock")
+    assert srv.get_transport("s", "rdma_server").caps == {"server"}
+    # The nowait forms are not tried on tcp (its caps say no), and a read still works there.
+    tcp.reg(64)
+    tcp.read(64, 0)

@@ -6,6 +6,7 @@
 
 #include "core/action.h"
 #include "core/error.h"
+#include "core/server_base.h"
 #include "core/transport.h"
 #include "verbs/device.h"
 #include "libd.h"
@@ -34,7 +35,7 @@ int copy_out(const std::string &s, char *buf, size_t cap, size_t *needed) {
 
 // Copies a new grant's configuration out. When it does not fit, the grant is revoked: nobody could
 // use it, and it would stay until the server stops.
-int hand_out(libd::Transport *t, const std::string &config, char *out, size_t cap) {
+int hand_out(libd::ServerBase *t, const std::string &config, char *out, size_t cap) {
   int n = copy_out(config, out, cap, nullptr);
   if (n >= 0) return n;
   std::string why = libd_last_error();
@@ -65,6 +66,12 @@ int start(libd_transport *t, OpKind kind, Segments segs, libd_op **op) {
 
 #define CHECK_T(t) \
   if (!(t)) return set_error(-EINVAL, "NULL transport")
+
+// The transport as a server (s); a client transport refuses the server's calls.
+#define CHECK_S(t, what)                           \
+  CHECK_T(t);                                      \
+  libd::ServerBase *s = libd::as_server(T(t));     \
+  if (!s) return T(t)->unsupported(what)
 
 }  // namespace
 
@@ -174,6 +181,10 @@ int libd_transport_busy_ns(libd_transport *t, uint64_t *ns) {
   return 0;
 }
 
+int libd_transport_caps(libd_transport *t) {
+  CHECK_T(t);
+  return int(T(t)->cap_bits());
+}
 int libd_trdma_reg(libd_transport *t, size_t size, void **buf) { CHECK_T(t); return T(t)->reg(size, buf); }
 int libd_trdma_remote(libd_transport *t, uint64_t *size, unsigned *rights) {
   CHECK_T(t);
@@ -256,38 +267,38 @@ int libd_op_free(libd_op *op) {
   return 0;
 }
 
-int libd_trdma_server_serve(libd_transport *t) { CHECK_T(t); return T(t)->serve(); }
-int libd_trdma_server_stop(libd_transport *t) { CHECK_T(t); return T(t)->stop(); }
-int libd_trdma_server_run(libd_transport *t) { CHECK_T(t); return T(t)->serve_blocking(); }
+int libd_trdma_server_serve(libd_transport *t) { CHECK_S(t, "serve"); return s->serve(); }
+int libd_trdma_server_stop(libd_transport *t) { CHECK_S(t, "stop"); return s->stop(); }
+int libd_trdma_server_run(libd_transport *t) { CHECK_S(t, "serve"); return s->serve_blocking(); }
 int libd_trdma_server_grant(libd_transport *t, const char *client, uint64_t offset, uint64_t length,
                             unsigned rights, char *out, size_t cap) {
-  CHECK_T(t);
+  CHECK_S(t, "grant");
   if (!client) return set_error(-EINVAL, "NULL client");
   std::string config;
-  if (int rc = T(t)->grant(client, offset, length, rights, &config)) return rc;
-  return hand_out(T(t), config, out, cap);
+  if (int rc = s->grant(client, offset, length, rights, &config)) return rc;
+  return hand_out(s, config, out, cap);
 }
 int libd_trdma_server_revoke(libd_transport *t, const char *grant_id) {
-  CHECK_T(t);
+  CHECK_S(t, "revoke");
   if (!grant_id) return set_error(-EINVAL, "NULL grant id");
-  return T(t)->revoke(grant_id);
+  return s->revoke(grant_id);
 }
 
 int libd_trdma_server_expose(libd_transport *t, const char *element, void *base, uint64_t size) {
-  CHECK_T(t);
+  CHECK_S(t, "expose");
   if (!element || !*element) return set_error(-EINVAL, "expose: element name required");
-  return T(t)->expose(element, base, size);
+  return s->expose(element, base, size);
 }
 int libd_trdma_server_withdraw(libd_transport *t, const char *element) {
-  CHECK_T(t);
+  CHECK_S(t, "withdraw");
   if (!element) return set_error(-EINVAL, "NULL element");
-  return T(t)->withdraw(element);
+  return s->withdraw(element);
 }
 namespace {
-int grant_with(libd_transport *t, const libd_grant_spec *spec, const char *id, const char *secret, char *out,
+int grant_with(libd::ServerBase *s, const libd_grant_spec *spec, const char *id, const char *secret, char *out,
                size_t cap) {
   if (!spec || !spec->client) return set_error(-EINVAL, "grant: NULL spec or client");
-  libd::Transport::GrantSpec g;
+  libd::ServerBase::GrantSpec g;
   g.id = id ? id : "";
   g.secret = secret ? secret : "";
   g.element = spec->element ? spec->element : "";
@@ -297,55 +308,55 @@ int grant_with(libd_transport *t, const libd_grant_spec *spec, const char *id, c
   g.rights = spec->rights;
   g.ttl_ms = spec->ttl_ms;
   std::string config;
-  if (int rc = T(t)->grant_spec(g, &config)) return rc;
-  return hand_out(T(t), config, out, cap);
+  if (int rc = s->grant_spec(g, &config)) return rc;
+  return hand_out(s, config, out, cap);
 }
 }  // namespace
 
 int libd_trdma_server_grant_ex(libd_transport *t, const libd_grant_spec *spec, char *out, size_t cap) {
-  CHECK_T(t);
-  return grant_with(t, spec, nullptr, nullptr, out, cap);
+  CHECK_S(t, "grant");
+  return grant_with(s, spec, nullptr, nullptr, out, cap);
 }
 int libd_trdma_server_grant_as(libd_transport *t, const libd_grant_spec *spec, const char *grant_id,
                                const char *secret, char *out, size_t cap) {
-  CHECK_T(t);
+  CHECK_S(t, "grant");
   if (!grant_id || !*grant_id || !secret || !*secret) return set_error(-EINVAL, "grant_as: the id and the secret are required");
-  return grant_with(t, spec, grant_id, secret, out, cap);
+  return grant_with(s, spec, grant_id, secret, out, cap);
 }
 int libd_trdma_server_add_element(libd_transport *t, const char *element, uint64_t size) {
-  CHECK_T(t);
+  CHECK_S(t, "add_element");
   if (!element || !*element) return set_error(-EINVAL, "add_element: element name required");
-  return T(t)->add_element(element, size);
+  return s->add_element(element, size);
 }
 int libd_trdma_server_query(libd_transport *t, libd_server_attr *attr) {
-  CHECK_T(t);
+  CHECK_S(t, "query");
   if (!attr) return set_error(-EINVAL, "query: NULL attr");
-  libd::Transport::ServerSummary s;
-  if (int rc = T(t)->query(&s)) return rc;
+  libd::ServerBase::ServerSummary sum;
+  if (int rc = s->query(&sum)) return rc;
   memset(attr, 0, sizeof *attr);
-  attr->used_bytes = s.used_bytes;
-  attr->capacity = s.capacity;
-  attr->connections = s.connections;
-  attr->verbs = s.verbs ? 1 : 0;
-  snprintf(attr->verbs_device, sizeof attr->verbs_device, "%s", s.verbs_device.c_str());
+  attr->used_bytes = sum.used_bytes;
+  attr->capacity = sum.capacity;
+  attr->connections = sum.connections;
+  attr->verbs = sum.verbs ? 1 : 0;
+  snprintf(attr->verbs_device, sizeof attr->verbs_device, "%s", sum.verbs_device.c_str());
   return 0;
 }
 int libd_verbs_available(void) { return libd::verbs::Device::available() ? 1 : 0; }
 int libd_trdma_server_wait_notify(libd_transport *t, const char *grant_id, uint64_t *value, int *status,
                                   int timeout_ms) {
-  CHECK_T(t);
+  CHECK_S(t, "wait_notify");
   if (!grant_id || !value || !status) return set_error(-EINVAL, "wait_notify: NULL argument");
-  return T(t)->wait_notify(grant_id, value, status, timeout_ms);
+  return s->wait_notify(grant_id, value, status, timeout_ms);
 }
 int libd_trdma_server_watch_notify(libd_transport *t, const char *grant_id, int fd) {
-  CHECK_T(t);
+  CHECK_S(t, "watch_notify");
   if (!grant_id || fd < 0) return set_error(-EINVAL, "watch_notify: NULL grant or no descriptor");
-  return T(t)->watch_notify(grant_id, fd, true);
+  return s->watch_notify(grant_id, fd, true);
 }
 int libd_trdma_server_unwatch_notify(libd_transport *t, const char *grant_id, int fd) {
-  CHECK_T(t);
+  CHECK_S(t, "watch_notify");
   if (!grant_id) return set_error(-EINVAL, "unwatch_notify: NULL grant");
-  return T(t)->watch_notify(grant_id, fd, false);
+  return s->watch_notify(grant_id, fd, false);
 }
 int libd_trdma_notify(libd_transport *t, uint64_t value, int status) {
   CHECK_T(t);

@@ -1,5 +1,7 @@
 #include "core/transport.h"
 
+#include "core/server_base.h"
+
 #include <sys/mman.h>
 
 #include <cerrno>
@@ -410,7 +412,7 @@ int Transport::start(OpKind kind, Segments segs, bool sync, std::shared_ptr<Op> 
       // The grant is set by do_connect under the exclusive I/O lock: stable here.
       if (int rc = check_remote(kind, segs)) return rc;
     }
-    if (sync && segs.size() == 1 && segs[0].size > 0 && runs_direct()) {
+    if (sync && segs.size() == 1 && segs[0].size > 0 && caps().direct) {
       int rc = run_direct(kind, segs[0], io, deadline);
       if (rc != kNotDirect) return rc;  // ran without an operation object: *out stays empty
     }
@@ -475,7 +477,7 @@ int Transport::run(OpKind kind, Segments segs) {
 }
 
 int Transport::run_nowait(OpKind kind, Segment seg) {
-  if (!completes_inline() || this->kind() != LIBD_KIND_RDMA) return -EAGAIN;
+  if (!caps().inline_copy || this->kind() != LIBD_KIND_RDMA) return -EAGAIN;
   std::shared_lock<IoGate> io(io_mu_, std::try_to_lock);
   if (!io.owns_lock()) return -EAGAIN;  // a reconnect or a re-registration is under way
   // As start()'s fast path (the grant is stable under the I/O lock); anything to report goes
@@ -487,7 +489,7 @@ int Transport::run_nowait(OpKind kind, Segment seg) {
     return rc;
   }
   int rc = op->status();
-  if (rc == -EINPROGRESS) return -EIO;  // an engine that broke its completes_inline() promise
+  if (rc == -EINPROGRESS) return -EIO;  // an engine that broke its Caps::inline_copy promise
   if (rc) {
     std::string why = op->message();
     return set_error(rc, "transport " + quote(name_) + ": " + (why.empty() ? libd_strerror(rc) : why));
@@ -510,15 +512,31 @@ int Transport::notify(uint64_t value, int status, bool last) {
   }
 }
 
-int Transport::serve_blocking() {
+unsigned Transport::cap_bits() {
+  std::shared_lock<IoGate> io(io_mu_);
+  Caps c = caps();
+  return (c.inline_copy ? LIBD_CAP_NOWAIT : 0u) | (c.direct ? LIBD_CAP_DIRECT : 0u) |
+         (c.notify ? LIBD_CAP_NOTIFY : 0u) | (c.lazy_connect ? LIBD_CAP_LAZY_CONNECT : 0u) |
+         (as_server(this) ? LIBD_CAP_SERVER : 0u);
+}
+
+void Transport::wait_stopped() {
+  std::unique_lock<std::mutex> lk(mu_);
+  cv_.wait(lk, [&] { return state_ == LIBD_STATE_TERMINATED || state_ == LIBD_STATE_INITD; });
+}
+
+bool Transport::terminated() {
+  std::lock_guard<std::mutex> lk(mu_);
+  return state_ == LIBD_STATE_TERMINATED;
+}
+
+int ServerBase::serve_blocking() {
   if (int rc = serve()) {
     // Stopped before this call got to serve (a thread that calls run may start after another
     // has called stop): what it waits for has happened, so it returns as a stop during the run would.
-    std::lock_guard<std::mutex> lk(mu_);
-    return rc == -ESHUTDOWN && state_ == LIBD_STATE_TERMINATED ? 0 : rc;
+    return rc == -ESHUTDOWN && terminated() ? 0 : rc;
   }
-  std::unique_lock<std::mutex> lk(mu_);
-  cv_.wait(lk, [&] { return state_ == LIBD_STATE_TERMINATED || state_ == LIBD_STATE_INITD; });
+  wait_stopped();
   return 0;
 }
 

@@ -1,7 +1,9 @@
 // The transport base: identity, the state machine (INIT -> INITD -> READY, ERROR, TERMINATED),
 // local buffer registration, bounds and rights checks, deadlines and counters. Implementations
-// (local, shm, tcp, fake, verbs, servers) override the do_* hooks; every hook they leave out
-// answers -EOPNOTSUPP instead of crashing.
+// (local, shm, tcp, fake, verbs) override the do_* hooks, grouped below by stage, and declare what
+// they can do once (caps()); every hook they leave out answers -EOPNOTSUPP instead of crashing.
+// A transport that serves memory derives from ServerBase (core/server_base.h), which adds the
+// rdma_server calls.
 #pragma once
 #include <atomic>
 #include <condition_variable>
@@ -70,6 +72,8 @@ class Transport : public libd_transport {
   int message(std::string *out);
   virtual int set(const std::string &key, const std::string &value);
   void stats(libd_stats *out) const { stats_->snapshot(out); }
+  // -EOPNOTSUPP, saying which transport does not support `what`.
+  int unsupported(const char *what);
   uint64_t busy_ns() const { return stats_->busy_ns(); }
   int64_t timeout_ms() const { return timeout_ms_; }
 
@@ -87,72 +91,47 @@ class Transport : public libd_transport {
   // last: the holder is done with the grant (libd_trdma_notify_last).
   int notify(uint64_t value, int status, bool last = false);
 
-  // ---- rdma_server ----
-  virtual int serve() { return unsupported("serve"); }
-  virtual int stop() { return unsupported("stop"); }
-  virtual int grant(const std::string &client, uint64_t offset, uint64_t length, unsigned rights,
-                    std::string *config) {
-    (void)client, (void)offset, (void)length, (void)rights, (void)config;
-    return unsupported("grant");
-  }
-  virtual int revoke(const std::string &grant_id) { (void)grant_id; return unsupported("revoke"); }
-  // Caller-owned memory served in place, grants with an element and an expiry, and the owner's
-  // side of notify() (see libd.h: libd_trdma_server_expose and what follows it).
-  virtual int expose(const std::string &element, void *base, uint64_t size) {
-    (void)element, (void)base, (void)size;
-    return unsupported("expose");
-  }
-  virtual int withdraw(const std::string &element) { (void)element; return unsupported("withdraw"); }
-  struct GrantSpec {
-    std::string element;  // "" : the transport's own element
-    std::string client;
-    uint64_t offset = 0, length = 0;
-    unsigned rights = 0;
-    uint64_t ttl_ms = 0;
-    std::string id, secret;  // "": made by the server (given: a grant restored after a restart)
+
+  // What the implementation can do, declared once (valid from INITD on: it may depend on the
+  // parameters). The core and the bindings read it instead of probing.
+  struct Caps {
+    bool inline_copy = false;   // do_post completes every operation before returning (a copy in
+                                // place): the *_nowait forms can move data
+    bool direct = false;        // do_run_direct runs a synchronous one-segment operation in the
+                                // calling thread without an Op object
+    bool notify = false;        // do_notify reaches the memory's owner
+    bool lazy_connect = false;  // do_connect_lazy answers before the server's verdict (do_settle)
   };
-  virtual int grant_spec(const GrantSpec &spec, std::string *config) {
-    (void)spec, (void)config;
-    return unsupported("grant");
-  }
-  // Memory hosting: elements of the server's own, and what it serves (libd_trdma_server_add_element
-  // and libd_trdma_server_query).
-  virtual int add_element(const std::string &element, uint64_t size) {
-    (void)element, (void)size;
-    return unsupported("add_element");
-  }
-  struct ServerSummary {
-    uint64_t used_bytes = 0, capacity = UINT64_MAX, connections = 0;
-    bool verbs = false;
-    std::string verbs_device;
-  };
-  virtual int query(ServerSummary *out) { (void)out; return unsupported("query"); }
-  virtual int wait_notify(const std::string &grant_id, uint64_t *value, int *status, int timeout_ms) {
-    (void)grant_id, (void)value, (void)status, (void)timeout_ms;
-    return unsupported("wait_notify");
-  }
-  virtual int watch_notify(const std::string &grant_id, int fd, bool add) {
-    (void)grant_id, (void)fd, (void)add;
-    return unsupported("watch_notify");
-  }
-  int serve_blocking();
+  virtual Caps caps() const { return {}; }
+  // caps() as libd_transport_caps reports it (LIBD_CAP_* bits), read under the I/O lock.
+  unsigned cap_bits();
 
  protected:
-  // Hooks. do_init validates params_ (held stable while it runs). do_connect establishes the
-  // connection before `deadline` and calls set_remote(). do_disconnect tears it down and must
-  // complete every pending operation. do_post starts an operation (already validated) and
-  // completes it now or later; it runs under a shared I/O lock that do_disconnect excludes.
+  // ---- the hooks an implementation overrides, by stage; each one left out answers -EOPNOTSUPP
+  //      (or does nothing where nothing is the right answer) ----
+
+  // Set-up. do_init validates params_ (held stable while it runs); configured() says whether the
+  // durl alone carries enough to init (else init waits for libd_action_config_transport).
   virtual int do_init() { return 0; }
-  virtual bool configured() const { return true; }  // enough params to init without config?
+  virtual bool configured() const { return true; }
+
+  // Connection. do_connect establishes the connection before `deadline` and calls set_remote();
+  // do_disconnect tears it down and must complete every pending operation; do_terminate is the
+  // last word (servers stop here).
   virtual int do_connect(Deadline deadline) { (void)deadline; return unsupported("connect"); }
   // The connect an operation makes for itself (the transport was not READY yet). An engine that
-  // can queue the operation behind its handshake answers before the server has (READY at once)
-  // and gives the verdict to do_settle(); by default it is do_connect.
+  // can queue the operation behind its handshake (Caps::lazy_connect) answers before the server
+  // has (READY at once) and gives the verdict to do_settle(); by default it is do_connect.
   virtual int do_connect_lazy(Deadline deadline) { return do_connect(deadline); }
   // Waits for a verdict do_connect_lazy left open; 0 once the grant is confirmed (set_remote
   // called), else the refusal (the transport then fails). Called by connect() and remote().
   virtual int do_settle(Deadline deadline) { (void)deadline; return 0; }
   virtual void do_disconnect() {}
+  virtual void do_terminate() {}
+
+  // Data. do_register sees the local buffer; do_post starts an operation (already validated)
+  // and completes it now or later, under a shared I/O lock that do_disconnect excludes.
+  virtual int do_register(char *buf, size_t size) { (void)buf, (void)size; return 0; }
   virtual int do_post(const std::shared_ptr<Op> &op) { (void)op; return unsupported("read/write"); }
   // A synchronous operation: by default posted like any other. An engine that can drive progress
   // in the calling thread overrides it; it may release `io` once it holds what it needs.
@@ -160,24 +139,20 @@ class Transport : public libd_transport {
     (void)io;
     return do_post(op);
   }
-  // The direct path: a synchronous one-segment operation run without an Op object (no
-  // allocation, no completion object), by an engine that completes it in the calling thread.
-  // Asked only if runs_direct(). kNotDirect: not taken, nothing done, `io` still held (start()
-  // takes the general path); otherwise 0 or -errno with *why. It may release `io` after posting.
+  // The direct path (Caps::direct): a synchronous one-segment operation run without an Op object
+  // (no allocation, no completion object), completed in the calling thread. kNotDirect: not
+  // taken, nothing done, `io` still held (start() takes the general path); otherwise 0 or -errno
+  // with *why. It may release `io` after posting.
   static constexpr int kNotDirect = 1;
-  virtual bool runs_direct() const { return false; }
   virtual int do_run_direct(OpKind kind, const Segment &seg, std::shared_lock<IoGate> &io, Deadline deadline,
                             std::string *why) {
     (void)kind, (void)seg, (void)io, (void)deadline, (void)why;
     return kNotDirect;
   }
-  virtual int do_register(char *buf, size_t size) { (void)buf, (void)size; return 0; }
-  // True if do_post completes every operation before returning, without waiting (a copy).
-  virtual bool completes_inline() const { return false; }
-  virtual void do_terminate() {}  // servers stop here
-  // Sends the notification on the connection to the owner. Called under the shared I/O lock,
-  // READY; the implementation may release `io` as do_run may.
-  // `last`: the holder is done with the grant (a shared connection lets go of it in the same write).
+
+  // The holder's word (Caps::notify): sends the notification on the connection to the owner.
+  // Called under the shared I/O lock, READY; it may release `io` as do_run may. `last`: the
+  // holder is done with the grant (a shared connection lets go of it in the same write).
   virtual int do_notify(uint64_t value, int status, bool last, std::shared_lock<IoGate> &io, Deadline deadline) {
     (void)value, (void)status, (void)last, (void)io, (void)deadline;
     return unsupported("notify");
@@ -187,9 +162,11 @@ class Transport : public libd_transport {
   void fail(int err, const std::string &why);
   void set_message(std::string msg);
   void set_remote(uint64_t base, uint64_t length, unsigned rights);
-  int unsupported(const char *what);
   // The deadline a new operation or connect gets.
   Deadline op_deadline() const { return Deadline::after_ms(timeout_ms_); }
+  // Blocks until the transport is stopped (TERMINATED) or back to INITD: a server's run.
+  void wait_stopped();
+  bool terminated();
 
   Params params_;
   std::string aid_;

@@ -19,13 +19,13 @@
 #include <mutex>
 
 #include "core/error.h"
-#include "core/transport.h"
+#include "core/server_base.h"
 #include "server/memory_server.h"
 
 namespace libd {
 namespace {
 
-class ServerTransport : public Transport {
+class ServerTransport : public ServerBase {
  public:
   ServerTransport(bool tcp, bool verbs) : tcp_(tcp), verbs_(verbs) {}
 

@@ -30,7 +30,7 @@ class LocalTransport : public Transport {
 
   void do_disconnect() override { region_.reset(); }
 
-  bool completes_inline() const override { return true; }
+  Caps caps() const override { return {.inline_copy = true}; }
 
   int do_post(const std::shared_ptr<Op> &op) override {
     for (const auto &s : op->segments())

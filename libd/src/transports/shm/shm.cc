@@ -718,7 +718,7 @@ class ShmTransport : public Transport {
     return 0;
   }
 
-  bool completes_inline() const override { return true; }
+  Caps caps() const override { return {.inline_copy = true, .notify = true}; }
 
   int do_post(const std::shared_ptr<Op> &op) override {
     if (!alive_->load(std::memory_order_relaxed)) {

@@ -67,6 +67,9 @@ class TcpSessions {
 };
 
 class TcpTransport : public Transport {
+ public:
+  Caps caps() const override { return {.notify = true, .lazy_connect = params_.get_or("share", "0") == "1"}; }
+
  protected:
   bool configured() const override {
     return params_.has("host") && params_.has("port") && params_.has("grant") && params_.has("secret");

@@ -100,7 +100,7 @@ class VerbsTransport : public Transport {
 
   // The driver's own copy of the settings: cfg_ may be rewritten by configure() meanwhile, and
   // driver_ is stable under the shared I/O gate this is asked under.
-  bool runs_direct() const override { return driver_ && driver_->poll_mode(); }
+  Caps caps() const override { return {.direct = driver_ && driver_->poll_mode(), .notify = true}; }
 
   int do_run_direct(OpKind kind, const Segment &seg, std::shared_lock<IoGate> &io, Deadline deadline,
                     std::string *why) override {
