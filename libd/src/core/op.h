@@ -123,6 +123,8 @@ class Op {
   // The driver's own record of this operation, kept here so that progress(this) finds it
   // without a lookup. Written and read only by the driver, under its own lock.
   void set_driver_state(void *state) { driver_state_ = state; }
+  // The engine it was last handed to (a wrapper that handed it on forwards a cancel there).
+  std::shared_ptr<OpDriver> driver() const { return driver_.lock(); }
   void *driver_state() const { return driver_state_; }
   // The C handle for `self` (this operation), which it takes over.
   static libd_op *to_handle(std::shared_ptr<Op> self) {

@@ -27,6 +27,12 @@ int Transport::setup(TransportSetup s) {
   if (t == 0 || t > 3600 * 1000)
     return set_error(-EINVAL, "parameter 'timeout_ms' must be between 1 and 3600000");
   timeout_ms_ = int64_t(t);
+  std::string faults = params_.get_or("faults", "0");
+  if (faults != "0" && faults != "1") return set_error(-EINVAL, "parameter 'faults' must be 0 or 1");
+  if ((faults == "1" || faults_always_) && this->kind() == LIBD_KIND_RDMA)
+    faults_ = std::make_unique<FaultInjector>(FaultInjector::Hooks{
+        [this](const std::shared_ptr<Op> &op) { post_late(op); },
+        [this](int err, const std::string &why) { fail(err, why); }});
   if (configured()) return init();
   return 0;
 }
@@ -100,7 +106,7 @@ int Transport::configure(const Params &extra) {
     lk.unlock();
     {
       std::unique_lock<IoGate> io(io_mu_);
-      do_disconnect();
+      disconnect_io();
     }
     lk.lock();
     busy_ = false;
@@ -124,18 +130,19 @@ int Transport::connect_locked(std::unique_lock<std::mutex> &lk, Deadline deadlin
   std::string why;
   {
     std::unique_lock<IoGate> io(io_mu_);
-    if (recovering) do_disconnect();
-    rc = lazy ? do_connect_lazy(deadline) : do_connect(deadline);
+    if (recovering) disconnect_io();
+    rc = faults_ ? faults_->on_connect() : 0;
+    if (rc == 0) rc = lazy ? do_connect_lazy(deadline) : do_connect(deadline);
     if (rc) {
       why = last_error();
-      do_disconnect();
+      disconnect_io();
     }
   }
   lk.lock();
   busy_ = false;
   if (state_ == LIBD_STATE_TERMINATED) {  // terminated while we connected
     lk.unlock();
-    { std::unique_lock<IoGate> io(io_mu_); do_disconnect(); }
+    { std::unique_lock<IoGate> io(io_mu_); disconnect_io(); }
     lk.lock();
     cv_.notify_all();
     return set_error(-ESHUTDOWN, "transport " + quote(name_) + " was terminated while connecting");
@@ -203,9 +210,10 @@ int Transport::terminate() {
   busy_ = true;
   transition_locked(LIBD_STATE_TERMINATED);  // new operations are refused from here on
   lk.unlock();
+  if (faults_) faults_->stop();  // its thread hands nothing to the engine any more
   {
     std::unique_lock<IoGate> io(io_mu_);
-    do_disconnect();
+    disconnect_io();
     do_terminate();
     free_owned_buffer();
   }
@@ -243,7 +251,7 @@ int Transport::message(std::string *out) {
 }
 
 int Transport::set(const std::string &key, const std::string &value) {
-  (void)value;
+  if (faults_ && FaultInjector::is_knob(key)) return faults_->set(key, value);
   return set_error(-EOPNOTSUPP, "transport " + quote(name_) + " (" + impl_->name +
                                     ") has no control knob " + quote(key));
 }
@@ -412,13 +420,17 @@ int Transport::start(OpKind kind, Segments segs, bool sync, std::shared_ptr<Op> 
       // The grant is set by do_connect under the exclusive I/O lock: stable here.
       if (int rc = check_remote(kind, segs)) return rc;
     }
-    if (sync && segs.size() == 1 && segs[0].size > 0 && caps().direct) {
+    if (sync && segs.size() == 1 && segs[0].size > 0 && !faults_ && caps().direct) {
       int rc = run_direct(kind, segs[0], io, deadline);
       if (rc != kNotDirect) return rc;  // ran without an operation object: *out stays empty
     }
     auto op = new_op(kind, std::move(segs), deadline);
     if (op->bytes() == 0) {
       op->complete(0);
+      *out = std::move(op);
+      return 0;
+    }
+    if (faults_ && faults_->intercept(op)) {  // failed, held for a delay, or dropped
       *out = std::move(op);
       return 0;
     }
@@ -477,7 +489,7 @@ int Transport::run(OpKind kind, Segments segs) {
 }
 
 int Transport::run_nowait(OpKind kind, Segment seg) {
-  if (!caps().inline_copy || this->kind() != LIBD_KIND_RDMA) return -EAGAIN;
+  if (faults_ || !caps().inline_copy || this->kind() != LIBD_KIND_RDMA) return -EAGAIN;
   std::shared_lock<IoGate> io(io_mu_, std::try_to_lock);
   if (!io.owns_lock()) return -EAGAIN;  // a reconnect or a re-registration is under way
   // As start()'s fast path (the grant is stable under the I/O lock); anything to report goes
@@ -515,9 +527,24 @@ int Transport::notify(uint64_t value, int status, bool last) {
 unsigned Transport::cap_bits() {
   std::shared_lock<IoGate> io(io_mu_);
   Caps c = caps();
+  if (faults_) c.inline_copy = c.direct = false;  // every operation passes the injector
   return (c.inline_copy ? LIBD_CAP_NOWAIT : 0u) | (c.direct ? LIBD_CAP_DIRECT : 0u) |
          (c.notify ? LIBD_CAP_NOTIFY : 0u) | (c.lazy_connect ? LIBD_CAP_LAZY_CONNECT : 0u) |
          (as_server(this) ? LIBD_CAP_SERVER : 0u);
+}
+
+void Transport::disconnect_io() {
+  if (faults_) faults_->flush(-ECONNRESET, "the connection closed");
+  do_disconnect();
+}
+
+void Transport::post_late(const std::shared_ptr<Op> &op) {
+  std::shared_lock<IoGate> io(io_mu_);
+  if (state_now_.load(std::memory_order_acquire) != LIBD_STATE_READY) {
+    op->complete(-ECONNRESET, "the transport left READY while the operation was delayed");
+    return;
+  }
+  if (int rc = do_post(op)) op->complete(rc, last_error());
 }
 
 void Transport::wait_stopped() {

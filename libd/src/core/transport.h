@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/clock.h"
+#include "core/fault_injector.h"
 #include "core/io_gate.h"
 #include "core/op.h"
 #include "core/params.h"
@@ -158,6 +159,9 @@ class Transport : public libd_transport {
     return unsupported("notify");
   }
 
+  // faults,1 is on for every transport of this implementation (`fake`: local memory with faults).
+  bool faults_always_ = false;
+
   // For implementations: a failure found at run time (peer gone, protocol error).
   void fail(int err, const std::string &why);
   void set_message(std::string msg);
@@ -193,6 +197,9 @@ class Transport : public libd_transport {
   // A new operation, counted in flight (stats_) until it completes.
   std::shared_ptr<Op> new_op(OpKind kind, Segments segs, Deadline deadline);
   void free_owned_buffer();
+  void disconnect_io();  // do_disconnect, after the injected faults' held operations end
+  void post_late(const std::shared_ptr<Op> &op);  // a delayed operation reaches the engine
+  bool faulty() const { return faults_ != nullptr; }
 
   std::string name_;
   const ImplInfo *impl_ = nullptr;
@@ -219,6 +226,7 @@ class Transport : public libd_transport {
   bool lowned_ = false;
 
   std::shared_ptr<Stats> stats_ = std::make_shared<Stats>();
+  std::unique_ptr<FaultInjector> faults_;  // faults,1: between the core and the engine
 };
 
 inline Transport *from_handle(libd_transport *t) { return static_cast<Transport *>(t); }
