@@ -255,6 +255,9 @@ def test_bad_zips(proxy):
     bad_venv = zipped({"__main__.py": "def main(args): return {}\n", "virtualenv/README": "empty\n"})
     assert proxy.post("/init", {"value": {"code": bad_venv, "binary": True}})[0] == 502
     assert "Invalid virtualenv" in proxy.err.sentinels(3)
+    slip = zipped({"__main__.py": "def main(args): return {}\n", "../escape.py": "x = 1\n"})
+    assert proxy.post("/init", {"value": {"code": slip, "binary": True}})[0] == 502  # as the runtimes' unzip
+    assert "entry outside its folder: '../escape.py'" in proxy.err.sentinels(4)
     assert proxy.post("/init", {"value": {"code": zipped({"__main__.py": PLAIN_ACTION}), "binary": True}})[0] == 200
 
 
