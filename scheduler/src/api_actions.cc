@@ -153,9 +153,7 @@ void action_routes(Routes &routes, Store &store, Engine &engine, const ApiOption
   routes.Get(NS + "/actions/?", [&](const httplib::Request &req, httplib::Response &res) {
     std::string ns = authorize(store, req, res, req.matches[1]);
     if (ns.empty()) return;
-    json out = json::array();
-    for (auto &d : store.list_docs("actions", ns)) out.push_back(action_view(d));
-    reply(res, 200, out);
+    list_collection(store, req, res, ns, "actions", [](const json &d) { return action_view(d); });
   });
   // (PACKAGE/)?NAME: matches[2] is "PACKAGE/" or empty, matches[3] the name.
   const std::string one = NS + "/actions/([^/]+/)?([^/]+)";

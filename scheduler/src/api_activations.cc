@@ -12,9 +12,8 @@ namespace scad::api {
 
 namespace {
 
-constexpr int kMaxListLimit = 200;  // OpenWhisk's collection limit for activations
-
-// An integer query parameter: its value, dflt when absent, or nullopt (and the 400 sent).
+// An integer query parameter (since, upto): its value, dflt when absent, or nullopt (and the 400
+// with `bad` sent).
 std::optional<int64_t> int_query(const httplib::Request &req, httplib::Response &res, const char *key, int64_t dflt,
                                  const std::string &bad) {
   if (!req.has_param(key)) return dflt;
@@ -23,7 +22,7 @@ std::optional<int64_t> int_query(const httplib::Request &req, httplib::Response 
                 std::all_of(v.begin() + (v[0] == '-'), v.end(), [](char c) { return c >= '0' && c <= '9'; }) &&
                 v != "-";
   if (!digits) {
-    error(res, 400, bad.empty() ? "The value '" + valid_utf8(v.substr(0, 64)) + "' is not an integer for activations." : bad);
+    error(res, 400, bad);
     return std::nullopt;
   }
   return std::stoll(v);
@@ -46,23 +45,16 @@ void activation_routes(Routes &routes, Store &store) {
     std::string ns = authorize(store, req, res, req.matches[1]);
     if (ns.empty()) return;
     Store::ActivationQuery q;
-    auto limit = int_query(req, res, "limit", 30, "");
-    if (!limit) return;
-    if (*limit < 0 || *limit > kMaxListLimit)
-      return error(res, 400, "The value '" + std::to_string(*limit) + "' is not in the range of 0 to " +
-                                 std::to_string(kMaxListLimit) + " for activations.");
-    auto skip = int_query(req, res, "skip", 0, "");
-    if (!skip) return;
-    if (*skip < 0)
-      return error(res, 400, "The value '" + std::to_string(*skip) + "' is not greater than or equal to 0 for activations.");
+    ListPage page;
+    if (!list_page(req, res, "activations", &page)) return;
     for (auto [key, field] : {std::pair{"since", &q.since}, std::pair{"upto", &q.upto}}) {
       auto v = int_query(req, res, key, 0,
                          "Parameter is not a valid value for epoch seconds: " + valid_utf8(req.get_param_value(key).substr(0, 64)));
       if (!v) return;
       *field = std::max<int64_t>(0, *v);
     }
-    q.limit = int(*limit == 0 ? kMaxListLimit : *limit);  // OpenWhisk: 0 means as many as it gives
-    q.skip = int(std::min<int64_t>(*skip, 1 << 30));
+    q.limit = page.limit;
+    q.skip = int(page.skip);
     if (req.has_param("name")) {
       std::string name = req.get_param_value("name");
       EntityRef ref;

@@ -30,9 +30,7 @@ void package_routes(Routes &routes, Store &store, Engine &) {
   routes.Get(NS + "/packages/?", [&](const httplib::Request &req, httplib::Response &res) {
     std::string ns = authorize(store, req, res, req.matches[1]);
     if (ns.empty()) return;
-    json out = json::array();
-    for (auto &d : store.list_docs("packages", ns)) out.push_back(package_view(d));
-    reply(res, 200, out);
+    list_collection(store, req, res, ns, "packages", package_view);
   });
   const std::string one = NS + "/packages/([^/]+)";
   routes.Put(one, [&](const httplib::Request &req, httplib::Response &res) {

@@ -90,9 +90,7 @@ void trigger_routes(Routes &routes, Store &store, Engine &engine, std::shared_pt
   routes.Get(NS + "/triggers/?", [&](const httplib::Request &req, httplib::Response &res) {
     std::string ns = authorize(store, req, res, req.matches[1]);
     if (ns.empty()) return;
-    json out = json::array();
-    for (auto &d : store.list_docs("triggers", ns)) out.push_back(trigger_view(store, d));
-    reply(res, 200, out);
+    list_collection(store, req, res, ns, "triggers", [&](const json &d) { return trigger_view(store, d); });
   });
   const std::string trig = NS + "/triggers/([^/]+)";
   routes.Put(trig, [&](const httplib::Request &req, httplib::Response &res) {
@@ -135,9 +133,7 @@ void trigger_routes(Routes &routes, Store &store, Engine &engine, std::shared_pt
   routes.Get(NS + "/rules/?", [&](const httplib::Request &req, httplib::Response &res) {
     std::string ns = authorize(store, req, res, req.matches[1]);
     if (ns.empty()) return;
-    json out = json::array();
-    for (auto &d : store.list_docs("rules", ns)) out.push_back(rule_view(d));
-    reply(res, 200, out);
+    list_collection(store, req, res, ns, "rules", rule_view);
   });
   const std::string rule = NS + "/rules/([^/]+)";
   routes.Put(rule, [&](const httplib::Request &req, httplib::Response &res) {

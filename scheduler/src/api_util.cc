@@ -138,6 +138,26 @@ bool may_write(const httplib::Request &req, httplib::Response &res, const std::o
   return false;
 }
 
+bool list_page(const httplib::Request &req, httplib::Response &res, const std::string &collection, ListPage *out) {
+  const std::string limit = req.get_param_value("limit"), skip = req.get_param_value("skip");
+  std::string why = parse_list_page(collection, req.has_param("limit") ? &limit : nullptr,
+                                    req.has_param("skip") ? &skip : nullptr, out);
+  if (why.empty()) return true;
+  error(res, 400, why);
+  return false;
+}
+
+void list_collection(Store &store, const httplib::Request &req, httplib::Response &res, const std::string &ns,
+                     const std::string &collection, const std::function<json(const json &)> &view) {
+  ListPage page;
+  if (!list_page(req, res, collection, &page)) return;
+  if (req.get_param_value("count") == "true")
+    return reply(res, 200, {{collection, std::max<int64_t>(0, store.count_docs(collection, ns) - page.skip)}});
+  json out = json::array();
+  for (auto &d : store.list_page(collection, ns, page.skip, page.limit)) out.push_back(view(d));
+  reply(res, 200, out);
+}
+
 void internal_error(const httplib::Request &, httplib::Response &res, std::exception_ptr ep) {
   std::string what = "unknown";
   try {

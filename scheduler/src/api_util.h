@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "api.h"
+#include "list_page.h"
 
 namespace scad::api {
 
@@ -49,6 +50,14 @@ bool entity_fields(httplib::Response &res, const json &body, const std::optional
 // A PUT on an entity that exists needs ?overwrite=true: false with the 409 sent otherwise.
 bool may_write(const httplib::Request &req, httplib::Response &res, const std::optional<json> &old,
                const std::string &kind, const std::string &name);
+
+// GET of a collection (actions, packages, triggers, rules) as OpenWhisk answers it: `limit` and
+// `skip` (list_page.h; 400 with its message), `count=true` for {"<collection>": N} (those past
+// skip), the entries most recently updated first, each as `view` shows it.
+void list_collection(Store &store, const httplib::Request &req, httplib::Response &res, const std::string &ns,
+                     const std::string &collection, const std::function<json(const json &)> &view);
+// The page a listing asks for; false with the 400 sent.
+bool list_page(const httplib::Request &req, httplib::Response &res, const std::string &collection, ListPage *out);
 
 // The exception handler: a 500 with OpenWhisk's body.
 void internal_error(const httplib::Request &, httplib::Response &res, std::exception_ptr ep);

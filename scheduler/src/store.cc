@@ -173,6 +173,28 @@ std::vector<json> Store::list_docs(const std::string &table, const std::string &
   return out;
 }
 
+std::vector<json> Store::list_page(const std::string &table, const std::string &ns, int64_t skip, int64_t limit) {
+  check_table(table);
+  std::lock_guard<std::mutex> lk(mu_);
+  Stmt q(db_, "SELECT doc FROM " + table + " WHERE namespace = ? ORDER BY updated DESC, name LIMIT ? OFFSET ?");
+  q.bind(1, ns).bind(2, limit).bind(3, skip);
+  std::vector<json> out;
+  while (q.step()) {
+    json doc = json::parse(q.text(0));
+    if (doc.contains("exec") && doc["exec"].is_object()) doc["exec"].erase("code");
+    out.push_back(std::move(doc));
+  }
+  return out;
+}
+
+int64_t Store::count_docs(const std::string &table, const std::string &ns) {
+  check_table(table);
+  std::lock_guard<std::mutex> lk(mu_);
+  Stmt q(db_, "SELECT COUNT(*) FROM " + table + " WHERE namespace = ?");
+  q.bind(1, ns);
+  return q.step() ? std::stoll(q.text(0)) : 0;
+}
+
 int64_t Store::next_version(const std::string &table, const std::string &ns, const std::string &name) {
   check_table(table);
   std::lock_guard<std::mutex> lk(mu_);

@@ -35,6 +35,11 @@ class Store {
   std::optional<json> get_doc(const std::string &table, const std::string &ns, const std::string &name);
   bool delete_doc(const std::string &table, const std::string &ns, const std::string &name);
   std::vector<json> list_docs(const std::string &table, const std::string &ns);
+  // A collection as OpenWhisk lists it: most recently updated first (then by name), from the
+  // skip-th on, at most limit of them (-1: all); an action without its code (listings never
+  // show it).
+  std::vector<json> list_page(const std::string &table, const std::string &ns, int64_t skip, int64_t limit);
+  int64_t count_docs(const std::string &table, const std::string &ns);
 
   // The next version of a document: one more than any version it ever had, also across deletes
   // (an application deleted and deployed again never reuses a version, so no agent can run old

@@ -1,6 +1,6 @@
 // libFuzzer target: a REST request body as the scheduler reads it — parsed with the depth limit,
-// then the parts every route checks (action limits, parameters, an inline manifest) — and dumped
-// back, as a reply or a stored document is. Nothing may throw, crash or overflow the stack.
+// then the parts every route checks (action limits, list parameters, an inline manifest) — and
+// dumped back, as a reply or a stored document is. Nothing may throw, crash or overflow the stack.
 #include <cstdint>
 #include <cstdlib>
 #include <string>
@@ -8,6 +8,7 @@
 #include "action_limits.h"
 #include "action_response.h"
 #include "entity_ref.h"
+#include "list_page.h"
 #include "manifest.h"
 #include "safe_json.h"
 
@@ -31,6 +32,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (!t || *t < ranges.timeout_ms.min || *t > ranges.timeout_ms.max) abort();
   }
   scad::effective_limits(body, ranges);
+  // A listing's limit and skip, were the body's strings its query.
+  auto limit = scad::get_string(body, "limit"), skip = scad::get_string(body, "skip");
+  scad::ListPage page;
+  if (scad::parse_list_page("actions", limit ? &*limit : nullptr, skip ? &*skip : nullptr, &page).empty() &&
+      (page.limit < 1 || page.limit > scad::kMaxListLimit || page.skip < 0))
+    abort();
   // Names of entities (sequence components, rules' triggers and actions) and an action's result
   // as the controller reads them.
   if (body.is_object() && body.contains("components") && body["components"].is_array())

@@ -277,6 +277,47 @@ const scenarios = {
     assert.match(zip.message, /not supported/)
   },
 
+  async list_paging () {
+    for (const name of ['page-a', 'page-b', 'page-c']) {
+      await python(name, 'def main(a): return a')
+      await new Promise(resolve => setTimeout(resolve, 5))  // each its own update time
+    }
+    // Most recently updated first, as OpenWhisk lists them.
+    assert.deepEqual((await ow.actions.list({ limit: 3 })).map(a => a.name), ['page-c', 'page-b', 'page-a'])
+    assert.deepEqual((await ow.actions.list({ limit: 2, skip: 1 })).map(a => a.name), ['page-b', 'page-a'])
+    const all = await ow.actions.list({ limit: 0 })  // 0: as many as a page holds (200)
+    assert.ok(all.length >= 3 && all.every(a => a.exec.code === undefined))
+    assert.deepEqual(await ow.actions.list({ count: true }), { actions: all.length })
+    assert.deepEqual(await ow.actions.list({ count: true, skip: 2 }), { actions: all.length - 2 })
+    assert.ok((await ow.actions.list()).length <= 30)  // the default limit
+    for (const name of ['shelf-a', 'shelf-b']) {
+      await ow.packages.create({ name })
+      await ow.triggers.create({ name })
+      await ow.rules.create({ name, action: 'page-a', trigger: name })
+      await new Promise(resolve => setTimeout(resolve, 5))
+    }
+    for (const kind of ['packages', 'triggers', 'rules']) {
+      const one = await ow[kind].list({ limit: 1 })
+      assert.equal(one.length, 1, kind)
+      assert.equal(one[0].name, 'shelf-b', kind)
+      assert.equal((await ow[kind].list({ limit: 1, skip: 1 }))[0].name, 'shelf-a', kind)
+      const cases = [['limit=201', /^The value '201' is not in the range of 0 to 200 for /],
+        ['limit=many', /^The value 'many' is not an integer for /],
+        ['skip=-1', /^The value '-1' is not greater than or equal to 0 for /],
+        ['skip=1.5', /^The value '1.5' is not an integer for /]]
+      for (const [query, message] of cases) {
+        const r = await raw('GET', `/api/v1/namespaces/_/${kind}?${query}`)
+        assert.equal(r.status, 400, `${kind}?${query}`)
+        assert.match(r.body.error, message)
+        assert.ok(r.body.error.endsWith(` for ${kind}.`), r.body.error)
+        wellFormedError(r.body)
+      }
+    }
+    const r = await raw('GET', '/api/v1/namespaces/_/actions?limit=99999999999')
+    assert.equal(r.status, 400)
+    assert.equal(r.body.error, "The value '99999999999' is not an integer for actions.")
+  },
+
   async environment () {
     const code = "import os\ndef main(a):\n    return {k: v for k, v in os.environ.items() if k.startswith('__OW_')}\n"
     await python('env', code)

@@ -1,5 +1,5 @@
 // The daemons' readers of untrusted input: JSON bodies and replies, launcher and agent replies,
-// action limits and manifests. Each case here once crashed scad-server or could have.
+// action limits, list parameters and manifests. Each case here once crashed scad-server or could have.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -10,6 +10,7 @@
 #include "flag_number.h"
 #include "flags.h"
 #include "launcher_reply.h"
+#include "list_page.h"
 #include "manifest.h"
 #include "safe_json.h"
 
@@ -93,6 +94,29 @@ TEST(LauncherReply, OnlyTheLaunchersShapeIsTaken) {
   EXPECT_EQ(r.init_ms, 0);
   ASSERT_TRUE(parse_launcher_reply(R"({"ok": false, "error": ["odd"]})", &r, &why));
   EXPECT_EQ(r.error, (json{{"type", "Error"}, {"message", "[\"odd\"]"}}));
+}
+
+TEST(ListPage, LimitAndSkipAsOpenWhiskReadsThem) {
+  ListPage p;
+  EXPECT_EQ(parse_list_page("actions", nullptr, nullptr, &p), "");
+  EXPECT_EQ(p.limit, 30);
+  EXPECT_EQ(p.skip, 0);
+  std::string zero = "0", five = "5", max = "200", plus = "+7";
+  EXPECT_EQ(parse_list_page("actions", &zero, &five, &p), "");
+  EXPECT_EQ(p.limit, 200);  // 0 is the most there is
+  EXPECT_EQ(p.skip, 5);
+  EXPECT_EQ(parse_list_page("actions", &max, &plus, &p), "");
+  EXPECT_EQ(p.limit, 200);
+  EXPECT_EQ(p.skip, 7);
+  std::string over = "201", minus = "-1", word = "many", huge = "99999999999", empty = "", half = "1.5";
+  EXPECT_EQ(parse_list_page("actions", &over, nullptr, &p), "The value '201' is not in the range of 0 to 200 for actions.");
+  EXPECT_EQ(parse_list_page("rules", &minus, nullptr, &p), "The value '-1' is not in the range of 0 to 200 for rules.");
+  EXPECT_EQ(parse_list_page("triggers", nullptr, &minus, &p),
+            "The value '-1' is not greater than or equal to 0 for triggers.");
+  for (auto *bad : {&word, &huge, &empty, &half}) {
+    EXPECT_EQ(parse_list_page("packages", bad, nullptr, &p), "The value '" + *bad + "' is not an integer for packages.");
+    EXPECT_EQ(parse_list_page("packages", nullptr, bad, &p), "The value '" + *bad + "' is not an integer for packages.");
+  }
 }
 
 TEST(AgentReplies, AnOutcomeMustAgreeWithItself) {
