@@ -10,7 +10,7 @@ namespace {
 
 json package_actions(Store &store, const std::string &ns, const std::string &pkg) {
   json out = json::array();
-  for (auto &d : store.list_docs("actions", ns))
+  for (auto &d : store.list_page("actions", ns, 0, -1))
     if (d.value("package", std::string()) == pkg)
       out.push_back({{"name", d["name"]}, {"version", "0.0." + std::to_string(d.value("version", int64_t(1)))},
                      {"annotations", d.value("annotations", json::array())}});

@@ -28,6 +28,10 @@ class Stmt {
     sqlite3_bind_int64(s_, i, v);
     return *this;
   }
+  Stmt &bind_null(int i) {
+    sqlite3_bind_null(s_, i);
+    return *this;
+  }
   bool step() {
     int rc = sqlite3_step(s_);
     if (rc == SQLITE_ROW) return true;
@@ -36,8 +40,9 @@ class Stmt {
   }
   std::string text(int col) {
     auto p = sqlite3_column_text(s_, col);
-    return p ? reinterpret_cast<const char *>(p) : "";
+    return p ? std::string(reinterpret_cast<const char *>(p), size_t(sqlite3_column_bytes(s_, col))) : "";
   }
+  bool null(int col) { return sqlite3_column_type(s_, col) == SQLITE_NULL; }
 
  private:
   sqlite3_stmt *s_ = nullptr;
@@ -105,6 +110,11 @@ int Store::open(const std::string &path, std::string *why) {
       CREATE TABLE IF NOT EXISTS versions (kind TEXT NOT NULL, namespace TEXT NOT NULL, name TEXT NOT NULL,
                                            last INTEGER NOT NULL, PRIMARY KEY (kind, namespace, name));
     )");
+    // An action's code has a column of its own (a zip may be tens of megabytes: neither a listing
+    // nor a read of the document should parse it as JSON). Databases made before it get it added.
+    bool has_code = false;
+    for (Stmt q(db_, "PRAGMA table_info(actions)"); q.step();) has_code |= q.text(1) == "code";
+    if (!has_code) exec("ALTER TABLE actions ADD COLUMN code TEXT");
   } catch (const std::exception &e) {
     *why = e.what();
     return -1;
@@ -138,21 +148,49 @@ static void check_table(const std::string &t) {
     throw std::invalid_argument("unknown table " + t);
 }
 
+// The column that holds an action's exec.code apart from its document ("NULL" for other tables).
+static std::string code_column(const std::string &table) { return table == "actions" ? "code" : "NULL"; }
+
+// The document read back: its code, kept in its own column, put back in exec.
+static json with_code(Stmt &q) {
+  json doc = json::parse(q.text(0));
+  if (!q.null(1) && doc.is_object() && doc.contains("exec") && doc["exec"].is_object()) doc["exec"]["code"] = q.text(1);
+  return doc;
+}
+
 void Store::put_doc(const std::string &table, const std::string &ns, const std::string &name, const json &doc) {
   check_table(table);
+  // An action's exec.code goes to its column; the document is stored without it (built member
+  // by member: copying the document whole would copy the code too).
+  const json *code = nullptr;
+  json stored = json::object();
+  if (table == "actions" && doc.is_object() && doc.contains("exec") && doc["exec"].is_object() &&
+      doc["exec"].contains("code") && doc["exec"]["code"].is_string()) {
+    code = &doc["exec"]["code"];
+    for (auto &[k, v] : doc.items()) stored[k] = k == "exec" ? json::object() : v;
+    for (auto &[k, v] : doc["exec"].items())
+      if (k != "code") stored["exec"][k] = v;
+  }
   std::lock_guard<std::mutex> lk(mu_);
-  Stmt q(db_, "INSERT INTO " + table + " (namespace, name, doc, updated) VALUES (?, ?, ?, ?) "
-              "ON CONFLICT (namespace, name) DO UPDATE SET doc = excluded.doc, updated = excluded.updated");
-  q.bind(1, ns).bind(2, name).bind(3, dump_json(doc)).bind(4, now_ms()).step();
+  Stmt q(db_, "INSERT INTO " + table + " (namespace, name, doc, updated" + (table == "actions" ? ", code" : "") +
+                  ") VALUES (?, ?, ?, ?" + (table == "actions" ? ", ?" : "") +
+                  ") ON CONFLICT (namespace, name) DO UPDATE SET doc = excluded.doc, updated = excluded.updated" +
+                  (table == "actions" ? ", code = excluded.code" : ""));
+  q.bind(1, ns).bind(2, name).bind(3, dump_json(code ? stored : doc)).bind(4, now_ms());
+  if (table == "actions") {
+    if (code) q.bind(5, code->get_ref<const std::string &>());
+    else q.bind_null(5);
+  }
+  q.step();
 }
 
 std::optional<json> Store::get_doc(const std::string &table, const std::string &ns, const std::string &name) {
   check_table(table);
   std::lock_guard<std::mutex> lk(mu_);
-  Stmt q(db_, "SELECT doc FROM " + table + " WHERE namespace = ? AND name = ?");
+  Stmt q(db_, "SELECT doc, " + code_column(table) + " FROM " + table + " WHERE namespace = ? AND name = ?");
   q.bind(1, ns).bind(2, name);
   if (!q.step()) return std::nullopt;
-  return json::parse(q.text(0));
+  return with_code(q);
 }
 
 bool Store::delete_doc(const std::string &table, const std::string &ns, const std::string &name) {
@@ -166,10 +204,10 @@ bool Store::delete_doc(const std::string &table, const std::string &ns, const st
 std::vector<json> Store::list_docs(const std::string &table, const std::string &ns) {
   check_table(table);
   std::lock_guard<std::mutex> lk(mu_);
-  Stmt q(db_, "SELECT doc FROM " + table + " WHERE namespace = ? ORDER BY name");
+  Stmt q(db_, "SELECT doc, " + code_column(table) + " FROM " + table + " WHERE namespace = ? ORDER BY name");
   q.bind(1, ns);
   std::vector<json> out;
-  while (q.step()) out.push_back(json::parse(q.text(0)));
+  while (q.step()) out.push_back(with_code(q));
   return out;
 }
 
@@ -181,7 +219,7 @@ std::vector<json> Store::list_page(const std::string &table, const std::string &
   std::vector<json> out;
   while (q.step()) {
     json doc = json::parse(q.text(0));
-    if (doc.contains("exec") && doc["exec"].is_object()) doc["exec"].erase("code");
+    if (doc.contains("exec") && doc["exec"].is_object()) doc["exec"].erase("code");  // stored before the column
     out.push_back(std::move(doc));
   }
   return out;

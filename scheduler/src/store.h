@@ -37,7 +37,7 @@ class Store {
   std::vector<json> list_docs(const std::string &table, const std::string &ns);
   // A collection as OpenWhisk lists it: most recently updated first (then by name), from the
   // skip-th on, at most limit of them (-1: all); an action without its code (listings never
-  // show it).
+  // show it, and it is kept apart: a zip's megabytes are not read for them).
   std::vector<json> list_page(const std::string &table, const std::string &ns, int64_t skip, int64_t limit);
   int64_t count_docs(const std::string &table, const std::string &ns);
 
