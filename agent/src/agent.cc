@@ -140,16 +140,17 @@ static void remove_tree(const std::string &dir) {
        FTW_DEPTH | FTW_PHYS);
 }
 
-std::string Agent::materialize(const std::string &key, const json &files, std::string *why) {
+// A code key names a folder under home/code: "ns/kind/name/VERSION-HASH", nothing that climbs out.
+static bool valid_code_key(const std::string &key, std::string *why) {
+  bool ok = !key.empty() && key.front() != '/' && key.find("..") == std::string::npos;
   for (char c : key)
-    if (!isalnum(static_cast<unsigned char>(c)) && c != '/' && c != '-' && c != '_' && c != '.' && c != '@') {
-      *why = "bad code key '" + key + "'";
-      return "";
-    }
-  if (key.find("..") != std::string::npos || key.empty() || key.front() == '/') {
-    *why = "bad code key '" + key + "'";
-    return "";
-  }
+    ok = ok && (isalnum(static_cast<unsigned char>(c)) || c == '/' || c == '-' || c == '_' || c == '.' || c == '@');
+  if (!ok) *why = "bad code key '" + key + "'";
+  return ok;
+}
+
+std::string Agent::materialize(const std::string &key, const json &files, std::string *why) {
+  if (!valid_code_key(key, why)) return "";
   std::string dir = opts_.home + "/code/" + key;
   std::lock_guard<std::mutex> lk(code_mu_);
   struct stat st;
@@ -193,6 +194,62 @@ std::string Agent::materialize(const std::string &key, const json &files, std::s
   return dir;
 }
 
+std::string Agent::unpack_root(const std::string &key, std::string *why) {
+  if (!valid_code_key(key, why)) return "";
+  std::string root = opts_.home + "/code";
+  // The namespace's folder is the agent's uid's alone: outside a sandbox every tenant's process
+  // runs as that uid, so this keeps other users of the host out, not other tenants.
+  for (const std::string &dir : {root, root + "/" + key.substr(0, key.find('/'))})
+    if (mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+      *why = "cannot make " + dir + ": " + strerror(errno);
+      return "";
+    }
+  return root;
+}
+
+// The code the launcher places (code_folder.py), unless its process has it in place already: a
+// warm process ran this very code, and a zip of megabytes need not travel down its pipe again.
+static void with_code(json *launcher, const ComputeSpec &spec, const std::string &start) {
+  if (!launcher->contains("files") || start == "warm") return;
+  (*launcher)["files"] = spec.code_files;
+  if (!spec.code_zip.empty()) (*launcher)["zip"] = spec.code_zip;
+}
+
+json Agent::launcher_spec(const ComputeSpec &spec, std::string *code, std::string *why) {
+  json transports = json::array();
+  for (auto &t : spec.transports) transports.push_back({{"durl", t.durl}, {"config", t.config}});
+  json launcher = {{"aid", spec.aid}, {"main", spec.main}, {"args", spec.args},
+                   {"transports", transports}, {"runtime_url", spec.runtime_url},
+                   {"runtime_token", spec.runtime_token}};
+  if (!spec.env.empty()) launcher["env"] = spec.env;
+  if (!spec.code_zip.empty()) launcher["binary"] = true;
+  if (sandbox_) {
+    // The code travels with the spec (with_code adds it); the launcher writes it read-only into
+    // the sandbox's /code and switches to the tenant's uid before it runs any of it.
+    launcher["files"] = json::object();
+    launcher["code"] = spec.code;
+    launcher["code_key"] = spec.code_key;
+    if (sandbox_->switches_uid()) launcher["uid"] = tenant_uid(spec.tenant);
+    *code = spec.code_key + "/" + spec.code;
+  } else if (!spec.code_zip.empty()) {
+    // Unpacking a zip is the launcher's (it shares the action container's code for it): once
+    // per key for the whole host, into the agent's home.
+    std::string root = unpack_root(spec.code_key, why);
+    if (root.empty()) return launcher;
+    launcher["files"] = json::object();
+    launcher["code"] = spec.code;
+    launcher["code_key"] = spec.code_key;
+    launcher["code_root"] = root;
+    *code = root + "/" + spec.code_key + "/" + spec.code;
+  } else {
+    std::string dir = materialize(spec.code_key, spec.code_files, why);
+    if (dir.empty()) return launcher;
+    *code = dir + "/" + spec.code;
+    launcher["code"] = *code;
+  }
+  return launcher;
+}
+
 int Agent::remove_code(const std::string &prefix) {
   int parts = 0;
   for (char c : prefix) {
@@ -208,13 +265,6 @@ int Agent::remove_code(const std::string &prefix) {
 
 ComputeOutcome Agent::run_compute(const ComputeSpec &spec) {
   ComputeOutcome o;
-  json transports = json::array();
-  for (auto &t : spec.transports) transports.push_back({{"durl", t.durl}, {"config", t.config}});
-  json launcher = {{"aid", spec.aid}, {"main", spec.main}, {"args", spec.args},
-                   {"transports", transports}, {"runtime_url", spec.runtime_url},
-                   {"runtime_token", spec.runtime_token}};
-  if (!spec.env.empty()) launcher["env"] = spec.env;
-  std::string code;  // names the action's code for the warm pool: one process per code and function
   if (!spec.network && !sandbox_) {
     o.status = "whisk internal error";
     o.error = {{"type", "SandboxError"},
@@ -222,23 +272,13 @@ ComputeOutcome Agent::run_compute(const ComputeSpec &spec) {
                                "' runs compute processes without a sandbox (" + sandbox_off_reason() + ")"}};
     return o;
   }
-  if (sandbox_) {
-    // The code travels with the spec; the launcher writes it read-only into the sandbox's /code
-    // and switches to the tenant's uid before it runs any of it.
-    launcher["files"] = spec.code_files;
-    launcher["code"] = spec.code;
-    launcher["code_key"] = spec.code_key;
-    if (sandbox_->switches_uid()) launcher["uid"] = tenant_uid(spec.tenant);
-    code = spec.code_key + "/" + spec.code;
-  } else {
-    std::string why, dir = materialize(spec.code_key, spec.code_files, &why);
-    if (dir.empty()) {
-      o.status = "whisk internal error";
-      o.error = {{"type", "CodeError"}, {"message", why}};
-      return o;
-    }
-    code = dir + "/" + spec.code;
-    launcher["code"] = code;
+  // `code` names the action's code for the warm pool: one process per code and function.
+  std::string code, code_why;
+  json launcher = launcher_spec(spec, &code, &code_why);
+  if (code.empty()) {
+    o.status = "whisk internal error";
+    o.error = {{"type", "CodeError"}, {"message", code_why}};
+    return o;
   }
   // One process per action: the code file names the application version, plus the function.
   auto w = workers_->acquire(code + "#" + spec.main, &o.start, spec.network);
@@ -252,6 +292,7 @@ ComputeOutcome Agent::run_compute(const ComputeSpec &spec) {
     return o;
   }
   pid_t pid = w->pid;
+  with_code(&launcher, spec, o.start);
   if (cgroups_) {
     std::string why = cgroups_->limit(pid, spec.cpu, spec.memory);
     if (!why.empty()) o.logs.push_back(stamp + " stderr: scad agent: running without cgroup limits: " + why);
@@ -317,7 +358,9 @@ ComputeOutcome Agent::run_compute(const ComputeSpec &spec) {
     o.error = {{"type", "Crash"}, {"message", "the compute element crashed: it " + how}};
     return o;
   }
-  workers_->release(std::move(w), true);
+  // A process whose code did not load is not kept, as OpenWhisk removes a container whose init
+  // failed: the next activation starts afresh.
+  workers_->release(std::move(w), reply.ok || reply.init.empty());
   o.ok = reply.ok;
   o.init_ms = reply.init_ms;
   o.transports = std::move(reply.transports);
@@ -325,6 +368,13 @@ ComputeOutcome Agent::run_compute(const ComputeSpec &spec) {
   if (o.ok) {
     o.status = "success";
     o.result = std::move(reply.result);
+  } else if (!reply.init.empty()) {
+    // The code did not compile or start: the developer's error, as OpenWhisk's runtimes report
+    // a failed /init; the reason goes to the logs.
+    o.status = "action developer error";
+    o.error = std::move(reply.error);
+    o.error["init"] = reply.init;
+    add_logs(reply.traceback);
   } else {
     o.status = "application error";
     o.error = std::move(reply.error);

@@ -52,6 +52,9 @@ struct ComputeSpec {
   std::string code;          // the user's file, relative to the code's folder
   std::string code_key;      // names one version of the code ("ns/app/version"): written once
   nlohmann::json code_files = nlohmann::json::object();  // file name -> content
+  // A zip action's code (base64, with __main__.py): the launcher unpacks it under code_key in
+  // place of code_files, and `code` is "__main__.py".
+  std::string code_zip;
   std::string main = "main";
   nlohmann::json args = nlohmann::json::object();
   std::vector<TransportGrant> transports;
@@ -122,6 +125,12 @@ class Agent {
  private:
   // The folder holding a version's files, written on first use. "" and *why on failure.
   std::string materialize(const std::string &key, const nlohmann::json &files, std::string *why);
+  // Where launchers outside a sandbox unpack zip actions: home/code, with the key's namespace
+  // folder made (0700). "" and *why for a bad key.
+  std::string unpack_root(const std::string &key, std::string *why);
+  // The launcher's part of the spec: the run, and where its code goes (the code itself is added
+  // once the process is known: a warm one has it).
+  nlohmann::json launcher_spec(const ComputeSpec &spec, std::string *code, std::string *why);
   AgentOptions opts_;
   ElementHost pool_;
   std::shared_ptr<Cgroups> cgroups_;  // before workers_: processes end (and leave their cgroups) first

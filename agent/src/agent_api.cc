@@ -13,8 +13,8 @@ json to_json(const ComputeSpec &s) {
   json t = json::array();
   for (auto &g : s.transports) t.push_back({{"durl", g.durl}, {"config", g.config}, {"grant_id", g.grant_id}});
   return {{"aid", s.aid}, {"code", s.code}, {"code_key", s.code_key}, {"code_files", s.code_files},
-          {"main", s.main}, {"args", s.args}, {"transports", t}, {"runtime_url", s.runtime_url},
-          {"runtime_token", s.runtime_token}, {"timeout_ms", s.timeout_ms},
+          {"code_zip", s.code_zip}, {"main", s.main}, {"args", s.args}, {"transports", t},
+          {"runtime_url", s.runtime_url}, {"runtime_token", s.runtime_token}, {"timeout_ms", s.timeout_ms},
           {"cpu", s.cpu}, {"memory", s.memory}, {"log_bytes", s.log_bytes}, {"tenant", s.tenant}, {"network", s.network},
           {"env", s.env}};
 }
@@ -25,6 +25,7 @@ ComputeSpec spec_from_json(const json &j) {
   s.code = j.at("code");
   s.code_key = j.at("code_key");
   s.code_files = j.at("code_files");
+  s.code_zip = j.value("code_zip", "");
   s.main = j.value("main", "main");
   s.args = j.value("args", json::object());
   for (auto &t : j.value("transports", json::array())) s.transports.push_back({t.at("durl"), t.at("config"), t.value("grant_id", "")});

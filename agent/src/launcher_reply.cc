@@ -33,6 +33,8 @@ bool parse_launcher_reply(const std::string &line, LauncherReply *out, std::stri
     r.error = {{"type", type.value_or("Error")},
                {"message", message ? *message : e.is_string() ? e.get<std::string>() : dump_json(e)}};
     r.traceback = get_string(e, "traceback").value_or("");
+    auto init = get_string(e, "init");
+    if (init && (*init == "build" || *init == "start")) r.init = *init;
   }
   *out = std::move(r);
   return true;

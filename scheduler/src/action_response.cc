@@ -21,6 +21,10 @@ ActionResponse action_response(const ComputeOutcome &o, size_t max_result) {
     r.status = o.status.empty() ? "whisk internal error" : o.status;
     std::string message = o.error.is_object() ? o.error.value("message", std::string())
                           : o.error.is_string() ? o.error.get<std::string>() : std::string();
+    // The code did not load: OpenWhisk's runtimes answer /init with these, the reason in the logs.
+    std::string init = get_string(o.error, "init").value_or("");
+    if (init == "build") message = "The action failed to generate or locate a binary. See logs for details.";
+    if (init == "start") message = "Cannot start action. Check logs for details.";
     if (o.error.is_object() && o.error.value("type", std::string()) == "TimeoutError") {
       r.timed_out = true;
       if (auto ms = get_int(o.error, "timeout_ms"))

@@ -5,6 +5,9 @@
 //   - any other value is an application error ("The action did not return a dictionary or array.");
 //   - an exception in main is an application error whose error is the exception's message, a string;
 //   - a result longer than the limit (1 MiB) is an application error naming both sizes;
+//   - code that does not load is a developer error with the runtimes' /init message ("Cannot
+//     start action. Check logs for details.", or for code that does not compile "The action failed
+//     to generate or locate a binary. See logs for details."), the reason in the logs;
 //   - a run that timed out, crashed or could not start keeps the agent's status, with its message
 //     as the error string.
 #pragma once

@@ -1,8 +1,10 @@
-// OpenWhisk actions: list, put (create, or update merged with the stored action), get, delete and
-// invoke, in the default package (/actions/NAME) or in a package (/actions/PACKAGE/NAME); and the
-// invocation's answer (blocking, result, timeout), shared with applications.
+// OpenWhisk actions: list, put (create, or update merged with the stored action; Python code as
+// text or a zip: action_code.h), get, delete and invoke, in the default package (/actions/NAME)
+// or in a package (/actions/PACKAGE/NAME); and the invocation's answer (blocking, result,
+// timeout), shared with applications.
 #include <algorithm>
 
+#include "action_code.h"
 #include "action_limits.h"
 #include "api_util.h"
 #include "entity_ref.h"
@@ -51,11 +53,12 @@ std::string python_exec(const json &exec, json *out) {
   auto code = get_string(exec, "code");
   if (!code) return "exec.code must be the action's code";
   if (exec.contains("main") && !exec["main"].is_string()) return "exec.main must be the name of the function to call";
-  // Binary as OpenWhisk tells it: flagged, or the code is a zip in base64 ("PK\3\4" is "UEsDB...").
-  size_t first = code->find_first_not_of(" \t\r\n");
-  if (exec.value("binary", false) == true || (first != std::string::npos && code->compare(first, 5, "UEsDB") == 0))
-    return "binary (zip) Python actions are not supported by this platform: give the code as text";
-  *out = {{"kind", exec["kind"]}, {"code", *code}, {"main", exec.value("main", "main")}, {"binary", false}};
+  bool zip = is_zip_code(exec);
+  if (zip) {
+    std::string why = check_zip_code(*code);
+    if (!why.empty()) return why;
+  }
+  *out = {{"kind", exec["kind"]}, {"code", *code}, {"main", exec.value("main", "main")}, {"binary", zip}};
   return "";
 }
 
@@ -87,6 +90,10 @@ void put_action(Store &store, const ApiOptions &opts, const httplib::Request &re
     why = "The specified runtime '" + valid_utf8(kind.substr(0, 64)) +
           "' is not supported by this platform. Valid values are: 'python:3', 'sequence'.";
   if (!why.empty()) return error(res, 400, why);
+  if (kind != "sequence") {
+    why = check_exec_size(exec["code"].get_ref<const std::string &>(), exec["main"].get_ref<const std::string &>());
+    if (!why.empty()) return error(res, 413, why);
+  }
   json params = body.contains("parameters") ? body["parameters"] : old ? old->value("parameters", json::array()) : json::array();
   if (!key_value_list(params)) return error(res, 400, "parameters must be a list of {\"key\": NAME, \"value\": VALUE}");
   json annotations = body.contains("annotations") ? body["annotations"]

@@ -245,9 +245,14 @@ void Engine::run_action(const std::shared_ptr<Activation> &act) {
   ComputeSpec spec;
   spec.aid = act->ns + "-" + code_name(act->entity) + "-" + act->id.substr(0, 8);
   spec.tenant = act->ns;
-  spec.code = "action.py";
   spec.code_key = code_key(act, "actions");
-  spec.code_files = {{"action.py", act->doc["exec"]["code"]}};
+  if (act->doc["exec"].value("binary", false)) {  // a zip: the launcher unpacks it (docs/openwhisk.md)
+    spec.code = "__main__.py";
+    spec.code_zip = act->doc["exec"]["code"];
+  } else {
+    spec.code = "action.py";
+    spec.code_files = {{"action.py", act->doc["exec"]["code"]}};
+  }
   spec.main = act->doc["exec"].value("main", "main");
   spec.args = act->params;
   ActionLimits limits = effective_limits(act->doc, limits_);

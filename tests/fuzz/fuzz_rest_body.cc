@@ -1,10 +1,11 @@
 // libFuzzer target: a REST request body as the scheduler reads it — parsed with the depth limit,
-// then the parts every route checks (action limits, list parameters, an inline manifest) — and
-// dumped back, as a reply or a stored document is. Nothing may throw, crash or overflow the stack.
+// then the parts every route checks (action limits, an action's code, list parameters, an inline
+// manifest) — and dumped back, as a reply or a stored document is. Nothing may throw, crash or overflow the stack.
 #include <cstdint>
 #include <cstdlib>
 #include <string>
 
+#include "action_code.h"
 #include "action_limits.h"
 #include "action_response.h"
 #include "entity_ref.h"
@@ -32,6 +33,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (!t || *t < ranges.timeout_ms.min || *t > ranges.timeout_ms.max) abort();
   }
   scad::effective_limits(body, ranges);
+  // An action's code: a zip's is base64 of a zip, or refused with a reason.
+  if (body.is_object() && body.contains("exec") && body["exec"].is_object()) {
+    auto code = scad::get_string(body["exec"], "code");
+    if (code && scad::is_zip_code(body["exec"]) && !scad::check_zip_code(*code).empty() &&
+        scad::check_zip_code(*code).rfind("exec.code", 0) != 0)
+      abort();
+    if (code) scad::check_exec_size(*code, "main");
+  }
   // A listing's limit and skip, were the body's strings its query.
   auto limit = scad::get_string(body, "limit"), skip = scad::get_string(body, "skip");
   scad::ListPage page;

@@ -157,6 +157,27 @@ def test_compute_on_one_host_reaches_memory_on_another_over_tcp(hosts):
     assert list(wiring.values()) == ["host-a"] and list(wiring)[0].endswith("data;tcp")
 
 
+def test_a_zip_action_runs_on_an_agent_of_another_host(hosts):
+    # The zip travels in the compute spec to host-a (the one with cpus), which unpacks it; a warm
+    # run there gets the spec without it.
+    import base64
+    import io
+    import zipfile
+    platform, names = hosts
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        z.writestr("__main__.py", "from helper import where\ndef main(args):\n    return {'where': where()}\n")
+        z.writestr("helper.py", "def where():\n    return 'zip'\n")
+    code = base64.b64encode(buf.getvalue()).decode()
+    status, body = in_ns(names["s"], platform, "PUT", "/api/v1/namespaces/_/actions/zipped",
+                         {"exec": {"kind": "python:3", "code": code, "binary": True}})
+    assert status == 200, body
+    for warm in (False, True):
+        status, rec = in_ns(names["s"], platform, "POST", "/api/v1/namespaces/_/actions/zipped?blocking=true", {})
+        assert status == 200 and rec["response"]["result"] == {"where": "zip"}, rec
+        assert ("warm" in next(a["value"] for a in rec["annotations"] if a["key"] == "starts")) == warm, rec
+
+
 def test_a_crash_on_one_host_is_told_to_its_peer_and_frees_grants_on_the_other(hosts):
     # Both instances run on host-a; their memory is on host-b. The scheduler reaches both agents
     # over HTTP: the revoke goes to host-b, the notice to host-a.

@@ -135,3 +135,54 @@ def test_a_main_with_a_default_second_parameter_keeps_its_default(tmp_path):
     code.write_text("def main(args, verbose=False):\n    return {'verbose': verbose}\n")
     out = run_action({"aid": "v", "code": str(code), "args": {}})
     assert out["ok"] and out["result"] == {"verbose": False}, out
+
+
+def launch(spec, env=None):
+    """One run by `python -m scad.launcher` (its own process: a zip action changes the working
+    directory and sys.path of the process that loads it)."""
+    env = env or {"PYTHONPATH": f"{BUILD / 'python'}:{ROOT / 'bindings' / 'python'}", "PATH": "/usr/bin:/bin"}
+    proc = subprocess.run([sys.executable, "-m", "scad.launcher"], input=json.dumps(spec), capture_output=True,
+                          text=True, timeout=60, env=env)
+    return json.loads(proc.stdout)
+
+
+def zip_spec(root, files=None, key="guest/actions/z/1-abc"):
+    import base64
+    import io
+    import zipfile
+    spec = {"aid": "z", "code": "__main__.py", "code_key": key, "code_root": str(root), "files": {}, "binary": True,
+            "main": "main", "args": {}}
+    if files is not None:
+        buf = io.BytesIO()
+        with zipfile.ZipFile(buf, "w") as z:
+            for name, text in files.items():
+                z.writestr(name, text)
+        spec["zip"] = base64.b64encode(buf.getvalue()).decode()
+    return spec
+
+
+def test_a_zip_is_unpacked_once_per_code_key_and_loaded_from_its_folder(tmp_path):
+    files = {"__main__.py": "import os\nfrom helper import n\ndef main(a):\n    return {'n': n, 'cwd': os.getcwd()}\n",
+             "helper.py": "n = 42\n"}
+    out = launch(zip_spec(tmp_path, files))
+    folder = tmp_path / "guest" / "actions" / "z" / "1-abc"
+    assert out["ok"] and out["result"] == {"n": 42, "cwd": str(folder)}, out
+    # Another process of the host finds it in place: the spec need not carry the zip again.
+    assert launch(zip_spec(tmp_path))["result"]["n"] == 42
+    assert [p.name for p in folder.parent.iterdir()] == ["1-abc"]
+
+
+def test_code_that_does_not_load_is_an_init_failure(tmp_path):
+    out = launch(zip_spec(tmp_path, {"main.py": ""}))
+    assert out["ok"] is False and out["error"]["init"] == "start"
+    assert "Zip file does not include '__main__.py'." in out["error"]["traceback"]
+    assert not (tmp_path / "guest" / "actions" / "z" / "1-abc").exists()
+    assert launch(zip_spec(tmp_path, {"__main__.py": "def main(a:\n"}, key="guest/actions/z/2-abc"))["error"]["init"] == "build"
+    missing = launch(zip_spec(tmp_path, key="guest/actions/z/3-abc"))  # neither on the host nor in the spec
+    assert missing["error"]["init"] == "start" and "does not carry it" in missing["error"]["message"]
+    (tmp_path / "nomain.py").write_text("x = 1\n")
+    out = launch({"aid": "s", "code": str(tmp_path / "nomain.py"), "args": {}})
+    assert out["error"]["init"] == "start" and "no function 'main'" in out["error"]["message"]
+    (tmp_path / "raises.py").write_text("def main(a):\n    raise ValueError('in main')\n")
+    out = launch({"aid": "s", "code": str(tmp_path / "raises.py"), "args": {}})
+    assert out["error"]["type"] == "ValueError" and "init" not in out["error"]  # main's own: an application error

@@ -1,9 +1,10 @@
 // The daemons' readers of untrusted input: JSON bodies and replies, launcher and agent replies,
-// action limits, list parameters and manifests. Each case here once crashed scad-server or could have.
+// action limits, an action's code, list parameters and manifests. Each case here once crashed scad-server or could have.
 #include <gtest/gtest.h>
 
 #include <string>
 
+#include "action_code.h"
 #include "action_limits.h"
 #include "agent_api.h"
 #include "connection_guard.h"
@@ -94,6 +95,42 @@ TEST(LauncherReply, OnlyTheLaunchersShapeIsTaken) {
   EXPECT_EQ(r.init_ms, 0);
   ASSERT_TRUE(parse_launcher_reply(R"({"ok": false, "error": ["odd"]})", &r, &why));
   EXPECT_EQ(r.error, (json{{"type", "Error"}, {"message", "[\"odd\"]"}}));
+}
+
+TEST(LauncherReply, AnInitFailureSaysWhichOnly) {
+  LauncherReply r;
+  std::string why;
+  ASSERT_TRUE(parse_launcher_reply(R"({"ok": false, "error": {"type": "InitError", "message": "m", "init": "start"}})", &r, &why));
+  EXPECT_EQ(r.init, "start");
+  EXPECT_EQ(r.error, (json{{"type", "InitError"}, {"message", "m"}}));
+  ASSERT_TRUE(parse_launcher_reply(R"({"ok": false, "error": {"type": "E", "message": "m", "init": "anything"}})", &r, &why));
+  EXPECT_EQ(r.init, "");
+  ASSERT_TRUE(parse_launcher_reply(R"({"ok": false, "error": {"type": "E", "message": "m", "init": ["start"]}})", &r, &why));
+  EXPECT_EQ(r.init, "");
+}
+
+TEST(ActionCode, AZipIsTakenOnlyAsBase64OfAZip) {
+  const std::string zip =
+      "UEsDBBQAAAAAAEY2eF1YXf+qFgAAABYAAAALAAAAX19tYWluX18ucHlkZWYgbWFpbihhKTogcmV0dXJuIGEKUEsBAhQDFAAAAAAARjZ4XVhd/6oW"
+      "AAAAFgAAAAsAAAAAAAAAAAAAAIABAAAAAF9fbWFpbl9fLnB5UEsFBgAAAAABAAEAOQAAAD8AAAAAAA==";
+  EXPECT_EQ(check_zip_code(zip), "");
+  EXPECT_EQ(check_zip_code("\n  " + zip + "\n"), "");              // white space around, as OpenWhisk trims it
+  EXPECT_EQ(check_zip_code("UEsFBgAAAAAAAAAAAAAAAAAAAAAAAA=="), "");  // empty: it fails when it runs
+  for (const std::string bad : {"", "%%%%", "UEsDB", "UEsD Bxxx", "UEsDBA=A", "UEsDBAA=="})
+    EXPECT_NE(check_zip_code(bad).find("it is not base64"), std::string::npos) << bad;
+  for (const std::string bad : {"bm90IGEgemlw", "UEsDBCBub3QgcmVhbGx5IGEgemlw"})  // "not a zip", "PK\3\4 not really a zip"
+    EXPECT_NE(check_zip_code(bad).find("it is not a zip file"), std::string::npos) << bad;
+  EXPECT_TRUE(is_zip_code({{"code", "def main(a): return a"}, {"binary", true}}));
+  EXPECT_TRUE(is_zip_code({{"code", " " + zip}}));  // a client that sends a zip without the flag
+  EXPECT_FALSE(is_zip_code({{"code", "def main(a): return a"}}));
+  EXPECT_FALSE(is_zip_code({{"code", "def main(a): return a"}, {"binary", "yes"}}));  // a flag that is not a boolean is none
+  EXPECT_FALSE(is_zip_code({{"code", 7}, {"binary", "yes"}}));
+}
+
+TEST(ActionCode, TheExecSizeLimitIsOpenWhisks) {
+  EXPECT_EQ(check_exec_size(std::string(kMaxExecBytes - 4, 'x'), "main"), "");
+  EXPECT_EQ(check_exec_size(std::string(kMaxExecBytes - 3, 'x'), "main"),
+            "exec larger than allowed: 50331649 > 50331648 bytes.");
 }
 
 TEST(ListPage, LimitAndSkipAsOpenWhiskReadsThem) {

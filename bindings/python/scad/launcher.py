@@ -7,7 +7,9 @@ As a program (what the host agent starts):
 where spec is {"aid", "code", "main", "args", "transports": [{"durl", "config"}], "options",
 "runtime_url", "runtime_token", "env"}. The user's output goes to stderr, each line it printed to
 stdout marked with STDOUT_MARK (the agent logs those as stdout); stdout carries exactly one JSON
-line: the result. "env" holds OpenWhisk's __OW_* variables, set for the run only.
+line: the result. "env" holds OpenWhisk's __OW_* variables, set for the run only. On the
+platform the code comes in the spec too ("code_key" with "files", or a zip action's "zip" and
+"binary": code_folder.py says where it goes).
 
     python -m scad.launcher --serve
 keeps the interpreter for many runs (the agent's warm and pre-warmed pools): one spec per line on
@@ -29,6 +31,7 @@ import time
 import traceback
 import uuid
 
+from scad import code_folder, ow_code
 from scad.action import Action
 from scad.main_signature import takes_action
 
@@ -36,22 +39,25 @@ from scad.main_signature import takes_action
 _loaded = {}  # (code path, mtime) -> module: what a warm process keeps
 
 
-def load_main(code, main="main", keep=False):
+def load_main(code, main="main", keep=False, binary=False):
+    """main of the code's file; for a zip action (binary), of the unpacked folder's __main__.py,
+    loaded as the action container loads it (ow_code: its folder and virtualenv on sys.path)."""
     if keep:
-        import os
         key = (code, os.stat(code).st_mtime_ns)
         module = _loaded.get(key)
         if module is None:
-            module = _loaded[key] = _load_module(code)
+            module = _loaded[key] = _load_module(code, binary)
     else:
-        module = _load_module(code)
+        module = _load_module(code, binary)
     fn = getattr(module, main, None)
     if not callable(fn):
         raise AttributeError(f"{code!r} has no function {main!r}")
     return fn
 
 
-def _load_module(code):
+def _load_module(code, binary=False):
+    if binary:
+        return ow_code.import_folder(os.path.dirname(code))
     name = f"scad_action_{uuid.uuid4().hex}"
     spec = importlib.util.spec_from_file_location(name, code)
     if spec is None or spec.loader is None:
@@ -75,49 +81,6 @@ def call_main(fn, args, action):
 _current = {"aid": None, "action": None}  # the run in progress, for peer notices
 _early = {}  # aid -> notices that came just before their run's spec
 _current_lock = threading.Lock()
-
-
-CODE_ROOT = "/code"  # in the sandbox: where the launcher writes an action's code, read-only
-
-
-def _place_code(spec):
-    """In the sandbox the code comes in the spec ("files", relative "code", "code_key"): written
-    once per key under /code, read-only, while the launcher is still root; then the process
-    takes the tenant's uid ("uid"), for good, before any user code runs. Returns the code's path."""
-    key = spec["code_key"]
-    if not isinstance(key, str) or ".." in key or key.startswith("/"):
-        raise ValueError(f"bad code key {key!r}")
-    folder = os.path.join(CODE_ROOT, key)
-    if not os.path.isdir(folder):
-        for name, content in spec["files"].items():
-            if not isinstance(content, str) or ".." in name.split("/") or name.startswith("/") or not name:
-                raise ValueError(f"bad code file name {name!r}")
-            path = os.path.join(folder, name)
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "w", encoding="utf-8") as f:
-                f.write(content)
-            os.chmod(path, 0o444)
-        for dirpath, _, _ in os.walk(folder):
-            os.chmod(dirpath, 0o555)
-        for parent in _parents(folder):
-            os.chmod(parent, 0o555)
-    uid = spec.get("uid")
-    if uid is not None and os.getuid() != uid:
-        if os.getuid() != 0:
-            raise PermissionError(f"this process already runs as uid {os.getuid()}, not {uid}")
-        os.setgroups([])
-        os.setresgid(uid, uid, uid)
-        os.setresuid(uid, uid, uid)
-    return os.path.join(folder, spec["code"])
-
-
-def _parents(folder):
-    out = []
-    while True:
-        folder = os.path.dirname(folder)
-        if len(folder) <= len(CODE_ROOT):
-            return out
-        out.append(folder)
 
 
 STDOUT_MARK = "\x1fscad:stdout\x1f"  # agent/src/agent.cc, kStdoutMark
@@ -216,17 +179,20 @@ def _ow_env(spec):
 
 def run_action(spec, keep_module=False):
     """Returns {"ok": True, "result": ...} or {"ok": False, "error": {"type", "message", "traceback"}},
-    with "init_ms" (loading the code and wiring the action), "run_ms" (main itself) and
+    the error with "init" when the code could not be placed or loaded ("build": it does not
+    compile; "start": anything else, a bad zip, an import that raises, no such main), with "init_ms" (loading the code and wiring the action), "run_ms" (main itself) and
     "transports" (what the action's transports moved, per kind) and "transfers" (per transport)."""
     action = None
     t0 = time.monotonic()
     timing = {}
     env = _ow_env(spec)
+    loading = True  # what fails while true is the code's (an init failure), not main's
     try:
         os.environ.update(env)
         # The uid switch comes first: a device opened as root (a verbs context) refuses commands
         # from the same process once its credentials changed.
-        code = _place_code(spec) if "files" in spec else spec["code"]
+        code = code_folder.place(spec) if "files" in spec or "zip" in spec else spec["code"]
+        loading = False
         action = Action(spec.get("aid") or f"action-{uuid.uuid4().hex[:8]}", **spec.get("options", {}))
         if spec.get("runtime_url"):
             action.runtime_url = spec["runtime_url"]
@@ -243,7 +209,9 @@ def run_action(spec, keep_module=False):
             _early.clear()  # any other aid's are from runs that are over
         for notice in [*spec.get("peer_failures", []), *early]:
             action.runtime._peer_failed(notice)
-        fn = load_main(code, spec.get("main", "main"), keep=keep_module)
+        loading = True
+        fn = load_main(code, spec.get("main", "main"), keep=keep_module, binary=bool(spec.get("binary")))
+        loading = False
         t1 = time.monotonic()
         timing["init_ms"] = int((t1 - t0) * 1000)
         result = call_main(fn, spec.get("args", {}), action)
@@ -254,6 +222,10 @@ def run_action(spec, keep_module=False):
     except BaseException as e:  # noqa: BLE001 - a user's SystemExit or KeyboardInterrupt is an error result too
         reply = {"ok": False, "error": {"type": _text(type(e).__name__), "message": _text(str(e)),
                                         "traceback": _text(traceback.format_exc())}}
+        if loading:
+            reply["error"]["init"] = _init_kind(e)
+            if isinstance(e, ow_code.InitError):  # its message is the reason (with the user's traceback)
+                reply["error"]["traceback"] = _text(str(e))
     finally:
         # A warm process runs the next activation too: its id, deadline and key must not stay.
         for k in env:
@@ -264,6 +236,14 @@ def run_action(spec, keep_module=False):
         if action is not None:
             action.terminate()
     return {**reply, **timing, "transports": transports, "transfers": transfers}
+
+
+def _init_kind(e):
+    """OpenWhisk's two init failures: the code does not compile ("build"), or it does but cannot
+    be started ("start")."""
+    if isinstance(e, ow_code.InitError):
+        return e.kind
+    return "build" if isinstance(e, SyntaxError) else "start"
 
 
 _KINDS = {"rdma_shm": "shm", "rdma_tcp": "tcp", "rdma_uverbs": "verbs", "rdma_local": "local"}
