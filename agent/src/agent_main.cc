@@ -84,6 +84,7 @@ int main(int argc, char **argv) {
   }
   httplib::Server srv;
   srv.new_task_queue = [] { return new httplib::ThreadPool(32); };
+  srv.set_tcp_nodelay(true);  // a response's headers and body are separate writes: no Nagle wait between them
   scad::install_agent_routes(srv, agent, token);
   int bound = port == 0 ? srv.bind_to_any_port(ao.tcp_host) : (srv.bind_to_port(ao.tcp_host, port) ? port : -1);
   if (bound <= 0) {

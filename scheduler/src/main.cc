@@ -129,6 +129,9 @@ int main(int argc, char **argv) {
   }
   httplib::Server srv;
   srv.new_task_queue = [] { return new httplib::ThreadPool(32); };
+  // A response goes out as several writes (status and headers, then the body): with Nagle on,
+  // the second waits for the client's delayed ACK, tens of milliseconds per request.
+  srv.set_tcp_nodelay(true);
   int bound = port == 0 ? srv.bind_to_any_port(host) : (srv.bind_to_port(host, port) ? port : -1);
   if (bound <= 0) {
     std::cerr << "scad-server: cannot listen on " << host << ":" << port << " (in use? choose --port)\n";
@@ -138,6 +141,7 @@ int main(int argc, char **argv) {
   // The runtime endpoint: same address, a port and a thread pool of its own.
   httplib::Server runtime_srv;
   runtime_srv.new_task_queue = [] { return new httplib::ThreadPool(16); };
+  runtime_srv.set_tcp_nodelay(true);
   int runtime_port = runtime_srv.bind_to_any_port(host);
   if (runtime_port <= 0) {
     std::cerr << "scad-server: cannot listen on " << host << " for the runtime endpoint\n";

@@ -20,6 +20,7 @@ void RemoteHost::heartbeat() { last_seen_ms_ = steady_ms(); }
 static std::unique_ptr<httplib::Client> client(const std::string &url, const std::string &token, int timeout_s) {
   auto c = std::make_unique<httplib::Client>(url);
   c->set_bearer_token_auth(token.c_str());
+  c->set_tcp_nodelay(true);  // a request's headers and body are separate writes (see main.cc)
   c->set_connection_timeout(3);
   c->set_read_timeout(timeout_s);
   c->set_write_timeout(timeout_s);
