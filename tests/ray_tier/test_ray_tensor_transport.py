@@ -185,7 +185,7 @@ def test_the_loan_ends_when_ray_frees_the_object(pair):
 def test_a_source_that_is_gone_fails_the_receive(pair):
     src, dst = pair()
     ref = src.make.remote(SPECS[:1])
-    ray.wait([ref])  # lent
+    ray.wait([ref], fetch_local=False)  # lent (a local copy would start the receive)
     pid = ray.get(src.pid.remote())
     os.kill(pid, signal.SIGKILL)
     wait_gone(pid)
@@ -199,7 +199,7 @@ def test_a_source_that_is_gone_fails_the_receive(pair):
 def test_a_get_that_times_out_leaves_nothing_behind(pair):
     src, _ = pair()
     ref = src.make.remote(SPECS[:1])
-    ray.wait([ref])  # lent
+    ray.wait([ref], fetch_local=False)  # lent (a local copy would start the receive)
     pid = ray.get(src.pid.remote())
     before = ScadTensorTransport.counters()
     os.kill(pid, signal.SIGSTOP)  # the source cannot answer: the receive cannot finish
