@@ -10,17 +10,17 @@
 
 #include "proto/auth.h"
 #include "proto/frame.h"
-#include "verbs/cm.h"
-#include "verbs/record.h"
+#include "ibv/cm.h"
+#include "ibv/record.h"
 
 using namespace libd::proto;
 
 namespace {
 // A record that decodes encodes back to the very same bytes: one meaning per byte string.
 void check_record(const char *p, size_t n) {
-  libd::verbs::Record r;
+  libd::ibv::Record r;
   std::string why;
-  if (libd::verbs::decode_record(p, n, &r, &why) == 0 && libd::verbs::encode_record(r) != std::string(p, n)) abort();
+  if (libd::ibv::decode_record(p, n, &r, &why) == 0 && libd::ibv::encode_record(r) != std::string(p, n)) abort();
 }
 
 struct Sink : FrameReader::Handler {
@@ -48,8 +48,8 @@ struct Sink : FrameReader::Handler {
     } else if (h.opcode == kVerbsCmTicket) {
       uint16_t port;
       std::string ticket, why;
-      if (libd::verbs::decode_cm_ticket(buf.data(), buf.size(), &port, &ticket, &why) == 0 &&
-          libd::verbs::encode_cm_ticket(port, ticket) != buf)
+      if (libd::ibv::decode_cm_ticket(buf.data(), buf.size(), &port, &ticket, &why) == 0 &&
+          libd::ibv::encode_cm_ticket(port, ticket) != buf)
         abort();
     }
     return 0;
@@ -62,8 +62,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   {
     // The rdma_cm REQ's private data, as a memory server's listener reads it.
     std::string ticket, why;
-    if (libd::verbs::decode_cm_hello(p, size, &ticket, &why) == 0 &&
-        libd::verbs::encode_cm_hello(ticket) != std::string(p, std::min<size_t>(size, libd::verbs::kCmHelloSize)))
+    if (libd::ibv::decode_cm_hello(p, size, &ticket, &why) == 0 &&
+        libd::ibv::encode_cm_hello(ticket) != std::string(p, std::min<size_t>(size, libd::ibv::kCmHelloSize)))
       abort();
   }
   // The same stream fed whole and in irregular pieces must give the same frames.
@@ -76,7 +76,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     rb = b.feed(p + i, std::min(step, size - i), &why);
   if ((ra == 0) != (rb == 0)) abort();
   if (ra == 0 && whole.frames != pieces.frames) abort();
-  if (size >= libd::verbs::kRecordSize) check_record(p, libd::verbs::kRecordSize);
+  if (size >= libd::ibv::kRecordSize) check_record(p, libd::ibv::kRecordSize);
   if (size >= kHeaderSize) {
     Header h;
     if (decode_header(p, &h, &why) == 0) {

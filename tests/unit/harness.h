@@ -10,7 +10,7 @@
 
 #include "libd.h"
 #include "server/memory_server.h"
-#include "verbs/device.h"
+#include "ibv/device.h"
 
 namespace test {
 
@@ -77,7 +77,7 @@ inline Rig make_rig(const std::string &impl, uint64_t size, unsigned rights = 3,
 
 // Verbs tests need an RDMA device: in the Soft-RoCE guest (tests/softroce/run sets
 // LIBD_REQUIRE_VERBS=1, so a missing device fails there) or on a host that has one.
-inline bool verbs_wanted() { return getenv("LIBD_REQUIRE_VERBS") || libd::verbs::Device::available(); }
+inline bool verbs_wanted() { return getenv("LIBD_REQUIRE_VERBS") || libd::ibv::Device::available(); }
 
 inline std::string transport_error(libd_transport *t) {
   char buf[1024] = "";

@@ -1,6 +1,6 @@
 // The verbs transport. The record and the no-device path run everywhere; the rest needs an RDMA
 // device and runs in the Soft-RoCE guest (tests/softroce/run), where a missing device fails.
-// Several tests drive a queue pair directly (verbs::connect_driver) to check what the *device*
+// Several tests drive a queue pair directly (ibv::connect_driver) to check what the *device*
 // enforces — a key beyond its range, a key on another client's queue pair — past the library's
 // own checks.
 #include <gtest/gtest.h>
@@ -16,9 +16,9 @@
 #include "harness.h"
 #include "io/ioloop.h"
 #include "transports/verbs/verbs_connect.h"
-#include "verbs/cm.h"
-#include "verbs/qp.h"
-#include "verbs/record.h"
+#include "ibv/cm.h"
+#include "ibv/qp.h"
+#include "ibv/record.h"
 
 using test::fill_random;
 using test::make_rig;
@@ -48,8 +48,8 @@ static void WaitNewestFirst(const std::vector<libd_op *> &ops) {
   } while (0)
 
 TEST(VerbsRecord, RoundTripsEveryField) {
-  verbs::Record r;
-  r.flags = verbs::kRecordFlagMemoryWindow;
+  ibv::Record r;
+  r.flags = ibv::kRecordFlagMemoryWindow;
   r.qpn = 0x123456;
   r.psn = 0xabcdef;
   r.mtu = 3;
@@ -61,12 +61,12 @@ TEST(VerbsRecord, RoundTripsEveryField) {
   r.rkey = 0xdeadbeef;
   r.rights = 3;
   r.rd_atomic = 16;
-  std::string wire = verbs::encode_record(r);
-  ASSERT_EQ(verbs::kRecordSize, wire.size());
+  std::string wire = ibv::encode_record(r);
+  ASSERT_EQ(ibv::kRecordSize, wire.size());
   EXPECT_EQ("RV", wire.substr(0, 2)) << "magic 0x5652, little-endian";
-  verbs::Record back;
+  ibv::Record back;
   std::string why;
-  ASSERT_EQ(0, verbs::decode_record(wire.data(), wire.size(), &back, &why)) << why;
+  ASSERT_EQ(0, ibv::decode_record(wire.data(), wire.size(), &back, &why)) << why;
   EXPECT_EQ(r.qpn, back.qpn);
   EXPECT_EQ(r.psn, back.psn);
   EXPECT_EQ(r.addr, back.addr);
@@ -75,15 +75,15 @@ TEST(VerbsRecord, RoundTripsEveryField) {
 }
 
 TEST(VerbsRecord, RefusesWhatIsNotAVersion1Record) {
-  verbs::Record r;
+  ibv::Record r;
   r.qpn = 5;
   r.mtu = 3;
   r.rd_atomic = 1;
-  std::string good = verbs::encode_record(r), why;
-  verbs::Record out;
+  std::string good = ibv::encode_record(r), why;
+  ibv::Record out;
   auto refused = [&](std::string w, const char *expect) {
     why.clear();
-    int rc = verbs::decode_record(w.data(), w.size(), &out, &why);
+    int rc = ibv::decode_record(w.data(), w.size(), &out, &why);
     EXPECT_EQ(-EPROTO, rc);
     EXPECT_NE(std::string::npos, why.find(expect)) << why;
   };
@@ -109,17 +109,17 @@ TEST(VerbsRecord, RefusesWhatIsNotAVersion1Record) {
 }
 
 TEST(VerbsCm, HelloAndTicketRoundTripAndRefuseGarbage) {
-  std::string ticket(verbs::kTicketSize, 'T'), back, why;
-  std::string hello = verbs::encode_cm_hello(ticket);
-  ASSERT_EQ(verbs::kCmHelloSize, hello.size());
+  std::string ticket(ibv::kTicketSize, 'T'), back, why;
+  std::string hello = ibv::encode_cm_hello(ticket);
+  ASSERT_EQ(ibv::kCmHelloSize, hello.size());
   EXPECT_EQ("RC", hello.substr(0, 2));
-  ASSERT_EQ(0, verbs::decode_cm_hello(hello.data(), hello.size(), &back, &why)) << why;
+  ASSERT_EQ(0, ibv::decode_cm_hello(hello.data(), hello.size(), &back, &why)) << why;
   EXPECT_EQ(ticket, back);
   std::string padded = hello + std::string(36, '\0');  // the CM pads a REQ's private data
-  EXPECT_EQ(0, verbs::decode_cm_hello(padded.data(), padded.size(), &back, &why)) << why;
+  EXPECT_EQ(0, ibv::decode_cm_hello(padded.data(), padded.size(), &back, &why)) << why;
   auto refused = [&](const std::string &w, const char *expect) {
     why.clear();
-    EXPECT_EQ(-EPROTO, verbs::decode_cm_hello(w.data(), w.size(), &back, &why));
+    EXPECT_EQ(-EPROTO, ibv::decode_cm_hello(w.data(), w.size(), &back, &why));
     EXPECT_NE(std::string::npos, why.find(expect)) << why;
   };
   refused(hello.substr(0, 19), "expected 20");
@@ -128,16 +128,16 @@ TEST(VerbsCm, HelloAndTicketRoundTripAndRefuseGarbage) {
   v[2] = 2;
   refused(v, "version 2");
   refused(hello + "x", "trailing");
-  EXPECT_EQ(-EPROTO, verbs::decode_cm_hello(nullptr, 0, &back, &why));
+  EXPECT_EQ(-EPROTO, ibv::decode_cm_hello(nullptr, 0, &back, &why));
 
   uint16_t port = 0;
-  std::string body = verbs::encode_cm_ticket(4791, ticket);
-  ASSERT_EQ(0, verbs::decode_cm_ticket(body.data(), body.size(), &port, &back, &why)) << why;
+  std::string body = ibv::encode_cm_ticket(4791, ticket);
+  ASSERT_EQ(0, ibv::decode_cm_ticket(body.data(), body.size(), &port, &back, &why)) << why;
   EXPECT_EQ(4791, port);
   EXPECT_EQ(ticket, back);
-  EXPECT_EQ(-EPROTO, verbs::decode_cm_ticket(body.data(), body.size() - 1, &port, &back, &why));
-  std::string zero = verbs::encode_cm_ticket(0, ticket);
-  EXPECT_EQ(-EPROTO, verbs::decode_cm_ticket(zero.data(), zero.size(), &port, &back, &why));
+  EXPECT_EQ(-EPROTO, ibv::decode_cm_ticket(body.data(), body.size() - 1, &port, &back, &why));
+  std::string zero = ibv::encode_cm_ticket(0, ticket);
+  EXPECT_EQ(-EPROTO, ibv::decode_cm_ticket(zero.data(), zero.size(), &port, &back, &why));
 }
 
 TEST(Verbs, WithoutADeviceInitSaysSo) {
@@ -285,21 +285,21 @@ TEST(Verbs, ConcurrentBlockingAndAsyncCallsInPollingModeAllLand) {
 // The set-up of the tests that drive drivers directly: the device, a memory server with one
 // element of `element` bytes and one grant, and `local` bytes of client memory registered.
 struct DriverRig {
-  std::shared_ptr<verbs::Device> dev;
+  std::shared_ptr<ibv::Device> dev;
   libd::MemoryServer server;
   uint16_t port = 0;
   libd::Grant grant;
   char *mem = nullptr;
   size_t mem_size = 0;
-  std::shared_ptr<verbs::Mr> mr;
+  std::shared_ptr<ibv::Mr> mr;
   ~DriverRig() {
     mr.reset();
     if (mem) munmap(mem, mem_size);
   }
   // A started driver with `cfg`, connected through the record exchange, our memory its local side.
-  int connect(const verbs::QpDriver::Config &cfg, verbs::Connected *out) {
-    int rc = verbs::connect_driver(dev, cfg, "127.0.0.1", std::to_string(port), {grant.id, grant.secret, grant.client},
-                                   verbs::Setup::kOob, Deadline::after_ms(5000), nullptr, out);
+  int connect(const ibv::QpDriver::Config &cfg, ibv::Connected *out) {
+    int rc = ibv::connect_driver(dev, cfg, "127.0.0.1", std::to_string(port), {grant.id, grant.secret, grant.client},
+                                   ibv::Setup::kOob, Deadline::after_ms(5000), nullptr, out);
     if (rc == 0) out->driver->set_local(mr);
     return rc;
   }
@@ -307,8 +307,8 @@ struct DriverRig {
 
 // An driver configuration for tests that count doorbells: depth 64, `batch` for coalescing, and
 // no deadline tick (it would ring and fence on its own), so nothing rings but the test's calls.
-static verbs::QpDriver::Config CountingConfig(bool poll_mode, size_t batch) {
-  verbs::QpDriver::Config cfg;
+static ibv::QpDriver::Config CountingConfig(bool poll_mode, size_t batch) {
+  ibv::QpDriver::Config cfg;
   cfg.poll_mode = poll_mode;
   cfg.depth = 64;
   cfg.doorbell_batch = int(batch);
@@ -317,7 +317,7 @@ static verbs::QpDriver::Config CountingConfig(bool poll_mode, size_t batch) {
 }
 
 static void OpenDriverRig(DriverRig *r, uint64_t element, uint64_t offset, uint64_t length, size_t local) {
-  ASSERT_EQ(0, verbs::Device::open(libd::Params(), &r->dev)) << libd_last_error();
+  ASSERT_EQ(0, ibv::Device::open(libd::Params(), &r->dev)) << libd_last_error();
   ASSERT_EQ(0, r->server.add_element("e1", element));
   ASSERT_EQ(0, r->server.enable_verbs(libd::Params())) << libd_last_error();
   ASSERT_EQ(0, r->server.listen_tcp("127.0.0.1", 0, &r->port));
@@ -383,12 +383,12 @@ TEST(Verbs, PipelinedOperationsShareDoorbellsAndEveryOneLands) {
   constexpr size_t kBatch = 8, kSize = 64, kSpace = 1 << 16;
   DriverRig rig;
   ASSERT_NO_FATAL_FAILURE(OpenDriverRig(&rig, kSpace, 0, kSpace, 2 * kSpace));
-  verbs::QpDriver::Config cfg = CountingConfig(true, kBatch);
-  verbs::Connected c, ticking;
+  ibv::QpDriver::Config cfg = CountingConfig(true, kBatch);
+  ibv::Connected c, ticking;
   ASSERT_EQ(0, rig.connect(cfg, &c)) << libd_last_error();
   cfg.tick_ms = 50;
   ASSERT_EQ(0, rig.connect(cfg, &ticking)) << libd_last_error();
-  verbs::QpDriver *e = c.driver.get();
+  ibv::QpDriver *e = c.driver.get();
   char *mem = rig.mem, *back = mem + kSpace;
   auto stats = std::make_shared<libd::Stats>();
   std::vector<std::shared_ptr<Op>> ops;
@@ -474,10 +474,10 @@ TEST(Verbs, InEventModeTheCompletionEventRingsWaitingDoorbells) {
   constexpr size_t kBatch = 4, kSize = 64, kSpace = 1 << 16;
   DriverRig rig;
   ASSERT_NO_FATAL_FAILURE(OpenDriverRig(&rig, kSpace, 0, kSpace, 2 * kSpace));
-  verbs::QpDriver::Config cfg = CountingConfig(false, kBatch);  // no tick: only callers and completion events ring
-  verbs::Connected c;
+  ibv::QpDriver::Config cfg = CountingConfig(false, kBatch);  // no tick: only callers and completion events ring
+  ibv::Connected c;
   ASSERT_EQ(0, rig.connect(cfg, &c)) << libd_last_error();
-  verbs::QpDriver *e = c.driver.get();
+  ibv::QpDriver *e = c.driver.get();
   char *mem = rig.mem, *back = mem + kSpace;
   fill_random(mem, kSpace, 31);
   auto stats = std::make_shared<libd::Stats>();
@@ -566,16 +566,16 @@ TEST(Verbs, BlockingCallsRunDirectlyWhereTheyCan) {
   constexpr size_t kSpace = 1 << 16;
   DriverRig rig;
   ASSERT_NO_FATAL_FAILURE(OpenDriverRig(&rig, kSpace, 4096, 8192, kSpace));
-  verbs::QpDriver::Config cfg = CountingConfig(true, 4);
+  ibv::QpDriver::Config cfg = CountingConfig(true, 4);
   cfg.max_msg = 4096;
-  verbs::Connected c, events;
+  ibv::Connected c, events;
   ASSERT_EQ(0, rig.connect(cfg, &c)) << libd_last_error();
   cfg.poll_mode = false;
   ASSERT_EQ(0, rig.connect(cfg, &events)) << libd_last_error();
   char *mem = rig.mem;
-  verbs::QpDriver *e = c.driver.get();
+  ibv::QpDriver *e = c.driver.get();
   // Runs one blocking call directly; false if the driver declined it.
-  auto direct = [&](verbs::QpDriver *eng, OpKind kind, uint64_t size, uint64_t raddr, char *local, int *rc, std::string *why) {
+  auto direct = [&](ibv::QpDriver *eng, OpKind kind, uint64_t size, uint64_t raddr, char *local, int *rc, std::string *why) {
     uint64_t seq;
     bool pending;
     if (!eng->start_direct(kind, {size, raddr, local}, &seq, &pending, rc, why)) return false;
@@ -636,27 +636,27 @@ TEST(Verbs, BlockingCallsRunDirectlyWhereTheyCan) {
 // queue pair reset and the request given back.
 TEST(Verbs, ADirectCallToASilentPeerEndsAtItsDeadline) {
   NEED_VERBS();
-  std::shared_ptr<verbs::Device> dev;
-  ASSERT_EQ(0, verbs::Device::open(libd::Params(), &dev)) << libd_last_error();
-  verbs::QpDriver::Config cfg;
+  std::shared_ptr<ibv::Device> dev;
+  ASSERT_EQ(0, ibv::Device::open(libd::Params(), &dev)) << libd_last_error();
+  ibv::QpDriver::Config cfg;
   cfg.poll_mode = true;
-  std::shared_ptr<verbs::QpDriver> e;
-  ASSERT_EQ(0, verbs::QpDriver::create(dev, cfg, nullptr, &e)) << libd_last_error();
+  std::shared_ptr<ibv::QpDriver> e;
+  ASSERT_EQ(0, ibv::QpDriver::create(dev, cfg, nullptr, &e)) << libd_last_error();
   // The peer: a bare queue pair of our own, wired to the driver's.
   ibv_cq *peer_cq = ibv_create_cq(dev->ctx(), 8, nullptr, nullptr, 0);
   ASSERT_TRUE(peer_cq);
   ibv_qp *peer = nullptr;
-  ASSERT_EQ(0, verbs::create_rc_qp(*dev, peer_cq, verbs::QpShape(), &peer)) << libd_last_error();
-  uint32_t psn_e = verbs::random_psn(), psn_p = verbs::random_psn();
-  verbs::Record rec_e = verbs::local_record(*dev, e->qp(), psn_e), rec_p = verbs::local_record(*dev, peer, psn_p);
-  ASSERT_EQ(0, verbs::connect_rc_qp(*dev, e->qp(), 0, psn_e, rec_p)) << libd_last_error();
-  ASSERT_EQ(0, verbs::connect_rc_qp(*dev, peer, IBV_ACCESS_REMOTE_READ, psn_p, rec_e)) << libd_last_error();
+  ASSERT_EQ(0, ibv::create_rc_qp(*dev, peer_cq, ibv::QpShape(), &peer)) << libd_last_error();
+  uint32_t psn_e = ibv::random_psn(), psn_p = ibv::random_psn();
+  ibv::Record rec_e = ibv::local_record(*dev, e->qp(), psn_e), rec_p = ibv::local_record(*dev, peer, psn_p);
+  ASSERT_EQ(0, ibv::connect_rc_qp(*dev, e->qp(), 0, psn_e, rec_p)) << libd_last_error();
+  ASSERT_EQ(0, ibv::connect_rc_qp(*dev, peer, IBV_ACCESS_REMOTE_READ, psn_p, rec_e)) << libd_last_error();
   constexpr size_t kSpace = 8192;
   char *mem = static_cast<char *>(mmap(nullptr, 2 * kSpace, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
   char *remote = mem + kSpace;
   ibv_mr *remote_mr = ibv_reg_mr(dev->pd(), remote, kSpace, IBV_ACCESS_REMOTE_READ | IBV_ACCESS_LOCAL_WRITE);
   ASSERT_TRUE(remote_mr);
-  std::shared_ptr<verbs::Mr> mr;
+  std::shared_ptr<ibv::Mr> mr;
   ASSERT_EQ(0, dev->mrs().acquire(mem, kSpace, IBV_ACCESS_LOCAL_WRITE, &mr));
   e->set_local(mr);
   e->set_remote(0, uint64_t(uintptr_t(remote)), remote_mr->rkey, false);
@@ -670,7 +670,7 @@ TEST(Verbs, ADirectCallToASilentPeerEndsAtItsDeadline) {
   ASSERT_EQ(0, rc) << why;
   EXPECT_EQ(0, memcmp(mem, remote, 64)) << "the pair works before the peer goes silent";
 
-  verbs::break_qp(peer);
+  ibv::break_qp(peer);
   auto t0 = Clock::now();
   ASSERT_TRUE(e->start_direct(OpKind::Read, {64, 0, mem}, &seq, &pending, &rc, &why));
   ASSERT_TRUE(pending) << "a silent peer cannot have answered: " << rc << " " << why;
@@ -751,12 +751,12 @@ TEST(Verbs, RevokeCutsTheClientOffAtOnce) {
 TEST(Verbs, TheDeviceEnforcesTheKeysScope) {
   NEED_VERBS();
   for (const char *mw : {"1", "0"})
-  for (auto setup : {verbs::Setup::kOob, verbs::Setup::kCm}) {
-    SCOPED_TRACE(std::string("mw=") + mw + (setup == verbs::Setup::kCm ? " via rdma_cm" : " via the record exchange"));
-    std::shared_ptr<verbs::Device> dev;
-    ASSERT_EQ(0, verbs::Device::open(libd::Params(), &dev)) << libd_last_error();
+  for (auto setup : {ibv::Setup::kOob, ibv::Setup::kCm}) {
+    SCOPED_TRACE(std::string("mw=") + mw + (setup == ibv::Setup::kCm ? " via rdma_cm" : " via the record exchange"));
+    std::shared_ptr<ibv::Device> dev;
+    ASSERT_EQ(0, ibv::Device::open(libd::Params(), &dev)) << libd_last_error();
     // rdma_cm needs an address on the device's network (it finds no route over loopback).
-    std::string host = setup == verbs::Setup::kCm ? dev->ipv4() : "127.0.0.1";
+    std::string host = setup == ibv::Setup::kCm ? dev->ipv4() : "127.0.0.1";
     ASSERT_FALSE(host.empty()) << dev->describe() << " has no IPv4 GID";
     libd::MemoryServer server;
     libd::Params p;
@@ -773,21 +773,21 @@ TEST(Verbs, TheDeviceEnforcesTheKeysScope) {
     ASSERT_EQ(0, server.grant(&a));
     ASSERT_EQ(0, server.grant(&b));
 
-    verbs::QpDriver::Config cfg;
-    auto connect = [&](const libd::Grant &g, verbs::Connected *c) {
-      return verbs::connect_driver(dev, cfg, host, std::to_string(port), {g.id, g.secret, g.client},
+    ibv::QpDriver::Config cfg;
+    auto connect = [&](const libd::Grant &g, ibv::Connected *c) {
+      return ibv::connect_driver(dev, cfg, host, std::to_string(port), {g.id, g.secret, g.client},
                                    setup, Deadline::after_ms(5000), nullptr, c);
     };
-    verbs::Connected ca, cb;
+    ibv::Connected ca, cb;
     ASSERT_EQ(0, connect(a, &ca)) << libd_last_error();
     ASSERT_EQ(0, connect(b, &cb)) << libd_last_error();
-    EXPECT_EQ(std::string(mw) == "1", bool(ca.peer.flags & verbs::kRecordFlagMemoryWindow));
-    EXPECT_EQ(setup == verbs::Setup::kCm, ca.via_cm) << ca.cm_skipped;
+    EXPECT_EQ(std::string(mw) == "1", bool(ca.peer.flags & ibv::kRecordFlagMemoryWindow));
+    EXPECT_EQ(setup == ibv::Setup::kCm, ca.via_cm) << ca.cm_skipped;
     void *mem = mmap(nullptr, 8192, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    std::shared_ptr<verbs::Mr> mr;
+    std::shared_ptr<ibv::Mr> mr;
     ASSERT_EQ(0, dev->mrs().acquire(mem, 8192, IBV_ACCESS_LOCAL_WRITE, &mr));
     auto stats = std::make_shared<libd::Stats>();
-    auto op_on = [&](verbs::QpDriver &e, OpKind k, uint64_t raddr) {
+    auto op_on = [&](ibv::QpDriver &e, OpKind k, uint64_t raddr) {
       auto op = std::make_shared<Op>(k, std::vector<Segment>{{64, raddr, static_cast<char *>(mem)}},
                                      Deadline::after_ms(5000), stats);
       e.set_local(mr);
@@ -801,12 +801,12 @@ TEST(Verbs, TheDeviceEnforcesTheKeysScope) {
     ca.driver->set_remote(4096, ca.peer.addr + 4096, ca.peer.rkey, false);
     EXPECT_EQ(-EACCES, op_on(*ca.driver, OpKind::Read, 4096));
     // A read-only key refuses a write.
-    verbs::Connected ca2;
+    ibv::Connected ca2;
     ASSERT_EQ(0, connect(a, &ca2));
     EXPECT_EQ(-EACCES, op_on(*ca2.driver, OpKind::Write, 4096));
     if (std::string(mw) == "1") {
       // B's key on A's queue pair: a type-2 window answers only its own queue pair.
-      verbs::Connected ca3;
+      ibv::Connected ca3;
       ASSERT_EQ(0, connect(a, &ca3));
       ca3.driver->set_remote(8192, cb.peer.addr, cb.peer.rkey, false);
       EXPECT_EQ(-EACCES, op_on(*ca3.driver, OpKind::Read, 8192));
@@ -854,8 +854,8 @@ TEST(Verbs, AStoppedServerMovesTheClientToError) {
 // rdma_cm has no route (loopback), and set-up=cm says why it cannot.
 TEST(Verbs, RdmaCmRejectsAForgedTicket) {
   NEED_VERBS();
-  std::shared_ptr<verbs::Device> dev;
-  ASSERT_EQ(0, verbs::Device::open(libd::Params(), &dev)) << libd_last_error();
+  std::shared_ptr<ibv::Device> dev;
+  ASSERT_EQ(0, ibv::Device::open(libd::Params(), &dev)) << libd_last_error();
   std::string host = dev->ipv4();
   ASSERT_FALSE(host.empty()) << dev->describe();
   libd::MemoryServer server;
@@ -864,24 +864,24 @@ TEST(Verbs, RdmaCmRejectsAForgedTicket) {
   uint16_t port;
   ASSERT_EQ(0, server.listen_tcp(host, 0, &port));
   ASSERT_NE(0, server.cm_port()) << server.verbs_description();
-  std::shared_ptr<verbs::QpDriver> driver;
-  ASSERT_EQ(0, verbs::QpDriver::create(dev, verbs::QpDriver::Config(), nullptr, &driver));
-  std::unique_ptr<verbs::CmLink> link;
-  verbs::Record peer;
-  verbs::CmStage stage;
-  int rc = verbs::cm_connect(*dev, driver->qp(), host, server.cm_port(), std::string(verbs::kTicketSize, 'x'),
+  std::shared_ptr<ibv::QpDriver> driver;
+  ASSERT_EQ(0, ibv::QpDriver::create(dev, ibv::QpDriver::Config(), nullptr, &driver));
+  std::unique_ptr<ibv::CmLink> link;
+  ibv::Record peer;
+  ibv::CmStage stage;
+  int rc = ibv::cm_connect(*dev, driver->qp(), host, server.cm_port(), std::string(ibv::kTicketSize, 'x'),
                              Deadline::after_ms(5000), &link, &peer, &stage);
   EXPECT_EQ(-ECONNREFUSED, rc);
-  EXPECT_EQ(verbs::CmStage::kConnect, stage);
+  EXPECT_EQ(ibv::CmStage::kConnect, stage);
   EXPECT_NE(std::string::npos, std::string(libd_last_error()).find("unknown or spent ticket")) << libd_last_error();
 
   // The server is unharmed: a real client still connects through rdma_cm.
   libd::Grant g;
   g.element = "e1", g.client = "A", g.length = 4096, g.rights = 3;
   ASSERT_EQ(0, server.grant(&g));
-  verbs::Connected c;
-  ASSERT_EQ(0, verbs::connect_driver(dev, verbs::QpDriver::Config(), host, std::to_string(port), {g.id, g.secret, g.client},
-                                     verbs::Setup::kCm, Deadline::after_ms(5000), nullptr, &c))
+  ibv::Connected c;
+  ASSERT_EQ(0, ibv::connect_driver(dev, ibv::QpDriver::Config(), host, std::to_string(port), {g.id, g.secret, g.client},
+                                     ibv::Setup::kCm, Deadline::after_ms(5000), nullptr, &c))
       << libd_last_error();
   EXPECT_TRUE(c.via_cm);
   c.driver->close(-ECONNABORTED, "test over");
@@ -889,8 +889,8 @@ TEST(Verbs, RdmaCmRejectsAForgedTicket) {
 
 TEST(Verbs, AutoSetupFallsBackWhereRdmaCmCannotGo) {
   NEED_VERBS();
-  std::shared_ptr<verbs::Device> dev;
-  ASSERT_EQ(0, verbs::Device::open(libd::Params(), &dev)) << libd_last_error();
+  std::shared_ptr<ibv::Device> dev;
+  ASSERT_EQ(0, ibv::Device::open(libd::Params(), &dev)) << libd_last_error();
   for (const char *cm : {"1", "0"}) {
     SCOPED_TRACE(std::string("server cm=") + cm);
     libd::MemoryServer server;
@@ -903,20 +903,20 @@ TEST(Verbs, AutoSetupFallsBackWhereRdmaCmCannotGo) {
     libd::Grant g;
     g.element = "e1", g.client = "A", g.length = 4096, g.rights = 3;
     ASSERT_EQ(0, server.grant(&g));
-    auto connect = [&](verbs::Setup setup, verbs::Connected *c) {
-      return verbs::connect_driver(dev, verbs::QpDriver::Config(), "127.0.0.1", std::to_string(port),
+    auto connect = [&](ibv::Setup setup, ibv::Connected *c) {
+      return ibv::connect_driver(dev, ibv::QpDriver::Config(), "127.0.0.1", std::to_string(port),
                                    {g.id, g.secret, g.client}, setup, Deadline::after_ms(5000), nullptr, c);
     };
-    verbs::Connected c;
-    ASSERT_EQ(0, connect(verbs::Setup::kAuto, &c)) << libd_last_error();
+    ibv::Connected c;
+    ASSERT_EQ(0, connect(ibv::Setup::kAuto, &c)) << libd_last_error();
     EXPECT_FALSE(c.via_cm);
     EXPECT_FALSE(c.cm_skipped.empty());
     if (std::string(cm) == "0") {
       EXPECT_NE(std::string::npos, c.cm_skipped.find("cm,0")) << c.cm_skipped;
     }
     c.driver->close(-ECONNABORTED, "test over");
-    verbs::Connected forced;
-    EXPECT_NE(0, connect(verbs::Setup::kCm, &forced));
+    ibv::Connected forced;
+    EXPECT_NE(0, connect(ibv::Setup::kCm, &forced));
     EXPECT_NE(std::string::npos, std::string(libd_last_error()).find(std::string(cm) == "0" ? "offers no rdma_cm" : "rdma_cm to 127.0.0.1"))
         << libd_last_error();
   }
@@ -926,8 +926,8 @@ TEST(Verbs, AutoSetupFallsBackWhereRdmaCmCannotGo) {
 // larger buffer mapped at an address that held a smaller registered one gets a fresh one.
 TEST(Verbs, RegistrationCacheIsRangeAware) {
   NEED_VERBS();
-  std::shared_ptr<verbs::Device> dev;
-  ASSERT_EQ(0, verbs::Device::open(libd::Params(), &dev)) << libd_last_error();
+  std::shared_ptr<ibv::Device> dev;
+  ASSERT_EQ(0, ibv::Device::open(libd::Params(), &dev)) << libd_last_error();
   auto rig1 = make_rig("verbs", 1 << 20);
   auto rig2 = make_rig("verbs", 1 << 20);
   ASSERT_EQ(0, libd_transport_connect(rig1.t)) << libd_last_error();

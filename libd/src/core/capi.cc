@@ -8,7 +8,7 @@
 #include "core/error.h"
 #include "core/server_base.h"
 #include "core/transport.h"
-#include "verbs/device.h"
+#include "ibv/device.h"
 #include "libd.h"
 
 using libd::Action;
@@ -341,7 +341,7 @@ int libd_trdma_server_query(libd_transport *t, libd_server_attr *attr) {
   snprintf(attr->verbs_device, sizeof attr->verbs_device, "%s", sum.verbs_device.c_str());
   return 0;
 }
-int libd_verbs_available(void) { return libd::verbs::Device::available() ? 1 : 0; }
+int libd_verbs_available(void) { return libd::ibv::Device::available() ? 1 : 0; }
 int libd_trdma_server_wait_notify(libd_transport *t, const char *grant_id, uint64_t *value, int *status,
                                   int timeout_ms) {
   CHECK_S(t, "wait_notify");

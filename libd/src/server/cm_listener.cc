@@ -7,7 +7,7 @@
 #include <cstring>
 
 #include "core/error.h"
-#include "verbs/cm.h"
+#include "ibv/cm.h"
 
 namespace libd {
 
@@ -71,7 +71,7 @@ void CmListener::on_events() {
     std::string ticket, why;
     int bad = 0;
     if (type == RDMA_CM_EVENT_CONNECT_REQUEST)
-      bad = verbs::decode_cm_hello(e->param.conn.private_data, e->param.conn.private_data_len, &ticket, &why);
+      bad = ibv::decode_cm_hello(e->param.conn.private_data, e->param.conn.private_data_len, &ticket, &why);
     rdma_ack_cm_event(e);
     // Only requests need an answer. ESTABLISHED, DISCONNECTED and TIMEWAIT_EXIT of accepted
     // connections need nothing: the control connection, not the queue pair, says when a client is

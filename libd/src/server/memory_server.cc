@@ -20,8 +20,8 @@
 #include "proto/frame.h"
 #include "server/cm_listener.h"
 #include "server/verbs_server.h"
-#include "verbs/cm.h"
-#include "verbs/record.h"
+#include "ibv/cm.h"
+#include "ibv/record.h"
 
 namespace libd {
 
@@ -359,22 +359,22 @@ class MemoryServer::Conn : public FrameReader::Handler {
   }
 
   int on_verbs_connect(const Header &h) {
-    verbs::Record client, reply;
+    ibv::Record client, reply;
     std::string why;
-    if (verbs::decode_record(ctl_.data(), ctl_.size(), &client, &why)) return answer(h, kVerbsAccept, -EPROTO, why);
+    if (ibv::decode_record(ctl_.data(), ctl_.size(), &client, &why)) return answer(h, kVerbsAccept, -EPROTO, why);
     if (!srv_->verbs_) return answer(h, kVerbsAccept, -EPROTONOSUPPORT, kNoVerbs);
     Attachment &a = atts_[0];
     int rc = srv_->verbs_->accept(a.element, a.grant, client, &verbs_ep_, &reply, &why);
-    return answer(h, kVerbsAccept, rc, rc == 0 ? verbs::encode_record(reply) : why);
+    return answer(h, kVerbsAccept, rc, rc == 0 ? ibv::encode_record(reply) : why);
   }
 
   int on_verbs_cm_request(const Header &h) {
     if (!srv_->cm_)
       return answer(h, kVerbsCmTicket, -EPROTONOSUPPORT,
                     srv_->verbs_ ? "no rdma_cm listener: " + srv_->cm_status_ : std::string(kNoVerbs));
-    cm_ticket_ = random_bytes(verbs::kTicketSize);
+    cm_ticket_ = random_bytes(ibv::kTicketSize);
     srv_->cm_tickets_[cm_ticket_] = this;
-    return answer(h, kVerbsCmTicket, 0, verbs::encode_cm_ticket(srv_->cm_->port(), cm_ticket_));
+    return answer(h, kVerbsCmTicket, 0, ibv::encode_cm_ticket(srv_->cm_->port(), cm_ticket_));
   }
 
  public:

@@ -8,12 +8,12 @@
 #include "core/clock.h"
 #include "core/error.h"
 #include "libd.h"
-#include "verbs/cm.h"
-#include "verbs/qp.h"
+#include "ibv/cm.h"
+#include "ibv/qp.h"
 
 namespace libd {
 
-using namespace verbs;
+using namespace ibv;
 
 namespace {
 constexpr int kCqSize = 256;

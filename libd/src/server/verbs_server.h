@@ -15,8 +15,8 @@
 
 #include "core/params.h"
 #include "server/memory_server.h"
-#include "verbs/device.h"
-#include "verbs/record.h"
+#include "ibv/device.h"
+#include "ibv/record.h"
 
 namespace libd {
 
@@ -26,7 +26,7 @@ class VerbsEndpoint {
 
  private:
   friend class VerbsServer;
-  std::shared_ptr<verbs::Device> dev_;
+  std::shared_ptr<ibv::Device> dev_;
   std::shared_ptr<Element> element_;       // keeps the memory mapped while the key lives
   ibv_qp *qp_ = nullptr;
   ibv_mw *mw_ = nullptr;
@@ -42,8 +42,8 @@ class VerbsServer {
   ~VerbsServer();
 
   // Runs on the memory server's loop thread. 0 with *ep and *reply, or a negative errno and *why.
-  int accept(const std::shared_ptr<Element> &element, const Grant &grant, const verbs::Record &client,
-             std::unique_ptr<VerbsEndpoint> *ep, verbs::Record *reply, std::string *why);
+  int accept(const std::shared_ptr<Element> &element, const Grant &grant, const ibv::Record &client,
+             std::unique_ptr<VerbsEndpoint> *ep, ibv::Record *reply, std::string *why);
   // The same through rdma_cm: id is a connection request whose ticket named this client. Moves a
   // new queue pair to RTS with rdma_cm's attributes, binds the key, and accepts with our record in
   // the answer. On success the endpoint owns id; on failure the caller rejects it with *why.
@@ -55,10 +55,10 @@ class VerbsServer {
  private:
   VerbsServer() = default;
   int prepare(const std::shared_ptr<Element> &element, const Grant &grant, VerbsEndpoint &ep, std::string *why);
-  int finish(const Grant &grant, uint32_t psn, VerbsEndpoint &ep, verbs::Record *reply, std::string *why);
+  int finish(const Grant &grant, uint32_t psn, VerbsEndpoint &ep, ibv::Record *reply, std::string *why);
   int bind_window(VerbsEndpoint &ep, const Grant &grant, uint32_t *rkey, std::string *why);
 
-  std::shared_ptr<verbs::Device> dev_;
+  std::shared_ptr<ibv::Device> dev_;
   ibv_cq *cq_ = nullptr;  // only window binds complete here
   bool use_mw_ = false;
   uint64_t next_wr_ = 1;

@@ -12,9 +12,9 @@
 #include "io/ioloop.h"
 #include "io/sockio.h"
 #include "proto/frame.h"
-#include "verbs/qp.h"
+#include "ibv/qp.h"
 
-namespace libd::verbs {
+namespace libd::ibv {
 namespace {
 // A polling-mode tick skips while a waiter holds the driver, at most this many times in a row.
 constexpr int kMaxBusyTicks = 4;
@@ -681,4 +681,4 @@ void QpDriver::close(int err, const std::string &why) {
   while (ibv_get_cq_event(channel_, &cq, &ctx) == 0) ibv_ack_cq_events(cq, 1);
 }
 
-}  // namespace libd::verbs
+}  // namespace libd::ibv

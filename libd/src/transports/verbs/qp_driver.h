@@ -61,10 +61,10 @@
 #include <vector>
 
 #include "core/op.h"
-#include "verbs/cm.h"
-#include "verbs/device.h"
+#include "ibv/cm.h"
+#include "ibv/device.h"
 
-namespace libd::verbs {
+namespace libd::ibv {
 
 class QpDriver : public OpDriver, public std::enable_shared_from_this<QpDriver> {
  public:
@@ -241,4 +241,4 @@ class QpDriver : public OpDriver, public std::enable_shared_from_this<QpDriver> 
   bool closed_ = false;
 };
 
-}  // namespace libd::verbs
+}  // namespace libd::ibv

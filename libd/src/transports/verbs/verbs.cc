@@ -21,7 +21,7 @@
 #include "core/error.h"
 #include "core/transport.h"
 #include "transports/verbs/verbs_connect.h"
-#include "verbs/device.h"
+#include "ibv/device.h"
 
 namespace libd {
 namespace {
@@ -47,7 +47,7 @@ class VerbsTransport : public Transport {
     if (doorbell_batch > 4096) return set_error(-EINVAL, "parameter 'doorbell_batch' must be 0..4096");
     std::string poll = params_.get_or("poll", "0");
     if (poll != "0" && poll != "1") return set_error(-EINVAL, "parameter 'poll' must be 0 or 1");
-    if (!verbs::parse_setup(params_.get_or("setup", "auto"), &setup_))
+    if (!ibv::parse_setup(params_.get_or("setup", "auto"), &setup_))
       return set_error(-EINVAL, "parameter 'setup' must be auto, cm or oob");
     if (int rc = ensure_device()) return rc;
     cfg_.depth = int(std::min<uint64_t>(depth, uint64_t(dev_->max_qp_wr())));
@@ -62,7 +62,7 @@ class VerbsTransport : public Transport {
 
   int do_register(char *buf, size_t size) override {
     if (int rc = ensure_device()) return rc;
-    std::shared_ptr<verbs::Mr> mr;
+    std::shared_ptr<ibv::Mr> mr;
     if (int rc = dev_->mrs().acquire(buf, size, IBV_ACCESS_LOCAL_WRITE, &mr)) return rc;
     if (driver_) driver_->set_local(mr);
     local_ = std::move(mr);
@@ -70,9 +70,9 @@ class VerbsTransport : public Transport {
   }
 
   int do_connect(Deadline deadline) override {
-    verbs::Connected c;
+    ibv::Connected c;
     proto::Credentials creds{params_.get_or("grant", ""), params_.get_or("secret", ""), aid()};
-    if (int rc = verbs::connect_driver(dev_, cfg_, params_.get_or("host", ""), params_.get_or("port", ""), creds,
+    if (int rc = ibv::connect_driver(dev_, cfg_, params_.get_or("host", ""), params_.get_or("port", ""), creds,
                                        setup_, deadline, [this](int err, const std::string &why) { fail(err, why); }, &c))
       return rc;
     if (local_) c.driver->set_local(local_);
@@ -128,15 +128,15 @@ class VerbsTransport : public Transport {
  private:
   int ensure_device() {
     if (dev_) return 0;
-    return verbs::Device::open(params_, &dev_);
+    return ibv::Device::open(params_, &dev_);
   }
 
   // Destruction order matters: the driver (queue pair) and registration before the device.
-  std::shared_ptr<verbs::Device> dev_;
-  std::shared_ptr<verbs::Mr> local_;
-  std::shared_ptr<verbs::QpDriver> driver_;
-  verbs::QpDriver::Config cfg_;
-  verbs::Setup setup_ = verbs::Setup::kAuto;
+  std::shared_ptr<ibv::Device> dev_;
+  std::shared_ptr<ibv::Mr> local_;
+  std::shared_ptr<ibv::QpDriver> driver_;
+  ibv::QpDriver::Config cfg_;
+  ibv::Setup setup_ = ibv::Setup::kAuto;
 };
 
 }  // namespace

@@ -9,9 +9,9 @@
 #include "io/sockio.h"
 #include "libd.h"
 #include "proto/frame.h"
-#include "verbs/qp.h"
+#include "ibv/qp.h"
 
-namespace libd::verbs {
+namespace libd::ibv {
 
 using namespace proto;
 
@@ -125,4 +125,4 @@ int connect_driver(std::shared_ptr<Device> dev, const QpDriver::Config &cfg, con
   return 0;
 }
 
-}  // namespace libd::verbs
+}  // namespace libd::ibv

@@ -10,9 +10,9 @@
 #include "proto/auth.h"
 #include "proto/client_handshake.h"
 #include "transports/verbs/qp_driver.h"
-#include "verbs/record.h"
+#include "ibv/record.h"
 
-namespace libd::verbs {
+namespace libd::ibv {
 
 // auto: rdma_cm when the server offers it and the route resolves to our device, else the record
 // exchange. cm / oob: only that one.
@@ -33,4 +33,4 @@ int connect_driver(std::shared_ptr<Device> dev, const QpDriver::Config &cfg, con
                    const std::string &port, const proto::Credentials &creds, Setup setup, Deadline deadline,
                    QpDriver::FailFn on_fail, Connected *out);
 
-}  // namespace libd::verbs
+}  // namespace libd::ibv

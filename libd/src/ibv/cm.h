@@ -25,10 +25,10 @@
 #include <string>
 
 #include "core/clock.h"
-#include "verbs/device.h"
-#include "verbs/record.h"
+#include "ibv/device.h"
+#include "ibv/record.h"
 
-namespace libd::verbs {
+namespace libd::ibv {
 
 constexpr size_t kTicketSize = 16;
 constexpr size_t kCmHelloSize = 20;
@@ -73,4 +73,4 @@ enum class CmStage { kRoute, kConnect };
 int cm_connect(Device &dev, ibv_qp *qp, const std::string &host, uint16_t port, const std::string &ticket,
                Deadline deadline, std::unique_ptr<CmLink> *link, Record *peer, CmStage *stage);
 
-}  // namespace libd::verbs
+}  // namespace libd::ibv

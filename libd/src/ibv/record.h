@@ -25,7 +25,7 @@
 #include <cstdint>
 #include <string>
 
-namespace libd::verbs {
+namespace libd::ibv {
 
 constexpr size_t kRecordSize = 64;
 constexpr uint16_t kRecordMagic = 0x5652;
@@ -51,4 +51,4 @@ std::string encode_record(const Record &r);
 // 0, or -EPROTO with *why (size, magic, version, a field out of range).
 int decode_record(const char *p, size_t n, Record *out, std::string *why);
 
-}  // namespace libd::verbs
+}  // namespace libd::ibv

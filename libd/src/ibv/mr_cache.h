@@ -15,7 +15,7 @@
 #include <memory>
 #include <mutex>
 
-namespace libd::verbs {
+namespace libd::ibv {
 
 struct Mr {
   ibv_mr *mr = nullptr;
@@ -46,4 +46,4 @@ class MrCache {
   uint64_t hits_ = 0, misses_ = 0;
 };
 
-}  // namespace libd::verbs
+}  // namespace libd::ibv

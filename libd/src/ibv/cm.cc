@@ -1,4 +1,4 @@
-#include "verbs/cm.h"
+#include "ibv/cm.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -11,7 +11,7 @@
 #include "proto/client_handshake.h"
 #include "proto/le.h"
 
-namespace libd::verbs {
+namespace libd::ibv {
 namespace {
 
 constexpr int kQpTimeout = 14;  // as connect_rc_qp: 4.096 us * 2^14 = 67 ms per try, 7 tries
@@ -220,4 +220,4 @@ int cm_connect(Device &dev, ibv_qp *qp, const std::string &host, uint16_t port, 
   return 0;
 }
 
-}  // namespace libd::verbs
+}  // namespace libd::ibv

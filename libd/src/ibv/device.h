@@ -15,9 +15,9 @@
 #include <string>
 
 #include "core/params.h"
-#include "verbs/mr_cache.h"
+#include "ibv/mr_cache.h"
 
-namespace libd::verbs {
+namespace libd::ibv {
 
 class Device {
  public:
@@ -74,4 +74,4 @@ class Device {
 
 std::string gid_text(const ibv_gid &gid);
 
-}  // namespace libd::verbs
+}  // namespace libd::ibv

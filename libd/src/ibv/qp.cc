@@ -1,4 +1,4 @@
-#include "verbs/qp.h"
+#include "ibv/qp.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -8,7 +8,7 @@
 
 #include "core/error.h"
 
-namespace libd::verbs {
+namespace libd::ibv {
 namespace {
 
 int verr(int rc, const std::string &what) {
@@ -114,4 +114,4 @@ void break_qp(ibv_qp *qp) {
   ibv_modify_qp(qp, &a, IBV_QP_STATE);
 }
 
-}  // namespace libd::verbs
+}  // namespace libd::ibv

@@ -1,4 +1,4 @@
-#include "verbs/mr_cache.h"
+#include "ibv/mr_cache.h"
 
 #include <cerrno>
 #include <cstring>
@@ -6,7 +6,7 @@
 
 #include "core/error.h"
 
-namespace libd::verbs {
+namespace libd::ibv {
 
 Mr::~Mr() {
   if (mr) ibv_dereg_mr(mr);
@@ -58,4 +58,4 @@ MrCache::Counters MrCache::counters() {
   return c;
 }
 
-}  // namespace libd::verbs
+}  // namespace libd::ibv

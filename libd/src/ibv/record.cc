@@ -1,11 +1,11 @@
-#include "verbs/record.h"
+#include "ibv/record.h"
 
 #include <cerrno>
 #include <cstring>
 
 #include "proto/le.h"
 
-namespace libd::verbs {
+namespace libd::ibv {
 namespace {
 inline void put(char *p, uint64_t v, int n) { proto::put_le(p, v, n); }
 inline uint64_t get(const char *p, int n) { return proto::get_le(p, n); }
@@ -65,4 +65,4 @@ int decode_record(const char *p, size_t n, Record *out, std::string *why) {
   return 0;
 }
 
-}  // namespace libd::verbs
+}  // namespace libd::ibv

@@ -1,4 +1,4 @@
-#include "verbs/device.h"
+#include "ibv/device.h"
 
 #include <arpa/inet.h>
 
@@ -12,7 +12,7 @@
 
 #include "core/error.h"
 
-namespace libd::verbs {
+namespace libd::ibv {
 namespace {
 
 std::mutex g_mu;
@@ -220,4 +220,4 @@ std::string Device::describe() const {
   return s;
 }
 
-}  // namespace libd::verbs
+}  // namespace libd::ibv

@@ -3,10 +3,10 @@
 #pragma once
 #include <infiniband/verbs.h>
 
-#include "verbs/device.h"
-#include "verbs/record.h"
+#include "ibv/device.h"
+#include "ibv/record.h"
 
-namespace libd::verbs {
+namespace libd::ibv {
 
 struct QpShape {
   int send_depth = 64;  // work requests in flight
@@ -26,4 +26,4 @@ int connect_rc_qp(Device &dev, ibv_qp *qp, int access, uint32_t psn, const Recor
 void break_qp(ibv_qp *qp);
 uint32_t random_psn();
 
-}  // namespace libd::verbs
+}  // namespace libd::ibv
