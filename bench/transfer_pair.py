@@ -29,6 +29,17 @@ MIN_REPS = 5
 MAX_REPS = 200
 
 
+def arrays(count, size, value):
+    """`count` buffers of `size` bytes holding `value`: what a worker lends or transfers into."""
+    import numpy  # the workers' environments have it; the driver never calls this
+
+    return [numpy.full(size, value, dtype=numpy.uint8) for _ in range(count)]
+
+
+def check(local, value):
+    return all(int(a[0]) == value and int(a[-1]) == value for a in local)
+
+
 def budget_s():
     return float(os.environ.get("BENCH_TRANSFER_BUDGET", "0.25"))
 

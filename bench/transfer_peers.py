@@ -24,18 +24,10 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import numpy  # noqa: E402
 
-from transfer_pair import await_command, claim_stdout, emit, fail, fill_value, measure, start_active, stdio_channel  # noqa: E402
+from transfer_pair import arrays, await_command, check, claim_stdout, emit, fail, fill_value, measure, start_active, stdio_channel  # noqa: E402
 
 perf = time.perf_counter
 yield_cpu = os.sched_yield
-
-
-def arrays(count, size, value):
-    return [numpy.full(size, value, dtype=numpy.uint8) for _ in range(count)]
-
-
-def check(local, value):
-    return all(int(a[0]) == value and int(a[-1]) == value for a in local)
 
 
 def b64(data):

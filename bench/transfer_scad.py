@@ -24,7 +24,7 @@ import numpy  # noqa: E402
 # transfers (and NIXL's owner its notifications) with a core spinning, so ours do too.
 BUSY_POLL_US = 500.0
 
-from transfer_pair import await_command, claim_stdout, Channel, emit, fail, fill_value, measure, measure_async, start_active, stdio_channel  # noqa: E402
+from transfer_pair import arrays, await_command, check, claim_stdout, Channel, emit, fail, fill_value, measure, measure_async, start_active, stdio_channel  # noqa: E402
 
 perf = time.perf_counter
 
@@ -36,14 +36,6 @@ async def all_of(awaitables):
         await awaitables[0]
     else:
         await asyncio.gather(*awaitables)
-
-
-def arrays(count, size, value):
-    return [numpy.full(size, value, dtype=numpy.uint8) for _ in range(count)]
-
-
-def check(local, value):
-    return all(int(a[0]) == value and int(a[-1]) == value for a in local)
 
 
 # ---- the owner ---------------------------------------------------------------------------------

@@ -1,7 +1,10 @@
 // The memory server's side of a shared connection, driven frame by frame as a peer that does
 // not follow the rules would: what it may not do ends its connection only, and a peer that
 // detaches while its READ answers are still queued cannot make the owner's withdraw return while
-// the server still sends from the lent memory.
+// the server still sends from the lent memory. Also the quiet ATTACH (kAttachQuiet): the server
+// answers a refusal only, since a peer on the owner's host that checked the grant in the owner's
+// table needs no ATTACH_OK, and one it did not ask for would cost the session's reader a wake-up
+// per operation.
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -92,9 +95,11 @@ struct Peer {
     return h;
   }
 
+  void ping(uint64_t id) { send(frame(kPing, id, 0)); }
+
   // The server answers a PING on a connection it still serves.
   bool answers_ping(uint64_t id) {
-    send(frame(kPing, id, 0));
+    ping(id);
     for (;;) {
       Header h = next();
       if (h.opcode == kPong) return h.req_id == id;
@@ -250,4 +255,41 @@ TEST(SessionServer, ADetachBehindAnswersThatWereSentLetsGoAtOnce) {
   ASSERT_EQ(0, p.server.wait_notify(p.first.id, &n, 5000)) << libd_last_error();
   EXPECT_EQ(0u, p.server.holders(p.first.id));
   EXPECT_TRUE(p.answers_ping(4));  // the session goes on
+}
+
+// ---- a quiet ATTACH ------------------------------------------------------------------------
+
+TEST(QuietAttach, AnAdmittedGrantIsNotAnswered) {
+  Peer p(4096);
+  Grant g = p.grant();
+  p.send(encode_attach(1, {g.id, g.secret, "peer"}, p.nonce, true));
+  p.ping(77);
+  Header h = p.next();
+  EXPECT_EQ(kPong, h.opcode) << "the first answer after a quiet ATTACH that succeeded is the ping's";
+  EXPECT_EQ(77u, h.req_id);
+  EXPECT_EQ(1u, p.server.holders(g.id)) << "the grant is attached all the same";
+}
+
+TEST(QuietAttach, ARefusalIsAnswered) {
+  Peer p(4096);
+  Grant g = p.grant();
+  p.send(encode_attach(1, {g.id, std::string(g.secret.size(), '0'), "peer"}, p.nonce, true));
+  p.ping(78);
+  Header h = p.next();
+  EXPECT_EQ(kAttachOk, h.opcode);
+  EXPECT_EQ(1u, h.addr);
+  EXPECT_EQ(-EACCES, h.status);
+  EXPECT_EQ(0u, h.size) << "a refusal carries no grant";
+  EXPECT_EQ(kPong, p.next().opcode) << "the session goes on";
+  EXPECT_EQ(0u, p.server.holders(g.id));
+}
+
+TEST(QuietAttach, AnOrdinaryAttachIsStillAnswered) {
+  Peer p(4096);
+  Grant g = p.grant();
+  p.send(encode_attach(1, {g.id, g.secret, "peer"}, p.nonce));
+  Header h = p.next();
+  EXPECT_EQ(kAttachOk, h.opcode);
+  EXPECT_EQ(0, h.status);
+  EXPECT_GT(h.size, 0u);
 }

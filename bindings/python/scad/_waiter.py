@@ -71,6 +71,20 @@ async def wait_fd(fd: int, ready: Callable[[], bool], timeout: Optional[float]) 
         loop.remove_reader(fd)
 
 
+async def wait_ready(ready: Callable[[], bool], busy_poll_us: float, timeout: Optional[float], fd: int,
+                     arm: Callable[[int], None]) -> "tuple[int, bool]":
+    """Polls ready() for up to busy_poll_us (never past `timeout`), then sleeps on an eventfd
+    until it is true: `fd`, or a new one when fd < 0, which arm(fd) sets libd writing to (again
+    each time: arming is idempotent, and new writers may have come). Returns the eventfd for the
+    caller to keep and whether ready() came true within `timeout`."""
+    if poll_until(ready, busy_poll_us if timeout is None else min(busy_poll_us, timeout * 1e6)):
+        return fd, True
+    if fd < 0:
+        fd = new_eventfd()
+    arm(fd)  # before looking again: no write is missed
+    return fd, await wait_fd(fd, ready, timeout)
+
+
 def _settle(fut: asyncio.Future, result: Any, error: BaseException) -> None:
     if fut.cancelled():
         return  # the awaiting task gave up; the thread's answer has nobody to go to

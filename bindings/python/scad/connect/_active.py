@@ -21,7 +21,7 @@ from ._descriptor import Descriptor, as_list
 from ._metadata import RdmaMetadata
 from ._operation_kind import TERMINAL as _TERMINAL, OperationBase, OperationKind, OperationStatus
 from .._memserver import where as _where
-from .._waiter import new_eventfd, poll_until, wait_fd
+from .._waiter import wait_ready
 
 log = logging.getLogger("scad.connect")
 
@@ -116,14 +116,13 @@ class ActiveOperation(OperationBase):
         if self._status is OperationStatus.IN_PROGRESS:
             ops = self._ops
             done = lambda: all(op.done() for op in ops)  # noqa: E731 - a look also reads answers in (libd)
-            busy = self._connector.busy_poll_us
-            if not poll_until(done, busy if timeout is None else min(busy, timeout * 1e6)):
-                if self._fd < 0:
-                    self._fd = new_eventfd()
-                    for op in ops:
-                        op.watch(self._fd)  # libd writes to it as each completes
-                if not await wait_fd(self._fd, done, timeout):
-                    raise TimeoutError(f"the transfers did not finish within {timeout} s (they go on)")
+            def arm(fd: int) -> None:
+                for op in ops:
+                    op.watch(fd)  # libd writes to it as each completes
+
+            self._fd, ok = await wait_ready(done, self._connector.busy_poll_us, timeout, self._fd, arm)
+            if not ok:
+                raise TimeoutError(f"the transfers did not finish within {timeout} s (they go on)")
             self._drive(0)  # every transfer is done: tell the owner, end the operation
         self._raise_if_failed()
 

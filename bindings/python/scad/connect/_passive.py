@@ -19,7 +19,7 @@ from typing import Any, Optional
 from ._descriptor import Descriptor, as_list
 from ._metadata import RdmaMetadata, SerializedDescriptor
 from ._operation_kind import TERMINAL as _TERMINAL, OperationBase, OperationKind, OperationStatus
-from .._waiter import new_eventfd, poll_until, wait_fd
+from .._waiter import wait_ready
 
 log = logging.getLogger("scad.connect")
 
@@ -108,17 +108,16 @@ class PassiveOperation(OperationBase):
                 self._collect(timeout=0)  # takes whatever the peer said
                 return self._status in _TERMINAL
 
-            busy = self._connector.busy_poll_us
-            if not poll_until(ended, busy if timeout is None else min(busy, timeout * 1e6)):
-                if self._fd < 0:
-                    self._fd = new_eventfd()
-                    for grant in list(self._pending):
-                        try:
-                            self._server.watch_notify(grant, self._fd)  # before looking: no word is missed
-                        except (KeyError, ConnectionError):
-                            pass  # ended already: the next look says how
-                if not await wait_fd(self._fd, ended, timeout):
-                    raise TimeoutError(f"the peer did not finish within {timeout} s (the operation goes on)")
+            def arm(fd: int) -> None:
+                for grant in list(self._pending):
+                    try:
+                        self._server.watch_notify(grant, fd)
+                    except (KeyError, ConnectionError):
+                        pass  # ended already: the next look says how
+
+            self._fd, ok = await wait_ready(ended, self._connector.busy_poll_us, timeout, self._fd, arm)
+            if not ok:
+                raise TimeoutError(f"the peer did not finish within {timeout} s (the operation goes on)")
         self._raise_if_failed()
 
     def cancel(self) -> None:

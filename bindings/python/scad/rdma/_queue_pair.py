@@ -16,7 +16,7 @@ from typing import Any, List, Optional
 import numpy
 
 from ..connect import Descriptor
-from .._waiter import new_eventfd, poll_until, wait_fd
+from .._waiter import wait_ready
 from ._buffer import RdmaBuffer
 
 
@@ -77,13 +77,13 @@ class QueuePair:
         with self._lock:
             pending = list(self._pending)
         done = lambda: all(op.done() for op in pending)  # noqa: E731 - a look also reads answers in (libd)
-        if not poll_until(done, busy_poll_us if timeout is None else min(busy_poll_us, timeout * 1e6)):
-            if self._fd < 0:
-                self._fd = new_eventfd()
+        def arm(fd: int) -> None:
             for op in pending:
-                op.watch(self._fd)  # libd writes to it as each completes
-            if not await wait_fd(self._fd, done, timeout):
-                raise TimeoutError(f"the transfers did not finish within {timeout} s (they go on)")
+                op.watch(fd)  # libd writes to it as each completes
+
+        self._fd, ok = await wait_ready(done, busy_poll_us, timeout, self._fd, arm)
+        if not ok:
+            raise TimeoutError(f"the transfers did not finish within {timeout} s (they go on)")
         self._wait_all(0)  # all done: raises the first failure
 
     def finished(self) -> bool:

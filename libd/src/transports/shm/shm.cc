@@ -39,6 +39,7 @@
 #include "proto/auth.h"
 #include "proto/client_handshake.h"
 #include "proto/frame.h"
+#include "transports/session_registry.h"
 
 namespace libd {
 namespace {
@@ -483,44 +484,7 @@ class ShmSession : public FrameReader::Handler, public std::enable_shared_from_t
   std::shared_ptr<ShmSession> *holder_ = nullptr;   // the watch's reference
 };
 
-// The process's shared connections, by socket path; a failed one is forgotten.
-class ShmSessions {
- public:
-  static ShmSessions &get() {
-    static ShmSessions *s = new ShmSessions();  // never destroyed: transports may outlive statics
-    return *s;
-  }
-  std::shared_ptr<ShmSession> find(const std::string &key) {
-    std::lock_guard<std::mutex> lk(mu_);
-    auto it = map_.find(key);
-    if (it == map_.end()) return nullptr;
-    if (it->second->closed() || it->second->spent()) {
-      map_.erase(it);
-      return nullptr;
-    }
-    return it->second;
-  }
-  void put(const std::string &key, const std::shared_ptr<ShmSession> &session) {
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      map_[key] = session;
-    }
-    ShmSession *raw = session.get();
-    session->set_on_dead([this, key, raw] {
-      std::shared_ptr<ShmSession> gone;
-      std::lock_guard<std::mutex> lk(mu_);
-      auto it = map_.find(key);
-      if (it != map_.end() && it->second.get() == raw) {
-        gone = std::move(it->second);
-        map_.erase(it);
-      }
-    });
-  }
-
- private:
-  std::mutex mu_;
-  std::unordered_map<std::string, std::shared_ptr<ShmSession>> map_;
-};
+using ShmSessions = SessionRegistry<ShmSession>;
 
 class ShmTransport : public Transport {
  protected:

@@ -20,51 +20,13 @@
 
 #include "core/error.h"
 #include "core/transport.h"
+#include "transports/session_registry.h"
 #include "transports/tcp/tcp_conn.h"
 
 namespace libd {
 namespace {
 
-// The process's shared connections, by server address. A connection stays while it is alive,
-// idle or not, for the next transport to the same server; a failed one is forgotten.
-class TcpSessions {
- public:
-  static TcpSessions &get() {
-    static TcpSessions *s = new TcpSessions();  // never destroyed: transports may outlive statics
-    return *s;
-  }
-  std::shared_ptr<TcpConn> find(const std::string &key) {
-    std::lock_guard<std::mutex> lk(mu_);
-    auto it = map_.find(key);
-    if (it == map_.end()) return nullptr;
-    if (it->second->closed() || it->second->spent()) {
-      map_.erase(it);
-      return nullptr;
-    }
-    return it->second;
-  }
-  void put(const std::string &key, const std::shared_ptr<TcpConn> &conn) {
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      map_[key] = conn;
-    }
-    TcpConn *raw = conn.get();
-    conn->set_on_dead([this, key, raw] { forget(key, raw); });
-  }
-  void forget(const std::string &key, TcpConn *conn) {
-    std::shared_ptr<TcpConn> gone;  // released outside the lock
-    std::lock_guard<std::mutex> lk(mu_);
-    auto it = map_.find(key);
-    if (it != map_.end() && it->second.get() == conn) {
-      gone = std::move(it->second);
-      map_.erase(it);
-    }
-  }
-
- private:
-  std::mutex mu_;
-  std::unordered_map<std::string, std::shared_ptr<TcpConn>> map_;
-};
+using TcpSessions = SessionRegistry<TcpConn>;
 
 class TcpTransport : public Transport {
  public:

@@ -207,11 +207,7 @@ int TcpConn::notify(uint64_t value, int status, uint32_t handle, bool detach) {
       if (!pending->second.done) attaching_--;
       attaches_.erase(pending);
     }
-    Header d;
-    d.opcode = kDetach;
-    d.addr = handle;
-    encode_header(d, hdr);
-    queue_locked(hdr, nullptr, 0, st);
+    queue_detach_locked(handle, st);
   }
   if (!flush_locked()) want_loop_locked();
   if (closed_) return set_error(close_err_, "the connection to the memory element is closed (" + close_why_ + ")");
@@ -369,15 +365,18 @@ void TcpConn::detach(uint32_t handle) {
     maybe_finish_locked(st);
   }
   if (closed_ || ended) return;  // the server ended it already, or there is no server
-  Header h;
-  h.opcode = kDetach;
-  h.addr = handle;
-  char hdr[kHeaderSize];
-  encode_header(h, hdr);
-  auto st = std::make_shared<OpState>();
-  st->detached = true;
-  queue_locked(hdr, nullptr, 0, st);
+  queue_detach_locked(handle, std::make_shared<OpState>());
   if (!flush_locked()) want_loop_locked();
+}
+
+void TcpConn::queue_detach_locked(uint32_t handle, const std::shared_ptr<OpState> &st) {
+  st->detached = true;  // nothing to complete: it keeps the chunk's accounting
+  Header d;
+  d.opcode = kDetach;
+  d.addr = handle;
+  char hdr[kHeaderSize];
+  encode_header(d, hdr);
+  queue_locked(hdr, nullptr, 0, st);
 }
 
 void TcpConn::cut_handle_locked(uint32_t handle, int reason) {
@@ -583,14 +582,7 @@ void TcpConn::abandon_attach_locked(uint32_t h, Clock::time_point sent) {
   // The server takes frames in order: the DETACH lets go of whatever the ATTACH opened (it
   // ignores a handle it refused), and the late ATTACH_OK finds no attachment here (dropped).
   ended_[h] = {-ETIMEDOUT, why};
-  Header d;
-  d.opcode = kDetach;
-  d.addr = h;
-  char hdr[kHeaderSize];
-  encode_header(d, hdr);
-  auto st = std::make_shared<OpState>();
-  st->detached = true;
-  queue_locked(hdr, nullptr, 0, st);
+  queue_detach_locked(h, std::make_shared<OpState>());
   if (!flush_locked()) want_loop_locked();
 }
 

@@ -135,6 +135,7 @@ class TcpConn : public proto::FrameReader::Handler, public OpDriver, public std:
   bool refused_locked(uint32_t handle, const std::shared_ptr<Op> &op);  // the owner ended the handle
   void cut_handle_locked(uint32_t handle, int reason);                 // DETACHED
   void queue_locked(const char *hdr, const char *data, size_t len, const std::shared_ptr<OpState> &st);
+  void queue_detach_locked(uint32_t handle, const std::shared_ptr<OpState> &st);  // a DETACH frame, not flushed
   bool flush_locked();  // true when sendq_ is empty
   void read_locked();   // consumes what the socket holds
   void maybe_finish_locked(const std::shared_ptr<OpState> &st);
