@@ -17,7 +17,8 @@ bench/transfer_pair.py). Two kinds of figure, both medians, in microseconds per 
     and ends the loan; timed in the owner;
   - a *transfer* (libd, and NIXL / Mooncake with memory registered and connected once): one read
     or write; timed in the active side.
-Sizes 64 B .. 16 MiB, read and write, 1 and 16 in flight (per operation: the batch's time / 16).
+Sizes 64 B .. 16 MiB, read and write, 1 and 16 in flight (per buffer: the batch's time / 16; a
+batch is each API's own way of moving several buffers at once, transfer_pair.py says which).
 The ratio is the peer's time over ours: above 1, ours is faster. Raw results go to bench/out/.
 """
 import argparse

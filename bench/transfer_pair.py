@@ -11,7 +11,10 @@ stdout goes to stderr (claim_stdout).
 A cell is (mode, size, op, inflight):
   op    one operation as users run it, timed in the owner: lend the memory (register, grant),
         hand the record over, the peer moves the bytes, the owner learns it finished and ends the
-        loan. `inflight` operations run at once (each its own memory and record).
+        loan. `inflight` buffers (each its own memory) move at once, the way each API moves
+        several: scad.connect and NIXL one operation over the list (one record, one completion
+        word), scad.tensor_transport one object of that many tensors, Mooncake one batch
+        transfer, scad.rdma that many buffers and reads at once (Monarch has no batch).
   xfer  steady-state transfers, timed in the active side: memory registered and connected once,
         then reads or writes of `size`, `inflight` of them at a time (each from its own local
         slot, all to the same remote range, as bench/transports.py does).

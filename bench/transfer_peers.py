@@ -51,8 +51,9 @@ class Nixl:
     def lend(self, lent):
         regs = [self.reg(a) for a in lent]
         meta = self.agent.get_partial_agent_metadata(regs[0] if len(regs) == 1 else self._merge(lent), False, ["UCX"])
-        return regs, {"meta": b64(meta), "descs": [b64(self.agent.get_serialized_descs(self.descs([(a.ctypes.data, a.nbytes)])))
-                                                  for a in lent]}
+        # One descriptor list for all of them: a batch is one transfer request (see transfer()).
+        descs = self.descs([(a.ctypes.data, a.nbytes) for a in lent])
+        return regs, {"meta": b64(meta), "descs": [b64(self.agent.get_serialized_descs(descs))]}
 
     def _merge(self, lent):
         return self.agent.get_reg_descs([(a.ctypes.data, a.nbytes, 0, "") for a in lent], "DRAM")
@@ -67,12 +68,13 @@ class Nixl:
             self.agent.deregister_memory(r)
 
     # active
-    def transfer(self, op, local, remote_descs, peer, tags):
-        handles = [self.agent.initialize_xfer("READ" if op == "read" else "WRITE", self.descs([(l.ctypes.data, l.nbytes)]),
-                                              rd, peer, tag) for l, rd, tag in zip(local, remote_descs, tags)]
-        self.run(handles)
-        for h in handles:
-            h.release()
+    def transfer(self, op, local, remote_descs, peer, tag):
+        """One transfer request for every buffer of the batch, with one notification (NIXL's own
+        way of moving several buffers at once)."""
+        handle = self.agent.initialize_xfer("READ" if op == "read" else "WRITE",
+                                            self.descs([(l.ctypes.data, l.nbytes) for l in local]), remote_descs, peer, tag)
+        self.run([handle])
+        handle.release()
 
     def run(self, handles):
         states = [self.agent.transfer(h) for h in handles]
@@ -172,11 +174,11 @@ class Owner:
 
     def nixl_cycle(self, lent, op):
         self.ops += 1
-        tags = [f"op{self.ops:09d}-{i:03d}" for i in range(len(lent))]  # NIXL matches a tag as a prefix
+        tag = f"op{self.ops:09d}"  # fixed width: NIXL matches a tag as a prefix
         t0 = perf()
         regs, rec = self.lib.lend(lent)
-        self.peer.send({"cmd": "go", "tags": tags, **rec})
-        self.lib.wait_notifs("active", [t.encode() for t in tags])  # NIXL's own completion signal
+        self.peer.send({"cmd": "go", "tag": tag, **rec})
+        self.lib.wait_notifs("active", [tag.encode()])  # NIXL's own completion signal
         self.lib.end(regs)
         t1 = perf()
         self.peer.recv()
@@ -228,8 +230,8 @@ class Active:
             elif cmd == "go":
                 if self.api == "nixl":
                     self.lib.agent.add_remote_agent(base64.b64decode(msg["meta"]))  # the new registrations' keys
-                    remote = [self.lib.agent.deserialize_descs(base64.b64decode(d)) for d in msg["descs"]]
-                    self.lib.transfer(self.op, self.local, remote, "owner", [t.encode() for t in msg["tags"]])
+                    remote = self.lib.agent.deserialize_descs(base64.b64decode(msg["descs"][0]))
+                    self.lib.transfer(self.op, self.local, remote, "owner", msg["tag"].encode())
                 else:
                     self.lib.transfer(self.op, self.local, msg["addrs"], self.target)
                 self.chan.send({"done": True})

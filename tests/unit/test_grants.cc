@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -379,4 +380,45 @@ TEST(ServerTransport, ServesPublishesItsAddressGrantsAndStops) {
   // The runner above may have started after stop (it once returned -ESHUTDOWN then): a run that
   // begins on a stopped server returns at once, as one that was stopped while it ran.
   EXPECT_EQ(0, libd_trdma_server_run(s));
+}
+
+namespace {
+double process_cpu_ms() {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return (ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1e3 + (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e3;
+}
+}  // namespace
+
+// busy_poll_us: after a request the server's thread keeps polling (a core busy) for that long,
+// serves what comes meanwhile, then sleeps; stop() ends it even while it polls.
+TEST(ServerTransport, BusyPollingKeepsTheThreadAwakeAfterARequestAndStops) {
+  auto bad = make_action("memory-element");
+  EXPECT_EQ(-EINVAL, libd_action_add_transport(bad.get(), "mem;tcp_server;size,4096;busy_poll_us,2000000"));
+  EXPECT_NE(std::string::npos, std::string(libd_last_error()).find("busy_poll_us")) << libd_last_error();
+
+  auto server = make_action("memory-element");
+  ASSERT_EQ(0, libd_action_add_transport(server.get(), "mem;tcp_server;size,4096;busy_poll_us,400000"));
+  auto *s = libd_action_get_transport(server.get(), "mem");
+  ASSERT_EQ(0, libd_trdma_server_serve(s)) << libd_last_error();
+  char config[512];
+  ASSERT_GT(libd_trdma_server_grant(s, "reader", 0, 0, LIBD_RIGHT_READ | LIBD_RIGHT_WRITE, config, sizeof config), 0);
+  auto client = make_action("reader");
+  ASSERT_EQ(0, libd_action_add_transport(client.get(), (std::string("m;tcp;") + config).c_str()));
+  auto *t = libd_action_get_transport(client.get(), "m");
+  char *buf = nullptr;
+  ASSERT_EQ(0, libd_trdma_reg(t, 4096, reinterpret_cast<void **>(&buf)));
+  for (int i = 0; i < 100; i++) {
+    buf[0] = char(i);
+    ASSERT_EQ(0, libd_trdma_write(t, 1, 7, buf)) << libd_last_error();
+    ASSERT_EQ(0, libd_trdma_read(t, 1, 7, buf + 1)) << libd_last_error();
+    ASSERT_EQ(char(i), buf[1]);
+  }
+  // Right after the last answer the server's thread polls: this process burns CPU time while the
+  // test thread itself sleeps (an idle server would add next to nothing).
+  double before = process_cpu_ms();
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_GT(process_cpu_ms() - before, 10.0) << "the server's thread did not keep polling";
+  ASSERT_EQ(0, libd_trdma_server_stop(s));  // while it polls
+  EXPECT_EQ(LIBD_STATE_TERMINATED, libd_transport_state(s));
 }

@@ -17,15 +17,17 @@ def has_rdma_device() -> bool:
         return False
 
 
-def start(name: str, host: str, verbs: bool):
+def start(name: str, host: str, verbs: bool, busy_poll_us: float = 0.0):
     """Starts a server for the action `name`: (action, server transport, endpoint dict with host,
-    port, path, verbs). The caller terminates the action to stop it."""
+    port, path, verbs). busy_poll_us: how long the server's thread keeps polling after each
+    request before it sleeps (0: at once). The caller terminates the action to stop it."""
     from disagg import LibdAction  # the binding is needed only once memory is lent
 
     path = os.path.join(tempfile.gettempdir(), f"{name}.sock")
     action = LibdAction(name)
     try:
-        action.add_transport(f"srv;{'verbs_server' if verbs else 'tcp_server'};size,0;host,{host};port,0;path,{path}")
+        spin = f";busy_poll_us,{int(busy_poll_us)}" if busy_poll_us > 0 else ""
+        action.add_transport(f"srv;{'verbs_server' if verbs else 'tcp_server'};size,0;host,{host};port,0;path,{path}{spin}")
         srv = action.get_transport("srv", "rdma_server")
         srv.serve(block=False)
         where = dict(pair.split(",", 1) for pair in srv.message.split(";"))

@@ -4,6 +4,7 @@
 #pragma once
 #include <uv.h>
 
+#include <atomic>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -25,6 +26,9 @@ class IoLoop {
   void post(std::function<void()> fn);
   // Runs fn on the loop and waits for it (inline when already on the loop thread).
   void run_sync(const std::function<void()> &fn);
+  // After each wake-up the thread keeps polling (without sleeping) for this long: a server's
+  // progress mode, as UCX's and NIXL's busy-polling workers. 0 (the default): sleep at once.
+  void set_busy_poll_us(uint32_t us) { busy_poll_us_.store(us, std::memory_order_relaxed); }
 
  private:
   void drain();
@@ -35,6 +39,7 @@ class IoLoop {
   std::mutex mu_;
   std::vector<std::function<void()>> queue_;
   bool stopping_ = false;
+  std::atomic<uint32_t> busy_poll_us_{0};
 };
 
 }  // namespace libd

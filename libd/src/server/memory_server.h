@@ -77,6 +77,8 @@ class MemoryServer {
   int add_lent_element(const std::string &name, char *base, uint64_t size);
   int remove_element(const std::string &name);  // revokes its grants and closes their connections
   void set_capacity(uint64_t bytes) { capacity_ = bytes; }
+  // The server's thread polls for this long after each wake-up before it sleeps (IoLoop).
+  void set_busy_poll_us(uint32_t us) { loop_.set_busy_poll_us(us); }
   uint64_t capacity() const { return capacity_; }
   uint64_t used_bytes();
 

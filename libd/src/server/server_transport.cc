@@ -8,6 +8,9 @@
 //          registrations instead of type-2 memory windows (see server/verbs_server.h)
 //   cm     verbs_server: 0 turns off the rdma_cm listener (clients use the record exchange)
 //   capacity   most bytes of elements at once (add_element past it: -ENOSPC); lent memory is not counted
+//   busy_poll_us   after each request the server's thread keeps polling this long before it
+//          sleeps (default 0): a request that follows soon finds it awake, at the price of a core
+//          spinning meanwhile (UCX's and NIXL's busy-polling progress)
 // verbs_server also serves tcp clients: its listener carries the verbs handshake.
 // serve() starts the listeners (state READY); the message then holds "host,..;port,..;path,..".
 // grant() hands out a client configuration; revoke() and stop() cut clients off at once.
@@ -134,6 +137,9 @@ class ServerTransport : public ServerBase {
     if (int rc = params_.get_u64("port", 0, &port)) return rc;
     if (port > 65535) return set_error(-EINVAL, "parameter 'port' must be 0..65535");
     if (!tcp_ && !params_.has("path")) return set_error(-EINVAL, "parameter 'path' (unix socket) is required");
+    uint64_t spin;
+    if (int rc = params_.get_u64("busy_poll_us", 0, &spin)) return rc;
+    if (spin > 1000000) return set_error(-EINVAL, "parameter 'busy_poll_us' must be at most 1000000");
     return 0;
   }
 
@@ -149,6 +155,9 @@ class ServerTransport : public ServerBase {
     uint64_t capacity;
     params_.get_size("capacity", UINT64_MAX, &capacity);
     srv->set_capacity(capacity);
+    uint64_t spin;
+    params_.get_u64("busy_poll_us", 0, &spin);
+    srv->set_busy_poll_us(uint32_t(spin));
     if (size > 0) {
       if (int rc = srv->add_element(name(), size)) return rc;
     }

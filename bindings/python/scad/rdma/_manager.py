@@ -202,6 +202,9 @@ class RdmaManager:
             qp, new = self._transfer_start(remote, memory, offset, read)
             try:
                 if not qp.finished():  # shm copies complete as they start: no wait at all
+                    # One pass of the event loop first: transfers that other tasks are starting
+                    # (a gather of reads) go out before this one waits, and fly together.
+                    await asyncio.sleep(0)
                     await qp.wait(timeout, self.busy_poll_us)
                 self._mark_reached(remote)
             except TimeoutError:
