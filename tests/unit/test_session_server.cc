@@ -90,7 +90,9 @@ struct Peer {
     EXPECT_EQ(0, recv_exact(fd, hdr, kHeaderSize, Deadline::after_ms(5000)));
     EXPECT_EQ(0, decode_header(hdr, &h, &why)) << why;
     std::string b(size_t(payload_length(h)), '\0');
-    if (!b.empty()) EXPECT_EQ(0, recv_exact(fd, b.data(), b.size(), Deadline::after_ms(5000)));
+    if (!b.empty()) {
+      EXPECT_EQ(0, recv_exact(fd, b.data(), b.size(), Deadline::after_ms(5000)));
+    }
     if (body) *body = std::move(b);
     return h;
   }

@@ -19,6 +19,8 @@
 #include "proto/auth.h"
 #include "proto/frame.h"
 #include "server/cm_listener.h"
+#include "server/tcp_server_conn.h"
+#include "server/unix_server_conn.h"
 #include "server/verbs_server.h"
 #include "ibv/cm.h"
 #include "ibv/record.h"
@@ -27,579 +29,10 @@ namespace libd {
 
 using namespace proto;
 
-namespace {
-constexpr size_t kStagingSize = 64 * 1024;
-constexpr size_t kDirectMin = 16 * 1024;              // payloads this large skip the staging copy
-constexpr size_t kMaxAttachments = 4096;             // grants one session may hold at once
-constexpr size_t kPauseReadingAt = 64ull << 20;       // queued response bytes before we stop reading
-constexpr size_t kResumeReadingAt = 16ull << 20;
-constexpr uint64_t kAuthTimeoutMs = 10000;            // a silent client is dropped after this
-constexpr const char *kNoVerbs = "this memory server does not serve RDMA verbs (no device on its host, or verbs not enabled)";
-}  // namespace
-
 Element::~Element() {
   if (base && !lent) munmap(base, size);
   if (memfd >= 0) close(memfd);
 }
-
-// ---- one connection ----------------------------------------------------------------------
-
-// A grant a connection carries. A plain connection carries its AUTH grant only (handle 0); a
-// session (proto/frame.h, "Shared connections") any number of them.
-struct MemoryServer::Attachment {
-  Grant grant;
-  std::shared_ptr<Element> element;
-  bool notified = false;  // the holder said it finished: its leaving is not a loss
-};
-
-class MemoryServer::Conn : public FrameReader::Handler {
- public:
-  Conn(MemoryServer *srv, bool is_unix) : srv_(srv), unix_(is_unix), reader_(this) {
-    if (unix_) {
-      uv_pipe_init(srv->loop_.loop(), &h_.pipe, 0);
-    } else {
-      uv_tcp_init(srv->loop_.loop(), &h_.tcp);
-    }
-    h_.handle.data = this;
-    uv_timer_init(srv->loop_.loop(), &auth_timer_);
-    auth_timer_.data = this;
-    srv_->conns_.insert(this);
-    srv_->nconns_++;
-  }
-
-  uv_stream_t *stream() { return &h_.stream; }
-  bool authed() const { return authed_; }
-
-  void start() {
-    if (!unix_) {
-      uv_tcp_nodelay(&h_.tcp, 1);
-      uv_tcp_keepalive(&h_.tcp, 1, 10);
-    }
-    nonce_ = random_bytes(kNonceSize);
-    Header h;
-    h.opcode = kChallenge;
-    h.size = nonce_.size();
-    send_frame(h, nonce_);
-    uv_timer_start(&auth_timer_, [](uv_timer_t *t) {
-      auto *c = static_cast<Conn *>(t->data);
-      if (!c->authed_) c->close();
-    }, kAuthTimeoutMs, 0);
-    uv_read_start(stream(), on_alloc, on_read);
-  }
-
-  // Idempotent; the object deletes itself once both handles are closed.
-  void close() {
-    if (closing_) return;
-    closing_ = true;
-    delete batch_;
-    batch_ = nullptr;
-    srv_->conns_.erase(this);
-    srv_->nconns_--;
-    verbs_ep_.reset();  // the client's remote key dies with its connection: revocation is immediate
-    // Every holder that leaves without having said it finished is lost to its owner, who must not
-    // wait for it forever.
-    for (auto &[h, a] : atts_) srv_->release_attachment(a.grant.id, unix_, !a.notified);
-    atts_.clear();
-    for (auto &a : draining_) srv_->release_attachment(a.grant.id, unix_, !a.notified);
-    draining_.clear();
-    if (!cm_ticket_.empty()) srv_->cm_tickets_.erase(cm_ticket_);
-    uv_timer_stop(&auth_timer_);
-    pending_closes_ = 2;
-    auto done = [](uv_handle_t *h) {
-      auto *c = static_cast<Conn *>(h->data);
-      if (--c->pending_closes_ == 0) delete c;
-    };
-    uv_close(reinterpret_cast<uv_handle_t *>(&auth_timer_), done);
-    uv_close(&h_.handle, done);
-  }
-
-  // The owner ended the grants `pred` picks (revoked, expired, withdrawn): a plain connection
-  // closes, a session ends those attachments and tells the client (DETACHED). A session that is
-  // still sending such a grant's memory (READ answers queued) closes too: once the owner's call
-  // returns, nothing may read that memory any more.
-  void cut(const std::function<bool(const Grant &)> &pred, int reason) {
-    if (closing_ || !authed_) return;
-    std::vector<uint32_t> ended;
-    for (auto &[h, a] : atts_)
-      if (pred(a.grant)) ended.push_back(h);
-    for (auto d = draining_.begin(); d != draining_.end();) {
-      if (!pred(d->grant)) { ++d; continue; }
-      if (sending(d->element.get())) { close(); return; }  // detached, but its READ answers are still being sent
-      srv_->release_attachment(d->grant.id, unix_, false);
-      d = draining_.erase(d);
-    }
-    if (ended.empty()) return;
-    if (!session_) { close(); return; }
-    for (uint32_t h : ended)
-      if (sending(atts_[h].element.get())) { close(); return; }
-    for (uint32_t h : ended) {
-      if (reader_.in_payload() && reader_.current().opcode == kWrite && payload_handle_ == h) {
-        reader_.discard_current();  // the rest of that WRITE is dropped, and refused
-        write_status_ = -ECONNRESET;
-      }
-      srv_->release_attachment(atts_[h].grant.id, unix_, false);  // the owner's own doing: not a loss
-      atts_.erase(h);
-      Header d;
-      d.opcode = kDetached;
-      d.addr = h;
-      d.status = reason;
-      send_frame(d, {});
-    }
-  }
-
-  // ---- FrameReader::Handler ----
-  int on_header(const Header &h, char **dest) override {
-    switch (h.opcode) {
-      case kAuth:
-        if (authed_ || got_auth_) return -EPROTO;
-        got_auth_ = true;
-        auth_flags_ = h.addr;
-        ctl_.assign(size_t(h.size), '\0');
-        *dest = ctl_.data();
-        return 0;
-      case kAttach:
-        if (!authed_ || !session_) return -EPROTO;
-        ctl_.assign(size_t(h.size), '\0');
-        *dest = ctl_.data();
-        return 0;
-      case kDetach:
-        return (authed_ && session_ && h.size == 0) ? 0 : -EPROTO;
-      case kRead:
-      case kPing:
-        return (authed_ && !unix_) ? 0 : -EPROTO;
-      case kNotify:
-        return (authed_ && h.size == 0) ? 0 : -EPROTO;
-      case kVerbsConnect:
-        if (!authed_ || unix_ || session_ || verbs_ep_ || got_verbs_) return -EPROTO;
-        got_verbs_ = true;
-        if (!cm_ticket_.empty()) srv_->cm_tickets_.erase(cm_ticket_);  // the client gave up on rdma_cm
-        ctl_.assign(size_t(h.size), '\0');
-        *dest = ctl_.data();
-        return 0;
-      case kVerbsCmRequest:
-        if (!authed_ || unix_ || session_ || verbs_ep_ || got_verbs_ || got_cm_request_ || h.size != 0) return -EPROTO;
-        got_cm_request_ = true;
-        return 0;
-      case kWrite: {
-        if (!authed_ || unix_) return -EPROTO;
-        Attachment *a = attachment(h);
-        write_status_ = a ? check(*a, h, LIBD_RIGHT_WRITE) : -ECONNRESET;
-        payload_handle_ = session_ ? handle_of(h.req_id) : 0;
-        *dest = write_status_ == 0 ? a->element->base + h.addr : nullptr;  // refused: drained
-        return 0;
-      }
-      default:
-        return -EPROTO;
-    }
-  }
-
-  int on_frame(const Header &h) override {
-    Header r;
-    r.req_id = h.req_id;
-    switch (h.opcode) {
-      case kAuth: return on_auth();
-      case kAttach: return on_attach(h);
-      case kDetach: {
-        auto it = atts_.find(uint32_t(h.addr));
-        if (h.addr > UINT32_MAX || it == atts_.end()) return 0;  // ended by the owner meanwhile
-        if (sending(it->second.element.get())) {
-          // READ answers from its memory are still queued: the grant stays held (the owner's
-          // revoke or withdraw waits for this loop) until they are sent.
-          draining_.push_back(std::move(it->second));
-        } else {
-          srv_->release_attachment(it->second.grant.id, unix_, !it->second.notified);
-        }
-        atts_.erase(it);
-        return 0;
-      }
-      case kVerbsConnect: return on_verbs_connect(h);
-      case kVerbsCmRequest: return on_verbs_cm_request(h);
-      case kPing:
-        r.opcode = kPong;
-        send_frame(r, {});
-        return 0;
-      case kNotify: {
-        Attachment *a = attachment(h);
-        if (!a) return 0;  // its grant is over: nobody waits for the word any more
-        a->notified = true;
-        // Told once this read is handled: a DETACH that came with it is counted first, so the
-        // owner, woken, ends the grant without a trip to this loop.
-        notices_.push_back({a->grant.id, Notice{h.addr, h.status}});
-        if (!in_read_) deliver_notices();
-        return 0;
-      }
-      case kWrite:
-        r.opcode = kWriteResp;
-        r.status = write_status_;
-        r.size = h.size;
-        send_frame(r, {});
-        return 0;
-      case kRead: {
-        r.opcode = kReadResp;
-        Attachment *a = attachment(h);
-        r.status = a ? check(*a, h, LIBD_RIGHT_READ) : -ECONNRESET;
-        r.size = h.size;
-        send_data(r, r.status == 0 ? a->element->base + h.addr : nullptr, r.status == 0 ? a->element : nullptr);
-        return 0;
-      }
-      default:
-        return -EPROTO;
-    }
-  }
-
- private:
-  union Handle {
-    uv_handle_t handle;
-    uv_stream_t stream;
-    uv_tcp_t tcp;
-    uv_pipe_t pipe;
-  };
-
-  // One uv_write carrying every frame produced while handling one read from the socket: many
-  // small answers cost one system call instead of one each.
-  struct WriteReq {
-    uv_write_t req;
-    std::deque<std::array<char, kHeaderSize>> hdrs;  // deque: stable addresses while growing
-    std::deque<std::string> bodies;
-    std::vector<uv_buf_t> bufs;
-    std::vector<std::shared_ptr<Element>> elements;  // keeps READ data mapped until sent
-    Conn *conn;
-  };
-
-  // The attachment a request names: on a session the top half of its req_id, else the AUTH grant.
-  Attachment *attachment(const Header &h) {
-    auto it = atts_.find(session_ ? handle_of(h.req_id) : 0);
-    return it == atts_.end() ? nullptr : &it->second;
-  }
-
-  static int check(const Attachment &a, const Header &h, unsigned need) {
-    const Grant &g = a.grant;
-    if (!(g.rights & need)) return -EACCES;
-    if (h.addr < g.offset || h.size > g.offset + g.length - h.addr || h.addr > g.offset + g.length) return -ERANGE;
-    return 0;
-  }
-
-  // Checks an AUTH or ATTACH body against the grants and, if it opens one, attaches it as
-  // `handle`. 0, or the status to answer (-EACCES for every refusal of the credentials alike: no
-  // oracle for grant ids).
-  int admit(uint32_t handle, GrantBody *body) {
-    AuthBody a;
-    std::string why;
-    if (decode_auth(ctl_.data(), ctl_.size(), &a, &why)) return -EPROTO;
-    Grant g;
-    if (!srv_->find_grant(a.grant_id, &g) || (g.client != "*" && g.client != a.client_id) ||
-        !macs_equal(a.mac, compute_mac(g.secret, nonce_, a.grant_id, a.client_id)))
-      return -EACCES;
-    std::shared_ptr<Element> element;
-    // Counted under the server's lock in the same hold that finds the grant again: a revoke
-    // either comes first (the grant is gone) or sees the attachment (and ends it).
-    if (int rc = srv_->take_attachment(g, unix_, session_, &element)) return rc;
-    atts_[handle] = Attachment{g, element, false};
-    *body = GrantBody{element->size, g.offset, g.length, g.rights};
-    if (unix_ && element->lent) {
-      // Lent memory has no memfd: the peer attaches to this process (cross-memory attach).
-      body->cma_pid = uint32_t(getpid());
-      body->cma_base = uint64_t(uintptr_t(element->base));
-      if (session_ && handle == 0) srv_->cma_describe(body);  // where the grant table is
-    }
-    return 0;
-  }
-
-  int on_auth() {
-    Header r;
-    r.opcode = kAuthOk;
-    session_ = (auth_flags_ & kAuthSession) != 0;
-    GrantBody body;
-    int rc = admit(0, &body);
-    if (rc == -EPROTO) return rc;
-    if (rc) {
-      r.status = rc;
-      send_frame(r, {});
-      close_after_writes_ = true;
-      return 0;
-    }
-    authed_ = true;
-    uv_timer_stop(&auth_timer_);
-    std::string payload = encode_grant(body);
-    r.size = payload.size();
-    if (unix_ && atts_[0].element->lent) return send_raw(r, payload, -1);
-    if (unix_) return send_fd(r, payload);
-    send_frame(r, payload);
-    return 0;
-  }
-
-  int on_attach(const Header &h) {
-    if (h.addr == 0 || h.addr > UINT32_MAX || atts_.count(uint32_t(h.addr))) return -EPROTO;
-    Header r;
-    r.opcode = kAttachOk;
-    r.addr = h.addr;
-    GrantBody body;
-    // Each attachment costs the server memory: a session holds at most kMaxAttachments at once
-    // (the peer opens another session for more).
-    int rc = atts_.size() + draining_.size() >= kMaxAttachments ? -EMFILE : admit(uint32_t(h.addr), &body);
-    if (rc == -EPROTO) return rc;
-    if (rc == 0 && (h.req_id & kAttachQuiet)) return 0;  // the peer checked it itself: nothing to say
-    std::string payload = rc == 0 ? encode_grant(body) : std::string();
-    r.status = rc;  // a refused grant leaves the session as it was
-    r.size = payload.size();
-    send_frame(r, payload);
-    return 0;
-  }
-
-  // A control answer: the body when status is 0, else why (cut to what a control frame holds).
-  int answer(const Header &h, Opcode opcode, int status, const std::string &body) {
-    Header r;
-    r.opcode = opcode;
-    r.req_id = h.req_id;
-    r.status = status;
-    std::string payload = status == 0 ? body : body.substr(0, kMaxControlPayload);
-    r.size = payload.size();
-    send_frame(r, payload);
-    return 0;
-  }
-
-  int on_verbs_connect(const Header &h) {
-    ibv::Record client, reply;
-    std::string why;
-    if (ibv::decode_record(ctl_.data(), ctl_.size(), &client, &why)) return answer(h, kVerbsAccept, -EPROTO, why);
-    if (!srv_->verbs_) return answer(h, kVerbsAccept, -EPROTONOSUPPORT, kNoVerbs);
-    Attachment &a = atts_[0];
-    int rc = srv_->verbs_->accept(a.element, a.grant, client, &verbs_ep_, &reply, &why);
-    return answer(h, kVerbsAccept, rc, rc == 0 ? ibv::encode_record(reply) : why);
-  }
-
-  int on_verbs_cm_request(const Header &h) {
-    if (!srv_->cm_)
-      return answer(h, kVerbsCmTicket, -EPROTONOSUPPORT,
-                    srv_->verbs_ ? "no rdma_cm listener: " + srv_->cm_status_ : std::string(kNoVerbs));
-    cm_ticket_ = random_bytes(ibv::kTicketSize);
-    srv_->cm_tickets_[cm_ticket_] = this;
-    return answer(h, kVerbsCmTicket, 0, ibv::encode_cm_ticket(srv_->cm_->port(), cm_ticket_));
-  }
-
- public:
-  // The rdma_cm request that presented this connection's ticket (the ticket is spent).
-  void on_cm_connect(rdma_cm_id *id) {
-    cm_ticket_.clear();
-    std::string why;
-    auto it = atts_.find(0);
-    if (closing_ || verbs_ep_ || got_verbs_ || it == atts_.end()) {
-      CmListener::reject(id, "the connection that asked for this ticket is already connected or closing");
-      return;
-    }
-    got_verbs_ = true;
-    if (srv_->verbs_->accept_cm(it->second.element, it->second.grant, id, &verbs_ep_, &why) != 0)
-      CmListener::reject(id, why);
-  }
-
- private:
-  // Control frames on a unix socket are sent with plain send(): they are small, and the memfd
-  // must ride along with SCM_RIGHTS, which libuv streams cannot carry.
-  int send_raw(const Header &h, const std::string &body, int fd_to_pass) {
-    char buf[kHeaderSize + kMaxControlPayload];
-    encode_header(h, buf);
-    std::memcpy(buf + kHeaderSize, body.data(), body.size());
-    struct iovec iov = {buf, kHeaderSize + body.size()};
-    struct msghdr msg = {};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    alignas(struct cmsghdr) char cbuf[CMSG_SPACE(sizeof(int))];
-    if (fd_to_pass >= 0) {
-      msg.msg_control = cbuf;
-      msg.msg_controllen = sizeof cbuf;
-      struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
-      c->cmsg_level = SOL_SOCKET;
-      c->cmsg_type = SCM_RIGHTS;
-      c->cmsg_len = CMSG_LEN(sizeof(int));
-      std::memcpy(CMSG_DATA(c), &fd_to_pass, sizeof(int));
-    }
-    uv_os_fd_t fd;
-    uv_fileno(&h_.handle, &fd);
-    ssize_t n = sendmsg(fd, &msg, MSG_NOSIGNAL);
-    if (n != ssize_t(iov.iov_len)) {
-      close();
-      return 0;
-    }
-    return 0;
-  }
-
-  int send_fd(const Header &h, const std::string &body) {
-    // A read-only grant gets a read-only file description: mmap(PROT_WRITE, MAP_SHARED) on it
-    // fails in the client's kernel, whatever the client's code does.
-    Attachment &a = atts_[0];
-    int fd = a.element->memfd;
-    int ro = -1;
-    if (!(a.grant.rights & LIBD_RIGHT_WRITE)) {
-      std::string path = "/proc/self/fd/" + std::to_string(a.element->memfd);
-      ro = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-      if (ro < 0) { close(); return 0; }
-      fd = ro;
-    }
-    send_raw(h, body, fd);
-    if (ro >= 0) ::close(ro);
-    return 0;
-  }
-
-  WriteReq *batch() {
-    if (!batch_) {
-      batch_ = new WriteReq();
-      batch_->conn = this;
-    }
-    return batch_;
-  }
-
-  void send_frame(const Header &h, const std::string &body) {
-    if (closing_) return;
-    if (unix_) { send_raw(h, body, -1); return; }
-    WriteReq *w = batch();
-    w->hdrs.emplace_back();
-    encode_header(h, w->hdrs.back().data());
-    w->bufs.push_back(uv_buf_init(w->hdrs.back().data(), kHeaderSize));
-    if (!body.empty()) {
-      w->bodies.push_back(body);
-      w->bufs.push_back(uv_buf_init(w->bodies.back().data(), unsigned(body.size())));
-    }
-    if (!in_read_) flush();
-  }
-
-  void send_data(const Header &h, char *data, const std::shared_ptr<Element> &element) {
-    if (closing_) return;
-    WriteReq *w = batch();
-    w->hdrs.emplace_back();
-    encode_header(h, w->hdrs.back().data());
-    w->bufs.push_back(uv_buf_init(w->hdrs.back().data(), kHeaderSize));
-    if (data && h.size) {
-      if (std::find(w->elements.begin(), w->elements.end(), element) == w->elements.end()) {
-        w->elements.push_back(element);
-        queued_[element.get()]++;  // from the moment it is batched: a DETACH in the same read sees it
-      }
-      uv_buf_t b;
-      b.base = data;
-      b.len = size_t(h.size);
-      w->bufs.push_back(b);
-    }
-    if (!in_read_) flush();
-  }
-
-  void flush() {
-    WriteReq *w = batch_;
-    batch_ = nullptr;
-    if (!w) return;
-    if (closing_) { unqueue(w); delete w; return; }
-    w->req.data = w;
-    writes_++;
-    int rc = uv_write(&w->req, stream(), w->bufs.data(), unsigned(w->bufs.size()), [](uv_write_t *req, int status) {
-      auto *w = static_cast<WriteReq *>(req->data);
-      Conn *c = w->conn;
-      c->unqueue(w);
-      delete w;
-      c->writes_--;
-      if (status < 0) { c->close(); return; }
-      if (c->close_after_writes_ && c->writes_ == 0) { c->close(); return; }
-      if (c->paused_ && uv_stream_get_write_queue_size(c->stream()) < kResumeReadingAt && !c->closing_) {
-        c->paused_ = false;
-        uv_read_start(c->stream(), on_alloc, on_read);
-      }
-    });
-    if (rc < 0) {
-      writes_--;
-      unqueue(w);
-      delete w;
-      close();
-      return;
-    }
-    // A client that asks faster than it reads stops being read: its queue cannot grow forever.
-    if (!paused_ && uv_stream_get_write_queue_size(stream()) > kPauseReadingAt) {
-      paused_ = true;
-      uv_read_stop(stream());
-    }
-  }
-
-  static void on_alloc(uv_handle_t *h, size_t, uv_buf_t *buf) {
-    auto *c = static_cast<Conn *>(h->data);
-    char *p;
-    size_t len;
-    if (c->reader_.direct_target(kDirectMin, &p, &len)) {
-      buf->base = p;
-      buf->len = len;
-    } else {
-      buf->base = c->staging_;
-      buf->len = kStagingSize;
-    }
-  }
-
-  static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
-    auto *c = static_cast<Conn *>(s->data);
-    if (n < 0) { c->close(); return; }
-    if (n == 0 || c->closing_ || c->close_after_writes_) return;
-    std::string why;
-    c->in_read_ = true;
-    int rc = buf->base == c->staging_ ? c->reader_.feed(buf->base, size_t(n), &why)
-                                      : c->reader_.advance_direct(size_t(n), &why);
-    c->in_read_ = false;
-    c->flush();
-    c->deliver_notices();
-    if (rc) c->close();  // a protocol violation ends this connection only
-  }
-
-  // True while answers that send `e`'s memory are batched or not yet all handed to the kernel.
-  bool sending(const Element *e) const {
-    auto it = queued_.find(e);
-    return it != queued_.end() && (uv_stream_get_write_queue_size(&h_.stream) > 0 || in_batch(e));
-  }
-  bool in_batch(const Element *e) const {
-    if (!batch_) return false;
-    for (auto &x : batch_->elements)
-      if (x.get() == e) return true;
-    return false;
-  }
-
-  // A write is done with its elements: attachments that were detached while it was queued are
-  // let go once nothing queued sends their memory any more.
-  void unqueue(WriteReq *w) {
-    for (auto &e : w->elements) {
-      auto it = queued_.find(e.get());
-      if (it == queued_.end() || --it->second > 0) continue;
-      queued_.erase(it);
-      for (auto d = draining_.begin(); d != draining_.end();) {
-        if (d->element.get() != e.get()) { ++d; continue; }
-        srv_->release_attachment(d->grant.id, unix_, !d->notified);
-        d = draining_.erase(d);
-      }
-    }
-  }
-
-  void deliver_notices() {
-    auto pending = std::move(notices_);
-    notices_.clear();
-    for (auto &[grant, n] : pending) srv_->on_notice(grant, n);
-  }
-
-  MemoryServer *srv_;
-  bool unix_;
-  Handle h_;
-  uv_timer_t auth_timer_;
-  FrameReader reader_;
-  std::string nonce_;
-  std::string ctl_;
-  bool got_auth_ = false, authed_ = false, closing_ = false, paused_ = false, close_after_writes_ = false;
-  bool got_verbs_ = false, got_cm_request_ = false;
-  bool session_ = false;   // AUTH asked for a shared connection
-  uint64_t auth_flags_ = 0;
-  std::string cm_ticket_;  // handed out, not yet presented
-  std::unique_ptr<VerbsEndpoint> verbs_ep_;  // this client's queue pair and remote key
-  bool in_read_ = false;       // answers are batched until the read is handled
-  WriteReq *batch_ = nullptr;  // the answers batched so far
-  int pending_closes_ = 0;
-  int writes_ = 0;
-  int write_status_ = 0;
-  uint32_t payload_handle_ = 0;  // the attachment the WRITE payload being received is for
-  std::unordered_map<uint32_t, Attachment> atts_;
-  std::unordered_map<const Element *, int> queued_;  // elements whose memory batched or queued writes send
-  std::vector<Attachment> draining_;  // detached while their READ answers were queued: still held
-  std::vector<std::pair<std::string, Notice>> notices_;  // NOTIFYs of the read being handled
-  char staging_[kStagingSize];
-};
 
 // ---- the server --------------------------------------------------------------------------
 
@@ -963,8 +396,8 @@ int MemoryServer::wait_notify(const std::string &grant_id, Notice *out, int time
 }
 
 void MemoryServer::cut_locked_loop(const std::function<bool(const Grant &)> &pred, int reason) {
-  std::vector<Conn *> all(conns_.begin(), conns_.end());  // cut() may close (and unlist) one
-  for (Conn *c : all) c->cut(pred, reason);
+  std::vector<ServerConn *> all(conns_.begin(), conns_.end());  // cut() may close (and unlist) one
+  for (ServerConn *c : all) c->cut(pred, reason);
 }
 
 void MemoryServer::cut(const std::function<bool(const Grant &)> &pred, int reason) {
@@ -1017,7 +450,7 @@ int MemoryServer::listen_tcp(const std::string &host, uint16_t port, uint16_t *b
       rc = uv_listen(reinterpret_cast<uv_stream_t *>(l), 128, [](uv_stream_t *ls, int status) {
         if (status < 0) return;
         auto *srv = static_cast<MemoryServer *>(ls->data);
-        auto *c = new Conn(srv, false);
+        auto *c = new TcpServerConn(srv);
         if (uv_accept(ls, c->stream()) == 0) c->start();
         else c->close();
       });
@@ -1060,7 +493,7 @@ int MemoryServer::listen_unix(const std::string &path) {
       rc = uv_listen(reinterpret_cast<uv_stream_t *>(l), 128, [](uv_stream_t *ls, int status) {
         if (status < 0) return;
         auto *srv = static_cast<MemoryServer *>(ls->data);
-        auto *c = new Conn(srv, true);
+        auto *c = new UnixServerConn(srv);
         if (uv_accept(ls, c->stream()) == 0) c->start();
         else c->close();
       });
@@ -1114,7 +547,7 @@ void MemoryServer::on_cm_request(rdma_cm_id *id, const std::string &ticket) {
     CmListener::reject(id, "unknown or spent ticket: ask for one on an authenticated control connection");
     return;
   }
-  Conn *c = it->second;
+  TcpServerConn *c = it->second;
   cm_tickets_.erase(it);
   c->on_cm_connect(id);
 }
@@ -1153,7 +586,7 @@ void MemoryServer::stop() {
       uv_close(reinterpret_cast<uv_handle_t *>(unix_listener_), [](uv_handle_t *h) { delete reinterpret_cast<uv_pipe_t *>(h); });
     tcp_listener_ = nullptr;
     unix_listener_ = nullptr;
-    std::vector<Conn *> all(conns_.begin(), conns_.end());
+    std::vector<ServerConn *> all(conns_.begin(), conns_.end());
     {
       std::lock_guard<std::mutex> lk(mu_);
       for (auto &[id, n] : notices_) {
@@ -1162,7 +595,7 @@ void MemoryServer::stop() {
       }
       notices_cv_.notify_all();
     }
-    for (Conn *c : all) c->close();
+    for (ServerConn *c : all) c->close();
     {
       std::lock_guard<std::mutex> lk(mu_);
       expiry_q_.clear();

@@ -37,6 +37,8 @@ namespace libd {
 
 class VerbsServer;
 class CmListener;
+class ServerConn;
+class TcpServerConn;
 
 struct Element {
   std::string name;
@@ -121,10 +123,12 @@ class MemoryServer {
   // and diagnostics.
   size_t holders(const std::string &grant_id);
 
-  class Conn;  // one client connection (loop thread only)
-
  private:
-  friend class Conn;
+  // The connections (server_conn.h, loop thread only) and the verbs handshake they carry reach
+  // the grants, the attachment counts and the verbs listener.
+  friend class ServerConn;
+  friend class UnixServerConn;
+  friend class VerbsHandshake;
   std::shared_ptr<Element> find_element(const std::string &name);
   bool find_grant(const std::string &id, Grant *out);
   // The loop records what the holders of a grant said (or that one vanished).
@@ -137,7 +141,6 @@ class MemoryServer {
   // Attachments: a connection holds a grant (loop thread). take_attachment finds the grant and
   // its element again under mu_ and counts the attachment; release_attachment uncounts it and,
   // if the holder left without a word (`lost`), tells a waiting owner.
-  struct Attachment;
   int take_attachment(const Grant &g, bool is_unix, bool session, std::shared_ptr<Element> *element);
   void release_attachment(const std::string &grant_id, bool is_unix, bool lost);
   // Under mu_: grant id -> how many connections hold it, over tcp (the loop reads and writes the
@@ -196,7 +199,7 @@ class MemoryServer {
   void cma_describe(proto::GrantBody *body);      // the table's address and size, for a session's AUTH_OK
 
   std::unique_ptr<CmListener> cm_;  // loop thread; reset in stop() after every connection
-  std::unordered_map<std::string, Conn *> cm_tickets_;  // loop thread: one-shot, per connection
+  std::unordered_map<std::string, TcpServerConn *> cm_tickets_;  // loop thread: one-shot, per connection
   bool cm_wanted_ = true;
   std::string cm_status_;  // why there is no rdma_cm listener
 
@@ -206,7 +209,7 @@ class MemoryServer {
   std::map<std::string, std::shared_ptr<Element>> elements_;
   std::map<std::string, Grant> grants_;
   uint64_t capacity_ = UINT64_MAX;
-  std::set<Conn *> conns_;  // loop thread only
+  std::set<ServerConn *> conns_;  // loop thread only
   std::atomic<size_t> nconns_{0};
   uv_tcp_t *tcp_listener_ = nullptr;
   uv_pipe_t *unix_listener_ = nullptr;
