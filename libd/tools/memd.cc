@@ -3,7 +3,7 @@
 //
 //   libd-memd --element mem1=64MiB [--element ...] [--tcp 127.0.0.1:0] [--unix /run/x.sock]
 //             [--verbs [dev=rxe0,gid_index=1,mw=0]] [--grant mem1:CLIENT:rw[:OFFSET:LENGTH]]...
-//             --grants FILE [--capacity 1GiB]
+//             --grants FILE [--capacity 1GiB] [--busy-poll-us N]
 //
 // --verbs serves verbs clients on the tcp listener (the handshake travels on it): the device is
 // discovered unless named; the server exits with the reason if there is none.
@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "flag_number.h"
 #include "flags.h"
 #include "libd.h"
 
@@ -37,7 +38,7 @@ namespace {
   std::cerr << "libd-memd: " << why << "\n"
             << "usage: libd-memd --element NAME=SIZE [--element ...] [--tcp HOST:PORT] [--unix PATH]\n"
             << "                 [--grant ELEMENT:CLIENT:RIGHTS[:OFFSET:LENGTH]]... --grants FILE\n"
-            << "                 [--capacity SIZE] [--verbs [KEY=VALUE,...]]\n";
+            << "                 [--capacity SIZE] [--verbs [KEY=VALUE,...]] [--busy-poll-us N]\n";
   exit(2);
 }
 
@@ -99,6 +100,7 @@ int main(int argc, char **argv) {
   std::string tcp, unix_path, grants_file;
   bool verbs = false;
   std::string verbs_params;  // durl pairs
+  uint64_t busy_poll_us = 0;  // the server's thread polls this long after each request (IoLoop)
   uint64_t capacity = UINT64_MAX;
   for (int i = 1; i < argc; i++) {
     std::string a = argv[i];
@@ -123,6 +125,10 @@ int main(int argc, char **argv) {
         usage("--verbs takes KEY=VALUE[,KEY=VALUE...] (dev, port_num, gid_index, mw)");
     } else if (a == "--grants") {
       grants_file = value();
+    } else if (a == "--busy-poll-us") {
+      double us;
+      if (!scad::flag_number(value(), 0, 1000000, true, &us)) usage("--busy-poll-us takes microseconds, 0..1000000");
+      busy_poll_us = uint64_t(us);
     } else if (a == "--capacity") {
       if (!scad::parse_byte_size(value(), &capacity)) usage("--capacity takes a size");
     } else if (a == "--grant") {
@@ -169,7 +175,8 @@ int main(int argc, char **argv) {
   }
   libd_action *action = libd_action_init("libd-memd", 0, nullptr);
   if (!action) die("libd");
-  std::string durl = "memd;" + impl + ";size,0" + where + ";capacity," + std::to_string(capacity) + verbs_params;
+  std::string durl = "memd;" + impl + ";size,0" + where + ";capacity," + std::to_string(capacity) +
+                     ";busy_poll_us," + std::to_string(busy_poll_us) + verbs_params;
   if (libd_action_add_transport(action, durl.c_str())) die("server");
   libd_transport *server = libd_action_get_transport(action, "memd");
   if (!server || libd_trdma_server_serve(server)) die(verbs ? "verbs" : "listeners");
