@@ -10,7 +10,8 @@ one warm-up run. Ratios: Redis' time over ours (above 1: memory elements are fas
 movement >= 5x faster, and >= 2x end to end for the data-heavy applications (sort, query).
 
 Width: a fan-out of 8, 128 and 512 trivial Python instances (a platform with --quotas
-instances=1024); the per-instance cost is the invocation's wall time over the width.
+instances=1024); the per-instance cost is the invocation's wall time over the width; and
+scad-server's peak threads and resident memory meanwhile.
 
 Charts (matplotlib): docs/img/apps-breakdown.png (movement and the rest, per application, size and
 storage) and docs/img/apps-width.png (per-instance cost against width).
@@ -26,6 +27,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -107,19 +109,51 @@ def width_app(n):
     return {"manifest": json.dumps(manifest), "files": {"noop.py": "def main(args, action):\n    return {}\n"}}
 
 
+class ServerWatch:
+    """The peak threads and resident memory of scad-server while a block runs (sampled from /proc
+    every 5 ms by a thread of its own)."""
+
+    def __init__(self, pid):
+        self.pid, self.threads, self.rss_mib = pid, 0, 0.0
+        self._stop = threading.Event()
+
+    def _sample(self):
+        while not self._stop.is_set():
+            try:
+                status = pathlib.Path(f"/proc/{self.pid}/status").read_text()
+            except OSError:
+                return
+            fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+            self.threads = max(self.threads, int(fields["Threads"]))
+            self.rss_mib = max(self.rss_mib, int(fields["VmRSS"].split()[0]) / 1024)
+            self._stop.wait(0.005)
+
+    def __enter__(self):
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
 def measure_width(home, runs):
+    """{width: ms per instance of each run}, {width: (peak threads, peak RSS MiB) of scad-server}."""
     p = Platform(home, extra=["--quotas", "instances=1024,activations=64"])
     try:
-        out = {}
+        out, server = {}, {}
         for n in WIDTHS:
             assert p.call("PUT", f"/api/v1/namespaces/_/apps/w{n}", width_app(n))[0] == 200
             per = []
-            for r in range(runs + 1):
-                wall, _ = invoke(p, f"w{n}", {})
-                if r:
-                    per.append(wall / n * 1000)
+            with ServerWatch(p.proc.pid) as watch:
+                for r in range(runs + 1):
+                    wall, _ = invoke(p, f"w{n}", {})
+                    if r:
+                        per.append(wall / n * 1000)
             out[n] = per
-        return out
+            server[n] = (watch.threads, watch.rss_mib)
+        return out, server
     finally:
         p.stop()
 
@@ -199,13 +233,14 @@ def main():
         finally:
             p.stop()
             redis.stop()
-        width = {} if args.no_width else measure_width(tmp / "width", args.runs)
+        width, server = ({}, {}) if args.no_width else measure_width(tmp / "width", args.runs)
     if width:
         base = statistics.median(width[WIDTHS[0]])
-        print("\nwidth: ms per instance (median), and over the width of 8")
+        print("\nwidth: ms per instance (median), and over the width of 8; scad-server's peak threads and RSS")
         for n in WIDTHS:
             per = statistics.median(width[n])
-            print(f"  {n:4} instances: {per:8.2f} ms  x{per / base:.2f}")
+            print(f"  {n:4} instances: {per:8.2f} ms  x{per / base:.2f}   threads {server[n][0]:4}  "
+                  f"RSS {server[n][1]:6.1f} MiB")
             if n != WIDTHS[0]:
                 checks.append((f"width {n} per instance within 2x of width {WIDTHS[0]} (x = 2 / ratio)", 2 * base / per, 1.0))
     met = [c for c in checks if c[1] >= c[2]]

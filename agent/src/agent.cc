@@ -76,7 +76,8 @@ int Agent::start(std::string *why) {
     return -EINVAL;
   }
   workers_ = std::make_unique<WorkerPool>(WorkerOptions{opts_.python, opts_.pythonpath, opts_.home, sandbox_,
-                                                        opts_.prewarm, opts_.max_warm, opts_.keep_alive_ms});
+                                                        opts_.prewarm, opts_.max_warm, opts_.keep_alive_ms,
+                                                        opts_.warm_wait_ms});
   return 0;
 }
 

@@ -31,6 +31,7 @@ struct AgentOptions {
   int prewarm = 2;                // started interpreters waiting for any action
   int max_warm = 16;              // idle processes kept for the action they ran
   int64_t keep_alive_ms = 60000;  // how long such a process is kept
+  int64_t warm_wait_ms = 500;     // the longest a run waits for a running process of its action (worker_pool.h)
   // RDMA verbs on the memory pool: "auto" (when the host has an active device), "off", or the
   // device's keys "dev=rxe0,gid_index=1,mw=0" (then a missing device is an error at start).
   std::string verbs = "auto";

@@ -11,6 +11,10 @@ void add_agent_flags(Flags &f, AgentOptions *o) {
       .integer("--max-warm", "idle processes kept for the action they ran (default 16)", 0, 100000, &o->max_warm)
       .integer("--keep-alive", "ms an idle warm process is kept (default 60000)", int64_t(0), int64_t(86400000),
                &o->keep_alive_ms)
+      .integer("--warm-wait-ms", "the longest a run waits for a running process of its action to free up "
+               "instead of starting one, when its runs are shorter than a start (default 500, 0: never)", int64_t(0),
+               int64_t(10000),
+               &o->warm_wait_ms)
       .custom("--verbs", "auto|off|KEY=VALUE,...", "RDMA verbs on the pool (dev=NAME,gid_index=N,mw=0)",
               [o](const std::string &v, std::string *why) {
                 if (v.empty()) {

@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <vector>
 
@@ -78,29 +79,89 @@ std::unique_ptr<Worker> WorkerPool::spawn(bool network) {
   return w;
 }
 
+void WorkerPool::mark_busy_locked(Worker *w, const std::string &key) {
+  w->acquired = Clock::now();
+  actions_[key].running++;
+  // Uncounted when the worker is released or ended, whichever comes first (never under mu_:
+  // release() resets it before it locks, and a worker is ended outside the lock).
+  w->busy = std::shared_ptr<void>(nullptr, [this, key](void *) {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = actions_.find(key);
+    if (it == actions_.end()) return;
+    it->second.running--;
+    if (it->second.running == 0 && it->second.waiters.empty() && it->second.run_ms < 0) actions_.erase(it);
+  });
+}
+
+double WorkerPool::cold_estimate_ms_locked() const {
+  return std::min(cold_ms_ < 0 ? double(o_.warm_wait_ms) : cold_ms_, double(o_.warm_wait_ms));
+}
+
+bool WorkerPool::worth_waiting_locked(const std::string &key) const {
+  if (o_.warm_wait_ms <= 0) return false;
+  auto it = actions_.find(key);
+  // A sibling frees its process, on average, within one run of the action: worth waiting for if
+  // that is sooner than a process of one's own would be ready.
+  return it != actions_.end() && it->second.running > 0 && it->second.run_ms >= 0 &&
+         it->second.run_ms < cold_estimate_ms_locked();
+}
+
 std::unique_ptr<Worker> WorkerPool::acquire(const std::string &plain_key, std::string *how, bool network) {
   std::string key = network ? plain_key : plain_key + " (no network)";
+  std::unique_ptr<Worker> w;
   {
-    std::lock_guard<std::mutex> lk(mu_);
-    auto it = warm_.find(key);
-    if (it != warm_.end()) {
-      auto w = std::move(it->second);
-      warm_.erase(it);
-      *how = "warm";
-      return w;
+    std::unique_lock<std::mutex> lk(mu_);
+    auto take_idle = [&](bool prewarmed_too) {
+      auto it = warm_.find(key);
+      if (it != warm_.end()) {
+        w = std::move(it->second);
+        warm_.erase(it);
+        *how = "warm";
+      } else if (prewarmed_too && network && !fresh_.empty()) {
+        w = std::move(fresh_.front());
+        fresh_.pop_front();
+        w->key = key;
+        *how = "prewarmed";
+        cv_.notify_all();  // top up
+      }
+      return w != nullptr;
+    };
+    // A sibling's process, when one is worth waiting for, goes before a pre-warmed one: every
+    // pre-warmed process taken is replaced by starting another, which a wide fan-out of short
+    // runs cannot afford.
+    bool wait = worth_waiting_locked(key);
+    if (!take_idle(!wait) && wait) {
+      std::unique_ptr<Worker> handed;
+      auto &waiters = actions_[key].waiters;
+      waiters.push_back(&handed);
+      auto wait = std::chrono::duration<double, std::milli>(cold_estimate_ms_locked());
+      cv_.wait_for(lk, wait, [&] { return handed || stopping_; });
+      auto &still = actions_[key].waiters;
+      for (auto at = still.begin(); at != still.end(); ++at)
+        if (*at == &handed) {
+          still.erase(at);
+          break;
+        }
+      if (handed) {
+        w = std::move(handed);
+        *how = "warm";
+      } else {
+        take_idle(true);  // one may have gone idle without a waiter's turn; or a pre-warmed one
+      }
     }
-    if (network && !fresh_.empty()) {
-      auto w = std::move(fresh_.front());
-      fresh_.pop_front();
-      w->key = key;
-      *how = "prewarmed";
-      cv_.notify_all();  // top up
+    if (w) {
+      mark_busy_locked(w.get(), key);
       return w;
     }
   }
   *how = "cold";
-  auto w = spawn_on_maintainer(network);
-  if (w) w->key = key;
+  w = spawn_on_maintainer(network);
+  if (w) {
+    w->key = key;
+    w->started_cold = true;
+    std::lock_guard<std::mutex> lk(mu_);
+    mark_busy_locked(w.get(), key);
+  }
   cv_.notify_all();
   return w;
 }
@@ -118,10 +179,33 @@ std::unique_ptr<Worker> WorkerPool::spawn_on_maintainer(bool network) {
 }
 
 void WorkerPool::release(std::unique_ptr<Worker> w, bool healthy) {
-  if (!w || !healthy) return;  // the destructor ends it
+  if (!w) return;
+  w->busy.reset();  // no longer running (takes mu_ itself)
+  if (!healthy) return;  // the destructor ends it
   std::lock_guard<std::mutex> lk(mu_);
-  if (stopping_ || int(warm_.size()) >= o_.max_warm) return;
-  w->idle_since = Clock::now();
+  if (stopping_) return;
+  auto now = Clock::now();
+  auto &a = actions_[w->key];
+  double took = std::chrono::duration<double, std::milli>(now - w->acquired).count();
+  // A process started for its run took the interpreter's start and the run (a moving average);
+  // one that was up already, the run alone. For runs, the estimate follows a shorter run at once
+  // and a longer one slowly: on a host busy starting processes every run takes longer than the
+  // action needs, and an estimate that followed that would keep the host starting processes.
+  if (w->started_cold) {
+    cold_ms_ = cold_ms_ < 0 ? took : 0.8 * cold_ms_ + 0.2 * took;
+  } else {
+    a.run_ms = a.run_ms < 0 || took < a.run_ms ? took : 0.9 * a.run_ms + 0.1 * took;
+  }
+  w->started_cold = false;
+  if (!a.waiters.empty()) {  // straight to the caller that has waited longest
+    std::unique_ptr<Worker> *to = a.waiters.front();
+    a.waiters.pop_front();
+    *to = std::move(w);
+    cv_.notify_all();
+    return;
+  }
+  if (int(warm_.size()) >= o_.max_warm) return;
+  w->idle_since = now;
   warm_.emplace(w->key, std::move(w));
 }
 
@@ -152,6 +236,10 @@ void WorkerPool::maintain() {
     auto now = Clock::now();
     for (auto it = warm_.begin(); it != warm_.end();)
       it = now - it->second->idle_since > std::chrono::milliseconds(o_.keep_alive_ms) ? warm_.erase(it) : std::next(it);
+    // An action with nothing running, waiting or warm is forgotten (its runs' length with it).
+    for (auto it = actions_.begin(); it != actions_.end();)
+      it = it->second.running == 0 && it->second.waiters.empty() && !warm_.count(it->first) ? actions_.erase(it)
+                                                                                               : std::next(it);
     cv_.wait_for(lk, std::chrono::milliseconds(std::max<int64_t>(100, o_.keep_alive_ms / 4)));
   }
   for (auto *req : spawn_requests_) req->made.set_value(nullptr);

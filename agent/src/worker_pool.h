@@ -3,6 +3,14 @@
 // for a keep-alive period; a small number of started interpreters (disagg and scad imported) wait
 // for any action, so a cold start does not pay interpreter start-up. Both bounded. A process is
 // never shared between different actions, and one that crashed or timed out is never reused.
+//
+// A wide fan-out asks for many processes of one action at once. Where processes of that action
+// are running and its runs have been shorter than a run on a newly started process (interpreter
+// start included), a caller with no idle process waits that long (at most warm_wait_ms) for one
+// of them to be released, which is handed to it directly, instead of starting its own: a fan-out
+// of 512 short instances then runs on the processes it has, as OpenWhisk's activations queue for
+// a free container. A caller that waited in vain starts one (no instance waits for another
+// forever), and a long-running action's fan-out starts processes at once as before.
 #pragma once
 #include <sys/types.h>
 
@@ -27,6 +35,7 @@ struct WorkerOptions {
   int prewarm = 2;                // started interpreters waiting for any action
   int max_warm = 16;              // idle processes kept for their action
   int64_t keep_alive_ms = 60000;  // how long an idle warm process is kept
+  int64_t warm_wait_ms = 500;     // the longest a caller waits for a running process of its action (0: never)
 };
 
 struct Worker {
@@ -37,6 +46,9 @@ struct Worker {
   std::string pending;  // stdout bytes after the last full line
   std::chrono::steady_clock::time_point idle_since;
   std::function<void(pid_t)> on_exit;  // after the process is reaped (leaves its cgroup)
+  std::chrono::steady_clock::time_point acquired;
+  bool started_cold = false;  // started for this run: its length includes the interpreter's start
+  std::shared_ptr<void> busy;  // while acquired: counted among its action's running processes
   ~Worker();
 };
 
@@ -77,6 +89,14 @@ class WorkerPool {
   // which follows the parent thread), and a caller's thread may end while its process stays warm.
   std::unique_ptr<Worker> spawn_on_maintainer(bool network);
   void maintain();  // starts processes asked for, tops up the pre-warmed pool, ends idle ones
+  // Marks w acquired for key: counted running until it is released or ended.
+  void mark_busy_locked(Worker *w, const std::string &key);
+  // Whether a caller for key should wait for a running process of it to be released.
+  bool worth_waiting_locked(const std::string &key) const;
+  // How long a process started now would take to be done with a run (recent cold runs), at most
+  // warm_wait_ms: the longest a caller waits for a sibling's process.
+  double cold_estimate_ms_locked() const;
+  double cold_ms_ = -1;  // recent runs on processes started for them (moving average); < 0: none yet
 
   WorkerOptions o_;
   std::mutex mu_;
@@ -89,6 +109,12 @@ class WorkerPool {
     bool network;
   };
   std::deque<SpawnRequest *> spawn_requests_;
+  struct PerAction {
+    int running = 0;        // acquired and not yet released or ended
+    double run_ms = -1;     // recent runs' length (moving average); < 0: none finished yet
+    std::deque<std::unique_ptr<Worker> *> waiters;  // callers waiting for a released process, first come first
+  };
+  std::map<std::string, PerAction> actions_;
   std::thread maintainer_;
 };
 

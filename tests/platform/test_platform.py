@@ -230,6 +230,25 @@ def test_warm_processes_serve_only_their_own_action(platform):
     assert "warm" not in starts(again), "a crashed process is not reused"
 
 
+def test_a_wide_fan_out_of_short_instances_runs_on_the_processes_it_has(platform):
+    # 24 instances at once, more than the 16 idle processes an agent keeps: once the action's runs
+    # are known to be shorter than starting a process, instances past those wait for a sibling's
+    # process (or take a pre-warmed one) instead of starting their own.
+    manifest = {"name": "wide", "elements": {"e": {"kind": "compute", "code": "noop.py", "parallelism": 24,
+                                                   "cpu": 0.01}}}
+    app = {"manifest": json.dumps(manifest), "files": {"noop.py": "def main(args, action):\n    return {}\n"}}
+    assert platform.call("PUT", "/api/v1/namespaces/_/apps/wide", app)[0] == 200
+    # The agent learns how long a run of the action takes from runs on processes that were
+    # already up: the first invocation may have had none (all 24 started for it), the second has.
+    for _ in range(2):
+        status, first = platform.invoke("wide")
+        assert status == 200 and sum(starts(first).values()) == 24, starts(first)
+    for _ in range(2):
+        status, again = platform.invoke("wide")
+        assert status == 200 and sum(starts(again).values()) == 24
+        assert "cold" not in starts(again), starts(again)
+
+
 def test_a_runtime_token_dies_with_its_instance(platform):
     # `first` ends, and `second` (the next wave, same activation) tries first's token.
     assert platform.deploy(APPS / "stale")[0] == 200
