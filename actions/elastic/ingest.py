@@ -16,7 +16,7 @@ def main(args, action):
     st.grow("stream", "template", capacity * width)
     rng = numpy.random.default_rng(17)
     for c in range(chunks):
-        if c == capacity:  # the data outgrew its memory: twice the room, what it holds moved along
+        if c == capacity:  # the data outgrew its memory: twice the room (what it holds stays where it is)
             capacity *= 2
             st.grow("stream", "template", capacity * width)
             grown += 1

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import struct
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy
 
@@ -57,41 +57,61 @@ def _bytes_of(array: numpy.ndarray) -> numpy.ndarray:
 
 
 class MemoryState:
-    """State in the application's memory elements, through the action's transports."""
+    """State in the application's memory elements, through the action's transports.
+
+    An element `grow` makes is a list of memory elements (segments), each asked of the runtime
+    when the data outgrew the ones before: growing adds room and moves nothing, as a Redis server
+    grows in place. A slot lies in one segment (grow by whole slots: the elastic job doubles its
+    slots and its room together)."""
 
     kind = "memory"
 
     def __init__(self, action: Any) -> None:
         self._action = action
         self._transports: Dict[str, Any] = {}
-        self._names: Dict[str, str] = {}  # element -> the transport that holds it now (grow)
+        self._segments: Dict[str, List[Tuple[str, int]]] = {}  # element `grow` made -> [(transport, bytes)]
         self._generation = 0
         self._control = 0.0  # asking the runtime for memory and giving it back (not data movement)
         self._counters = _Counters()
 
-    def _transport(self, element: str):
-        name = self._names.get(element, element)  # an element `grow` made has a name of its own
+    def _named(self, name: str):
         t = self._transports.get(name)
         if t is None:
             t = self._transports[name] = self._action.get_transport(name, "rdma")
         return t
 
+    def _layout(self, element: str) -> List[Tuple[str, int]]:
+        """The element's segments: [(transport, bytes)]; one, the element itself, unless grown."""
+        segments = self._segments.get(element)
+        if segments is None:
+            segments = [(element, self._named(element).remote()[0])]
+        return segments
+
     def _slot(self, element: str, index: int, slots: int):
-        size, _ = self._transport(element).remote()
+        """(transport, offset in it, width) of slot `index` of `slots`."""
+        segments = self._layout(element)
+        size = sum(n for _, n in segments)
         if slots <= 0 or not 0 <= index < slots:
             raise StateError(f"slot {index} of {slots} in element {element!r}")
         width = size // slots
         if width <= _LEN.size:
             raise StateError(f"element {element!r} of {size} bytes has no room for {slots} slots")
-        return index * width, width
+        at = index * width
+        for name, n in segments:
+            if at < n:
+                if at + width > n:
+                    raise StateError(f"slot {index} of {slots} in element {element!r} spans two of its segments "
+                                     "(grow it by whole slots)")
+                return self._named(name), at, width
+            at -= n
+        raise StateError(f"slot {index} of {slots} is past the end of element {element!r}")  # not reached
 
     def put(self, element: str, index: int, array: numpy.ndarray, slots: int = 1) -> None:
         data = _bytes_of(array)
-        base, width = self._slot(element, index, slots)
+        t, base, width = self._slot(element, index, slots)
         if data.nbytes + _LEN.size > width:
             raise StateError(f"{data.nbytes} bytes do not fit slot {index} of element {element!r} "
                              f"({width - _LEN.size} bytes; the element holds {slots} slots)")
-        t = self._transport(element)
         head = numpy.empty(_LEN.size, dtype=numpy.uint8)
         _LEN.pack_into(head, 0, data.nbytes + 1)  # 0 is a slot never written (memory starts zeroed)
         t0 = time.perf_counter()
@@ -105,8 +125,7 @@ class MemoryState:
         self._counters.add(t0, written=head.nbytes + data.nbytes)
 
     def get(self, element: str, index: int, dtype: Any, slots: int = 1) -> numpy.ndarray:
-        base, width = self._slot(element, index, slots)
-        t = self._transport(element)
+        t, base, width = self._slot(element, index, slots)
         t0 = time.perf_counter()
         head = numpy.empty(_LEN.size, dtype=numpy.uint8)
         t.reg_memory(head.ctypes.data, head.nbytes, keep=head)
@@ -123,43 +142,29 @@ class MemoryState:
         return out.view(dtype)
 
     def grow(self, element: str, template: str, size: int) -> None:
-        """Makes `element` hold at least `size` bytes, keeping what it holds: a bigger memory element
-        from `template` (the runtime's invoke), the old one's bytes copied over, the old one
-        released. The first call makes the element."""
-        current = self._names.get(element)
-        have = self._transport(current).remote()[0] if current else 0
-        if current and have >= size:
+        """Makes `element` hold at least `size` bytes, keeping what it holds where it is: one more
+        memory element from `template` (the runtime's invoke) for the rest. The first call makes
+        the element."""
+        segments = self._segments.setdefault(element, [])
+        have = sum(n for _, n in segments)
+        if have >= size:
             return
         self._generation += 1
         new = f"{element}-{self._generation}"
         c0 = time.perf_counter()
-        self._action.runtime.invoke(template, new, {"size": int(size)})
-        self._control += time.perf_counter() - c0
-        t0 = time.perf_counter()
-        if current:
-            old, fresh = self._transport(current), self._transport(new)
-            block = numpy.empty(min(have, 64 << 20), dtype=numpy.uint8)
-            for at in range(0, have, block.nbytes):
-                n = min(block.nbytes, have - at)
-                old.reg_memory(block.ctypes.data, n, keep=block)
-                old.read(n, at)
-                fresh.reg_memory(block.ctypes.data, n, keep=block)
-                fresh.write(n, at)
-            self._counters.add(t0, read=have, written=have)
-            self._drop(current)
-        self._names[element] = new
+        try:
+            self._action.runtime.invoke(template, new, {"size": int(size - have)})
+        finally:
+            self._control += time.perf_counter() - c0
+        segments.append((new, int(size - have)))
 
     def release(self, element: str) -> None:
-        """Gives back an element `grow` made."""
-        current = self._names.pop(element, None)
-        if current:
-            self._drop(current)
-
-    def _drop(self, name: str) -> None:
-        c0 = time.perf_counter()
-        self._transports.pop(name, None)
-        self._action.runtime.release(name)
-        self._control += time.perf_counter() - c0
+        """Gives back every segment of an element `grow` made."""
+        for name, _ in self._segments.pop(element, []):
+            c0 = time.perf_counter()
+            self._transports.pop(name, None)
+            self._action.runtime.release(name)
+            self._control += time.perf_counter() - c0
 
     def counters(self) -> Dict[str, Any]:
         return dict(self._counters.as_dict(), runtime_seconds=round(self._control, 6))
