@@ -19,6 +19,10 @@ namespace scad {
 
 using Clock = std::chrono::steady_clock;
 
+namespace {
+constexpr size_t kWaitersPerProcess = 4;  // callers that may queue for each running process of an action
+}  // namespace
+
 Worker::~Worker() {
   for (int fd : {in, out, err})
     if (fd >= 0) close(fd);
@@ -100,10 +104,15 @@ double WorkerPool::cold_estimate_ms_locked() const {
 bool WorkerPool::worth_waiting_locked(const std::string &key) const {
   if (o_.warm_wait_ms <= 0) return false;
   auto it = actions_.find(key);
-  // A sibling frees its process, on average, within one run of the action: worth waiting for if
-  // that is sooner than a process of one's own would be ready.
-  return it != actions_.end() && it->second.running > 0 && it->second.run_ms >= 0 &&
-         it->second.run_ms < cold_estimate_ms_locked();
+  if (it == actions_.end() || it->second.running == 0 || it->second.run_ms < 0) return false;
+  // The running processes free up about once a run each, and callers already waiting go first:
+  // worth waiting for if this caller's turn comes sooner than a process of its own would be ready.
+  // A queue several deep per running process starts one more instead, so a fan-out grows to some
+  // processes of its own (kept warm for its next wave) rather than queueing behind one.
+  const PerAction &a = it->second;
+  if (a.waiters.size() >= kWaitersPerProcess * size_t(a.running)) return false;
+  double turn_ms = double(a.waiters.size() + 1) / double(a.running) * a.run_ms;
+  return turn_ms < cold_estimate_ms_locked();
 }
 
 std::unique_ptr<Worker> WorkerPool::acquire(const std::string &plain_key, std::string *how, bool network) {
@@ -142,12 +151,11 @@ std::unique_ptr<Worker> WorkerPool::acquire(const std::string &plain_key, std::s
           still.erase(at);
           break;
         }
-      if (handed) {
-        w = std::move(handed);
+      if (handed) {  // counted running from the moment it was handed over
         *how = "warm";
-      } else {
-        take_idle(true);  // one may have gone idle without a waiter's turn; or a pre-warmed one
+        return handed;
       }
+      take_idle(true);  // one may have gone idle without a waiter's turn; or a pre-warmed one
     }
     if (w) {
       mark_busy_locked(w.get(), key);
@@ -200,11 +208,22 @@ void WorkerPool::release(std::unique_ptr<Worker> w, bool healthy) {
   if (!a.waiters.empty()) {  // straight to the caller that has waited longest
     std::unique_ptr<Worker> *to = a.waiters.front();
     a.waiters.pop_front();
+    // Running again at once: until its caller wakes, a newcomer must not find the action idle
+    // (and start a process of its own).
+    mark_busy_locked(w.get(), w->key);
     *to = std::move(w);
     cv_.notify_all();
     return;
   }
-  if (int(warm_.size()) >= o_.max_warm) return;
+  if (o_.max_warm <= 0) return;
+  if (int(warm_.size()) >= o_.max_warm) {
+    // Full: the process idle longest goes (whatever its action), as OpenWhisk evicts its least
+    // recently used container, so that an action running now keeps its processes.
+    auto oldest = warm_.begin();
+    for (auto it = warm_.begin(); it != warm_.end(); ++it)
+      if (it->second->idle_since < oldest->second->idle_since) oldest = it;
+    warm_.erase(oldest);
+  }
   w->idle_since = now;
   warm_.emplace(w->key, std::move(w));
 }

@@ -5,12 +5,15 @@
 // never shared between different actions, and one that crashed or timed out is never reused.
 //
 // A wide fan-out asks for many processes of one action at once. Where processes of that action
-// are running and its runs have been shorter than a run on a newly started process (interpreter
-// start included), a caller with no idle process waits that long (at most warm_wait_ms) for one
-// of them to be released, which is handed to it directly, instead of starting its own: a fan-out
-// of 512 short instances then runs on the processes it has, as OpenWhisk's activations queue for
-// a free container. A caller that waited in vain starts one (no instance waits for another
-// forever), and a long-running action's fan-out starts processes at once as before.
+// are running and, at the pace its runs have gone, one would be free for this caller (after the
+// callers already waiting) sooner than a newly started process would have done a run
+// (interpreter start included), the caller waits that long (at most warm_wait_ms) for a released
+// one, handed to it directly, instead of starting its own: a fan-out of 512 short instances then
+// runs on the processes it has, as OpenWhisk's activations queue for a free container (no more
+// than four callers queue per running process: past that one more is started). A caller
+// that waited in vain starts one (no instance waits for another forever), and a long-running
+// action's fan-out starts processes at once as before. When the idle processes kept reach
+// max_warm, the one idle longest is ended to keep a newly released one.
 #pragma once
 #include <sys/types.h>
 

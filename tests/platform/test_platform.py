@@ -249,6 +249,27 @@ def test_a_wide_fan_out_of_short_instances_runs_on_the_processes_it_has(platform
         assert "cold" not in starts(again), starts(again)
 
 
+def test_a_full_warm_pool_makes_room_for_the_action_running_now(tmp_path):
+    # One idle process kept (--max-warm 1): the action that ran last keeps it, the one idle
+    # longest gives it up, as OpenWhisk evicts its least recently used container.
+    p = Platform(tmp_path / "home", extra=["--max-warm", "1", "--prewarm", "0"])
+    try:
+        code = "def main(args):\n    return {'who': %r}\n"
+        for name in ("a", "b"):
+            status, _ = p.call("PUT", f"/api/v1/namespaces/_/actions/{name}",
+                               {"exec": {"kind": "python:3", "code": code % name}})
+            assert status == 200
+        path = "/api/v1/namespaces/_/actions/{}"
+        assert p.call("POST", path.format("a"), {}, params="?blocking=true")[1]["response"]["result"] == {"who": "a"}
+        assert p.call("POST", path.format("b"), {}, params="?blocking=true")[0] == 200
+        status, again = p.call("POST", path.format("b"), {}, params="?blocking=true")
+        assert status == 200 and starts(again) == {"warm": 1}, starts(again)
+        status, first_again = p.call("POST", path.format("a"), {}, params="?blocking=true")
+        assert status == 200 and starts(first_again) == {"cold": 1}, starts(first_again)
+    finally:
+        p.stop()
+
+
 def test_a_runtime_token_dies_with_its_instance(platform):
     # `first` ends, and `second` (the next wave, same activation) tries first's token.
     assert platform.deploy(APPS / "stale")[0] == 200
