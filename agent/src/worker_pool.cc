@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cassert>
 #include <cerrno>
 #include <vector>
 
@@ -84,16 +85,19 @@ std::unique_ptr<Worker> WorkerPool::spawn(bool network) {
 }
 
 void WorkerPool::mark_busy_locked(Worker *w, const std::string &key) {
+  assert(!w->busy);  // replacing a token would run its deleter here, under mu_
   w->acquired = Clock::now();
   actions_[key].running++;
-  // Uncounted when the worker is released or ended, whichever comes first (never under mu_:
-  // release() resets it before it locks, and a worker is ended outside the lock).
+  // Uncounted when the worker is released or ended, whichever comes first; never under mu_,
+  // which the deleter takes: release() lets go of it after unlocking, and a worker a caller
+  // holds is ended outside the lock. Waiters wake: with nothing left running they stop waiting.
   w->busy = std::shared_ptr<void>(nullptr, [this, key](void *) {
     std::lock_guard<std::mutex> lk(mu_);
     auto it = actions_.find(key);
     if (it == actions_.end()) return;
     it->second.running--;
     if (it->second.running == 0 && it->second.waiters.empty() && it->second.run_ms < 0) actions_.erase(it);
+    cv_.notify_all();
   });
 }
 
@@ -144,7 +148,7 @@ std::unique_ptr<Worker> WorkerPool::acquire(const std::string &plain_key, std::s
       auto &waiters = actions_[key].waiters;
       waiters.push_back(&handed);
       auto wait = std::chrono::duration<double, std::milli>(cold_estimate_ms_locked());
-      cv_.wait_for(lk, wait, [&] { return handed || stopping_; });
+      cv_.wait_for(lk, wait, [&] { return handed || stopping_ || actions_[key].running == 0; });
       auto &still = actions_[key].waiters;
       for (auto at = still.begin(); at != still.end(); ++at)
         if (*at == &handed) {
@@ -188,8 +192,14 @@ std::unique_ptr<Worker> WorkerPool::spawn_on_maintainer(bool network) {
 
 void WorkerPool::release(std::unique_ptr<Worker> w, bool healthy) {
   if (!w) return;
-  w->busy.reset();  // no longer running (takes mu_ itself)
-  if (!healthy) return;  // the destructor ends it
+  if (!healthy) {
+    w->busy.reset();  // no longer running (takes mu_ itself)
+    return;           // the destructor ends it
+  }
+  // Both let go of after the lock: the token's deleter takes it, and ending a process waits for
+  // it (and for its cgroup to empty).
+  std::shared_ptr<void> busy = std::move(w->busy);
+  std::unique_ptr<Worker> evicted;
   std::lock_guard<std::mutex> lk(mu_);
   if (stopping_) return;
   auto now = Clock::now();
@@ -208,9 +218,10 @@ void WorkerPool::release(std::unique_ptr<Worker> w, bool healthy) {
   if (!a.waiters.empty()) {  // straight to the caller that has waited longest
     std::unique_ptr<Worker> *to = a.waiters.front();
     a.waiters.pop_front();
-    // Running again at once: until its caller wakes, a newcomer must not find the action idle
-    // (and start a process of its own).
-    mark_busy_locked(w.get(), w->key);
+    // Still counted running (it keeps its token): until its caller wakes, a newcomer must not
+    // find the action idle and start a process of its own.
+    w->busy = std::move(busy);
+    w->acquired = now;
     *to = std::move(w);
     cv_.notify_all();
     return;
@@ -222,6 +233,7 @@ void WorkerPool::release(std::unique_ptr<Worker> w, bool healthy) {
     auto oldest = warm_.begin();
     for (auto it = warm_.begin(); it != warm_.end(); ++it)
       if (it->second->idle_since < oldest->second->idle_since) oldest = it;
+    evicted = std::move(oldest->second);
     warm_.erase(oldest);
   }
   w->idle_since = now;
@@ -253,8 +265,20 @@ void WorkerPool::maintain() {
     }
     if (!spawn_requests_.empty()) continue;
     auto now = Clock::now();
-    for (auto it = warm_.begin(); it != warm_.end();)
-      it = now - it->second->idle_since > std::chrono::milliseconds(o_.keep_alive_ms) ? warm_.erase(it) : std::next(it);
+    std::vector<std::unique_ptr<Worker>> expired;  // ended outside the lock (each waits for its process)
+    for (auto it = warm_.begin(); it != warm_.end();) {
+      if (now - it->second->idle_since > std::chrono::milliseconds(o_.keep_alive_ms)) {
+        expired.push_back(std::move(it->second));
+        it = warm_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    if (!expired.empty()) {
+      lk.unlock();
+      expired.clear();
+      lk.lock();
+    }
     // An action with nothing running, waiting or warm is forgotten (its runs' length with it).
     for (auto it = actions_.begin(); it != actions_.end();)
       it = it->second.running == 0 && it->second.waiters.empty() && !warm_.count(it->first) ? actions_.erase(it)

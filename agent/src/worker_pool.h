@@ -68,6 +68,8 @@ struct WorkerRun {
 // this long is user code writing to the result pipe).
 constexpr size_t kMaxReplyBytes = 64u << 20;
 
+// The pool outlives every worker it hands out (a worker's token refers to it): its owner ends the
+// callers that hold workers (the agent's HTTP server, its threads joined) before the pool.
 class WorkerPool {
  public:
   explicit WorkerPool(WorkerOptions o);

@@ -87,6 +87,7 @@ void ServerConn::cut(const std::function<bool(const Grant &)> &pred, int reason)
     d.addr = h;
     d.status = reason;
     send_frame(d, {});
+    if (closing_) return;  // the send failed: close() let go of the rest
   }
 }
 

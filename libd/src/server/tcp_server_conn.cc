@@ -69,8 +69,10 @@ int TcpServerConn::on_kind_frame(const Header &h) {
     }
     case kVerbsConnect:
     case kVerbsCmRequest: {
+      auto grant = atts_.find(0);  // the AUTH grant: a plain connection's only one
+      if (grant == atts_.end()) return -EPROTO;
       std::string body;
-      verbs_.on_frame(this, h, ctl_, atts_[0], &r, &body);
+      verbs_.on_frame(this, h, ctl_, grant->second, &r, &body);
       send_frame(r, body);
       return 0;
     }
