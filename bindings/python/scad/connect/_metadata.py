@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from json.encoder import encode_basestring
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +23,10 @@ _str = encode_basestring  # a JSON string, quoted and escaped (json's own C enco
 _FIELDS = frozenset({"version", "operation_kind", "notification_key", "owner", "hostname", "host", "port", "path",
                      "verbs", "expires_at", "descriptors"})
 _DESCRIPTOR_FIELDS = frozenset({"size", "device", "grant", "secret"})
+_FIELD_TYPES = (("notification_key", str), ("owner", str), ("hostname", str), ("host", str), ("port", int),
+                ("path", str), ("verbs", bool), ("expires_at", (int, float)))
+_NOTIFICATION_KEY = re.compile(r"[0-9a-f]{16}")
+_CONFIG_VALUE = re.compile(r"[^;,]+")  # a value in a libd configuration string: no separators
 
 
 @functools.lru_cache(maxsize=64)
@@ -118,25 +123,25 @@ class RdmaMetadata:
             raise ValueError("RdmaMetadata: no descriptors")
         parsed = []
         for d in descs:
-            if not isinstance(d, dict) or d.keys() != _DESCRIPTOR_FIELDS:
+            if type(d) is not dict or d.keys() != _DESCRIPTOR_FIELDS:
                 raise ValueError("RdmaMetadata: a descriptor needs exactly size, device, grant and secret")
-            if not isinstance(d["size"], int) or d["size"] <= 0:
+            size, grant, secret = d["size"], d["grant"], d["secret"]
+            if type(size) is not int or size <= 0:
                 raise ValueError("RdmaMetadata: a descriptor's size must be a positive integer")
-            for key in ("grant", "secret"):
-                value = d[key]
-                # Both end up in a libd configuration string: its separators must not appear.
-                if not isinstance(value, str) or not value or any(c in value for c in ";,"):
-                    raise ValueError(f"RdmaMetadata: a descriptor's {key} is malformed")
-            parsed.append(SerializedDescriptor(size=d["size"], grant=d["grant"], secret=d["secret"], device=d["device"]))
-        for key, typ in (("notification_key", str), ("owner", str), ("hostname", str), ("host", str), ("port", int),
-                         ("path", str), ("verbs", bool), ("expires_at", (int, float))):
+            # Both end up in a libd configuration string: its separators must not appear.
+            if type(grant) is not str or not _CONFIG_VALUE.fullmatch(grant):
+                raise ValueError("RdmaMetadata: a descriptor's grant is malformed")
+            if type(secret) is not str or not _CONFIG_VALUE.fullmatch(secret):
+                raise ValueError("RdmaMetadata: a descriptor's secret is malformed")
+            parsed.append(SerializedDescriptor(size=size, grant=grant, secret=secret, device=d["device"]))
+        for key, typ in _FIELD_TYPES:
             if not isinstance(raw[key], typ):
                 raise ValueError(f"RdmaMetadata: field {key!r} has the wrong type")
-        key = raw["notification_key"]
-        if len(key) != 16 or any(c not in "0123456789abcdef" for c in key):
+        if not _NOTIFICATION_KEY.fullmatch(raw["notification_key"]):
             raise ValueError("RdmaMetadata: notification_key must be 16 lower-case hex digits")
         for key in ("host", "path"):
-            if any(c in raw[key] for c in ";,"):
+            value = raw[key]
+            if ";" in value or "," in value:
                 raise ValueError(f"RdmaMetadata: field {key!r} is malformed")
         return cls(operation_kind=kind, notification_key=raw["notification_key"], owner=raw["owner"],
                    hostname=raw["hostname"], host=raw["host"], port=raw["port"], path=raw["path"],
