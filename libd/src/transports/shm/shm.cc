@@ -220,13 +220,20 @@ class ShmSession : public FrameReader::Handler, public std::enable_shared_from_t
     uint64_t addr = table_ + uint64_t(slot) * sizeof(CmaSlot);
     CmaSlot c;
     uint64_t again = 0;
-    if (!read_owner(&c, addr, sizeof c) || (c.seq & 1) || !c.live) return -EAGAIN;
-    // The grant is for anyone holding it ("*"), or for this action alone.
-    std::string any = cma_tag(secret, grant_id, "*"), mine = cma_tag(secret, grant_id, aid);
-    if (any.size() != sizeof c.tag || mine.size() != sizeof c.tag ||
-        (CRYPTO_memcmp(any.data(), c.tag, sizeof c.tag) != 0 && CRYPTO_memcmp(mine.data(), c.tag, sizeof c.tag) != 0))
+    // The slot, then its seq once more, in one system call (the kernel copies in order): a seq
+    // that changed in between is a slot being rewritten while it was read.
+    struct iovec l[2] = {{&c, sizeof c}, {&again, sizeof again}};
+    struct iovec r[2] = {{reinterpret_cast<void *>(uintptr_t(addr)), sizeof c},
+                         {reinterpret_cast<void *>(uintptr_t(addr)), sizeof again}};
+    if (process_vm_readv(pid_, l, 2, r, 2, 0) != ssize_t(sizeof c + sizeof again) || (c.seq & 1) || !c.live ||
+        again != c.seq)
       return -EAGAIN;
-    if (!read_owner(&again, addr, sizeof again) || again != c.seq) return -EAGAIN;  // torn: changed while read
+    // The grant is for anyone holding it ("*"), or for this action alone (its tag is made only
+    // when the first does not match).
+    auto matches = [&](const std::string &tag) {
+      return tag.size() == sizeof c.tag && CRYPTO_memcmp(tag.data(), c.tag, sizeof c.tag) == 0;
+    };
+    if (!matches(cma_tag(secret, grant_id, "*")) && !matches(cma_tag(secret, grant_id, aid))) return -EAGAIN;
     std::unique_lock<std::mutex> lk(mu_);
     if (closed_ || !handles_left_locked()) return -EAGAIN;
     uint32_t h = next_handle_++;
@@ -381,12 +388,6 @@ class ShmSession : public FrameReader::Handler, public std::enable_shared_from_t
   };
 
   ShmSession() : reader_(this) {}
-
-  // Reads the owner's memory (its grant table) by cross-memory attach.
-  bool read_owner(void *dst, uint64_t addr, size_t n) {
-    struct iovec l = {dst, n}, r = {reinterpret_cast<void *>(uintptr_t(addr)), n};
-    return process_vm_readv(pid_, &l, 1, &r, 1, 0) == ssize_t(n);
-  }
 
   void start_watch() {
     holder_ = new std::shared_ptr<ShmSession>(shared_from_this());  // the watch keeps the session alive
@@ -603,6 +604,22 @@ class ShmTransport : public Transport {
     return process_vm_readv(cma_pid_, &l, 1, &r, 1, 0) == ssize_t(sizeof seq) && seq == slot_seq_;
   }
 
+  // A read of one segment from a grant attached from the owner's table, in one system call: the
+  // slot's seq, the bytes, the seq again (the kernel copies in that order). True when all of it
+  // moved and the slot stayed as checked at attach; otherwise the caller takes the careful path
+  // (a read can be made again), which says what went wrong.
+  bool checked_cma_read(const Segment &s) {
+    uint64_t before = 0, after = 0;
+    void *slot = reinterpret_cast<void *>(uintptr_t(slot_addr_));
+    struct iovec l[3] = {{&before, sizeof before}, {s.buf, size_t(s.size)}, {&after, sizeof after}};
+    struct iovec r[3] = {{slot, sizeof before},
+                         {reinterpret_cast<void *>(uintptr_t(cma_base_ + s.raddr)), size_t(s.size)},
+                         {slot, sizeof after}};
+    ssize_t want = ssize_t(s.size + sizeof before + sizeof after);
+    return process_vm_readv(cma_pid_, l, 3, r, 3, 0) == want && before == slot_seq_ && after == slot_seq_ &&
+           alive_->load(std::memory_order_acquire);
+  }
+
   // One segment by cross-memory attach; the kernel may move less than asked, so loop.
   int cma_copy(bool is_read, const Segment &s) {
     uint64_t done = 0;
@@ -699,6 +716,10 @@ class ShmTransport : public Transport {
       return 0;
     }
     bool is_read = op->kind() == OpKind::Read;
+    if (is_read && slot_addr_ && cma_pid_ && op->segments().size() == 1 && checked_cma_read(op->segments()[0])) {
+      op->complete(0);
+      return 0;
+    }
     for (const auto &s : op->segments()) {
       if (cma_pid_) {
         if (int rc = cma_copy(is_read, s)) {
