@@ -12,38 +12,30 @@ warm-up operations; the sum is a floor under what scad.connect's own operation c
 """
 import argparse
 import asyncio
-import json
 import os
 import pathlib
-import select
 import statistics
 import sys
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "build" / "python"), str(ROOT / "bindings" / "python")]
+sys.path[:0] = [str(ROOT / "build" / "python"), str(ROOT / "bindings" / "python"), str(ROOT / "bench")]
 
 import numpy  # noqa: E402
+
+from transfer_pair import Channel  # noqa: E402
 
 perf = time.perf_counter
 BUSY_POLL_US = 500.0
 WARMUP = 50
 
 
-def send(fd, msg):
-    os.write(fd, (json.dumps(msg) + "\n").encode())
+def channel(rfd, wfd):
+    """One JSON line each way over the pipes, polled as bench/transfer.py's workers poll theirs."""
+    return Channel(os.fdopen(rfd, "r"), os.fdopen(wfd, "w"))
 
 
-def recv_polling(fd):
-    while not select.select([fd], [], [], 0)[0]:
-        os.sched_yield()
-    buf = b""
-    while not buf.endswith(b"\n"):
-        buf += os.read(fd, 65536)
-    return json.loads(buf)
-
-
-def peer(transport, runs, rfd, wfd):
+def peer(transport, runs, chan):
     """The active side: libd's calls in scad.connect's order, each timed."""
     from disagg import LibdAction
     from scad import _memserver
@@ -52,7 +44,7 @@ def peer(transport, runs, rfd, wfd):
     connector = Connector(transport=transport, busy_poll_us=BUSY_POLL_US)
     local = Descriptor(numpy.zeros(64, dtype=numpy.uint8))
     for _ in range(runs):
-        msg = recv_polling(rfd)
+        msg = chan.recv_polling()
         t = [perf()]
         md = RdmaMetadata.from_json(msg["record"])
         t.append(perf())
@@ -74,10 +66,10 @@ def peer(transport, runs, rfd, wfd):
         t.append(perf())
         action.terminate()
         t.append(perf())
-        send(wfd, {"t": t})
+        chan.send({"t": t})
 
 
-async def owner(runs, wfd, rfd):
+async def owner(runs, chan):
     from scad.connect import Connector, Descriptor
 
     connector = Connector(busy_poll_us=BUSY_POLL_US)
@@ -89,11 +81,11 @@ async def owner(runs, wfd, rfd):
         t1 = perf()
         record = op.metadata().to_json()
         t2 = perf()
-        send(wfd, {"record": record})
+        chan.send({"record": record})
         t3 = perf()
         await op.wait_for_completion()
         t4 = perf()
-        rows.append(([t0, t1, t2, t3, t4], recv_polling(rfd)["t"]))
+        rows.append(([t0, t1, t2, t3, t4], chan.recv_polling()["t"]))
     return rows
 
 
@@ -107,10 +99,10 @@ def main():
     pid = os.fork()  # before either side has loaded libd
     if pid == 0:
         try:
-            peer(args.transport, runs, to_peer[0], from_peer[1])
+            peer(args.transport, runs, channel(to_peer[0], from_peer[1]))
         finally:
             os._exit(0)
-    rows = asyncio.run(owner(runs, to_peer[1], from_peer[0]))
+    rows = asyncio.run(owner(runs, channel(from_peer[0], to_peer[1])))
     os.waitpid(pid, 0)
     steps = {}
     for (t0, t1, t2, t3, t4), a in rows[WARMUP:]:

@@ -24,3 +24,15 @@ def platform(tmp_path):
     p = Platform(tmp_path / "home")
     yield p
     p.stop()
+
+
+@pytest.fixture
+def runtime(monkeypatch):
+    """A test runtime endpoint (tests/python/runtime_server.py) that action.runtime reaches."""
+    from runtime_server import RuntimeEndpoint  # beside the binding's tests, which use it
+
+    rt = RuntimeEndpoint()
+    monkeypatch.setenv("SCAD_RUNTIME_URL", rt.url)
+    monkeypatch.setenv("SCAD_RUNTIME_TOKEN", rt.token)
+    yield rt
+    rt.close()

@@ -147,8 +147,8 @@ std::unique_ptr<Worker> WorkerPool::acquire(const std::string &plain_key, std::s
       std::unique_ptr<Worker> handed;
       auto &waiters = actions_[key].waiters;
       waiters.push_back(&handed);
-      auto wait = std::chrono::duration<double, std::milli>(cold_estimate_ms_locked());
-      cv_.wait_for(lk, wait, [&] { return handed || stopping_ || actions_[key].running == 0; });
+      auto longest = std::chrono::duration<double, std::milli>(cold_estimate_ms_locked());
+      cv_.wait_for(lk, longest, [&] { return handed || stopping_ || actions_[key].running == 0; });
       auto &still = actions_[key].waiters;
       for (auto at = still.begin(); at != still.end(); ++at)
         if (*at == &handed) {

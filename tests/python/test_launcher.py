@@ -7,20 +7,10 @@ import sys
 import pytest
 
 from scadtest import BUILD, ROOT
-from runtime_server import RuntimeEndpoint
 from scad.launcher import run_action
 from scad.runtime_client import RuntimeClient, RuntimeRequestError
 
 ACTIONS = pathlib.Path(__file__).parent / "actions"
-
-
-@pytest.fixture
-def runtime(monkeypatch):
-    rt = RuntimeEndpoint()
-    monkeypatch.setenv("SCAD_RUNTIME_URL", rt.url)
-    monkeypatch.setenv("SCAD_RUNTIME_TOKEN", rt.token)
-    yield rt
-    rt.close()
 
 
 def spec(memd_server, impl, code, aid="it-client", args=None):

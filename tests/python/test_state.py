@@ -3,20 +3,10 @@ errors, against the test runtime endpoint (real memory elements served in this p
 import numpy
 import pytest
 
-from runtime_server import RuntimeEndpoint
 from scad.action import Action
 from scad.state import MemoryState, StateError
 
 WIDTH = 4096 + 8  # a slot: 512 int64 and the slot's length
-
-
-@pytest.fixture
-def runtime(monkeypatch):
-    rt = RuntimeEndpoint()
-    monkeypatch.setenv("SCAD_RUNTIME_URL", rt.url)
-    monkeypatch.setenv("SCAD_RUNTIME_TOKEN", rt.token)
-    yield rt
-    rt.close()
 
 
 def chunk(i):
