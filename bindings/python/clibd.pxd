@@ -64,6 +64,10 @@ cdef extern from "libd.h" nogil:
     uint64_t libd_stats_percentile_ns(const libd_stats *stats, double p)
 
     int libd_trdma_reg(libd_transport *trans, size_t size, void **buf)
+    ctypedef struct libd_range:
+        void *base
+        uint64_t size
+    int libd_trdma_reg_ranges(libd_transport *trans, const libd_range *ranges, int n)
     int libd_trdma_remote(libd_transport *trans, uint64_t *size, unsigned *rights)
     int libd_trdma_read(libd_transport *trans, size_t size, uint64_t raddr, void *buf)
     int libd_trdma_write(libd_transport *trans, size_t size, uint64_t raddr, const void *buf)
@@ -95,6 +99,7 @@ cdef extern from "libd.h" nogil:
     int libd_trdma_server_run(libd_transport *trans)
 
     int libd_trdma_server_expose(libd_transport *trans, const char *element, void *base, uint64_t size)
+    int libd_trdma_server_expose_ranges(libd_transport *trans, const char *element, const libd_range *ranges, int n)
     int libd_trdma_server_withdraw(libd_transport *trans, const char *element)
     ctypedef struct libd_grant_spec:
         const char *element

@@ -377,6 +377,7 @@ cdef class LibdTransportRDMA(LibdTransport):
     cdef char *_base
     cdef size_t _size
     cdef int _nowait                # from caps, read once: 1 transfers are copies in this thread, 2 not, 0 not asked yet
+    cdef bint _ranged               # reg_ranges: entries name their local bytes by address
     cdef unsigned char[::1] _view   # holds the buffer export: the memory outlives any terminate
     cdef object _owner
     cdef public object buf
@@ -408,6 +409,7 @@ cdef class LibdTransportRDMA(LibdTransport):
         self._view = view
         self._base = <char *>&view[0]
         self._size = size
+        self._ranged = False
         self.buf = memoryview(owner)[:size]
 
     def reg_memory(self, uint64_t address, size_t size, keep=None):
@@ -427,6 +429,36 @@ cdef class LibdTransportRDMA(LibdTransport):
         self._view = None
         self._base = <char *><size_t>address
         self._size = size
+        self._ranged = False
+        self.buf = None
+
+    def reg_ranges(self, ranges, keep=None):
+        """Registers several buffers of the caller at once, in place: `ranges` is a list of
+        (address, size). An entry of readv/writev (and their async forms) then names its local
+        bytes by address, (size, remote_offset, address), which must lie inside one of them (libd
+        checks). `keep` is held as long as the registration. self.buf is None."""
+        cdef clibd.libd_transport *t = self._tr()
+        cdef int n = len(ranges)
+        if n == 0:
+            raise ValueError("reg_ranges: at least one (address, size) range")
+        cdef clibd.libd_range *r = <clibd.libd_range *>malloc(n * sizeof(clibd.libd_range))
+        if r == NULL:
+            raise MemoryError()
+        cdef int rc
+        try:
+            for i, (address, size) in enumerate(ranges):
+                r[i].base = <void *><size_t>address
+                r[i].size = size
+            with nogil:
+                rc = clibd.libd_trdma_reg_ranges(t, r, n)
+        finally:
+            free(r)
+        _check(rc, "reg_ranges")
+        self._owner = keep
+        self._view = None
+        self._base = <char *><size_t>ranges[0][0]
+        self._size = ranges[0][1]
+        self._ranged = n > 1
         self.buf = None
 
     def notify(self, uint64_t value, int status=0, bint last=False):
@@ -456,6 +488,10 @@ cdef class LibdTransportRDMA(LibdTransport):
         return numpy.frombuffer(self.buf, dtype=numpy.uint8)
 
     cdef inline char *_local(self, size_t size, size_t offset) except NULL:
+        if self._ranged:  # several registered buffers: `offset` is the address (libd checks it)
+            if offset == 0:
+                raise ValueError(f"transport {self.name!r}: with several registered buffers, name the local bytes by address")
+            return <char *>offset
         if self._base == NULL:
             raise MemoryError(f"transport {self.name!r}: no local buffer registered; call reg() first")
         if offset > self._size or size > self._size - offset:
@@ -674,6 +710,27 @@ cdef class LibdTransportRDMAServer(LibdTransport):
         cdef clibd.libd_transport *t = self._tr()
         bel = _b(element)
         _check(clibd.libd_trdma_server_expose(t, bel, <void *><size_t>address, size), "expose")
+
+    def expose_ranges(self, element, ranges):
+        """Serves several buffers of the caller, `ranges` a list of (address, size), in place as one
+        element: its offsets run through them in order, a grant opens all of them (and nothing
+        between them), and one transfer moves within one of them. Over tcp and shm; verbs refuses
+        it (lend each buffer as its own element there)."""
+        cdef clibd.libd_transport *t = self._tr()
+        cdef int n = len(ranges)
+        if n == 0:
+            raise ValueError("expose_ranges: at least one (address, size) range")
+        cdef clibd.libd_range *r = <clibd.libd_range *>malloc(n * sizeof(clibd.libd_range))
+        if r == NULL:
+            raise MemoryError()
+        bel = _b(element)
+        try:
+            for i, (address, size) in enumerate(ranges):
+                r[i].base = <void *><size_t>address
+                r[i].size = size
+            _check(clibd.libd_trdma_server_expose_ranges(t, bel, r, n), "expose_ranges")
+        finally:
+            free(r)
 
     def withdraw(self, element):
         """Stops serving `element`: its grants are revoked and their connections closed."""

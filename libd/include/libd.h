@@ -37,7 +37,7 @@ extern "C" {
 #endif
 
 #define LIBD_VERSION_MAJOR 1
-#define LIBD_VERSION_MINOR 3
+#define LIBD_VERSION_MINOR 4
 
 typedef struct libd_action libd_action;
 typedef struct libd_transport libd_transport;
@@ -151,11 +151,22 @@ uint64_t libd_stats_percentile_ns(const libd_stats *stats, double p);
 
 enum libd_rights { LIBD_RIGHT_READ = 1, LIBD_RIGHT_WRITE = 2 };
 
+/* A list of the caller's buffers (since 1.4): where each is and its bytes. */
+typedef struct libd_range {
+    void *base;
+    uint64_t size;
+} libd_range;
+#define LIBD_MAX_RANGES 1024
+
 /* Registers a local buffer for I/O. *buf == NULL: the library allocates size bytes (zeroed,
  * page-aligned) and stores the pointer in *buf; otherwise the caller's buffer is registered.
  * Registering again replaces the previous registration (a buffer allocated by the library is
  * freed). Allocated buffers live until the next reg or until the transport is terminated. */
 int libd_trdma_reg(libd_transport *trans, size_t size, void **buf);
+/* Registers n (1..LIBD_MAX_RANGES) buffers of the caller for I/O at once (since 1.4): each
+ * transfer's buffer must lie inside one of them. Replaces the previous registration, as
+ * libd_trdma_reg does. verbs registers one buffer only (-EOPNOTSUPP for n > 1). */
+int libd_trdma_reg_ranges(libd_transport *trans, const libd_range *ranges, int n);
 /* The remote region this transport may reach: bytes and rights of the grant. */
 int libd_trdma_remote(libd_transport *trans, uint64_t *size, unsigned *rights);
 
@@ -240,6 +251,14 @@ int libd_trdma_server_run(libd_transport *trans);
  * transport. The caller keeps the memory valid until libd_trdma_server_withdraw returns.
  * -ENOTCONN not serving; -EEXIST name taken; -EINVAL NULL base or size 0. */
 int libd_trdma_server_expose(libd_transport *trans, const char *element, void *base, uint64_t size);
+/* Serves n (1..LIBD_MAX_RANGES) buffers of the caller as one element, in place (as NIXL lends a
+ * list of descriptors with one blob): its offsets run through the ranges in order (range i starts
+ * where range i-1 ends), and a grant on it opens those bytes and nothing between them. A grant on
+ * it covers the whole element, and one transfer moves within one range (a holder names each
+ * range with its own libd_iov entry; crossing is refused with -EINVAL). Served over tcp and shm;
+ * verbs refuses it with -EOPNOTSUPP (one remote key reaches one range: lend each on its own).
+ * -EEXIST, -EINVAL (a range of size 0 or no address, n out of bounds), -ENOTCONN. */
+int libd_trdma_server_expose_ranges(libd_transport *trans, const char *element, const libd_range *ranges, int n);
 /* Stops serving an element: its grants are revoked and their connections closed; tcp and verbs
  * peers can no longer reach the memory once it returns. A shm peer attached to lent memory
  * finishes the single transfer it may be running, then fails (-ECONNRESET). -ENOENT unknown. */

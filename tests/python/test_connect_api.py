@@ -104,12 +104,16 @@ def test_metadata_round_trips_hides_its_secrets_and_refuses_anything_else():
                 assert RdmaMetadata.model_validate_json(md.model_dump_json()) == md
                 assert md.operation_kind == OperationKind.WRITE
                 assert [d.size for d in md.descriptors] == [1000, 10]
+                # One list, one grant: the second descriptor is its next range (no verbs here).
+                assert len({d.grant for d in md.descriptors}) == (2 if c._endpoint["verbs"] else 1)
                 for d in md.descriptors:
                     assert d.secret not in repr(md) and d.secret not in str(md) and d.secret not in repr(d)
                 raw = json.loads(text)
                 for bad in (dict(raw, version=2), dict(raw, extra=1), {k: v for k, v in raw.items() if k != "port"},
                             dict(raw, operation_kind=3), dict(raw, descriptors=[]),
-                            dict(raw, descriptors=[dict(raw["descriptors"][0], grant="g;host,evil")])):
+                            dict(raw, descriptors=[dict(raw["descriptors"][0], grant="g;host,evil")]),
+                            # a range that continues no grant before it
+                            dict(raw, descriptors=[{"size": 10, "device": "cpu"}] + raw["descriptors"])):
                     with pytest.raises(ValueError):
                         RdmaMetadata.from_json(json.dumps(bad))
                 with pytest.raises(ValueError, match="not JSON"):

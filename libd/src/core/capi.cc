@@ -186,6 +186,12 @@ int libd_transport_caps(libd_transport *t) {
   return int(T(t)->cap_bits());
 }
 int libd_trdma_reg(libd_transport *t, size_t size, void **buf) { CHECK_T(t); return T(t)->reg(size, buf); }
+int libd_trdma_reg_ranges(libd_transport *t, const libd_range *ranges, int n) {
+  CHECK_T(t);
+  if (!ranges || n < 1 || n > LIBD_MAX_RANGES)
+    return set_error(-EINVAL, "reg_ranges: 1.." + std::to_string(LIBD_MAX_RANGES) + " ranges required");
+  return T(t)->reg_ranges(ranges, n);
+}
 int libd_trdma_remote(libd_transport *t, uint64_t *size, unsigned *rights) {
   CHECK_T(t);
   return T(t)->remote(size, rights);
@@ -288,6 +294,13 @@ int libd_trdma_server_expose(libd_transport *t, const char *element, void *base,
   CHECK_S(t, "expose");
   if (!element || !*element) return set_error(-EINVAL, "expose: element name required");
   return s->expose(element, base, size);
+}
+int libd_trdma_server_expose_ranges(libd_transport *t, const char *element, const libd_range *ranges, int n) {
+  CHECK_S(t, "expose_ranges");
+  if (!element || !*element) return set_error(-EINVAL, "expose_ranges: element name required");
+  if (!ranges || n < 1 || n > LIBD_MAX_RANGES)
+    return set_error(-EINVAL, "expose_ranges: 1.." + std::to_string(LIBD_MAX_RANGES) + " ranges required");
+  return s->expose_ranges(element, ranges, n);
 }
 int libd_trdma_server_withdraw(libd_transport *t, const char *element) {
   CHECK_S(t, "withdraw");

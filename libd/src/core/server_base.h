@@ -7,6 +7,7 @@
 #include <string>
 
 #include "core/transport.h"
+#include "libd.h"
 
 namespace libd {
 
@@ -35,6 +36,7 @@ class ServerBase : public Transport {
   // Memory: the caller's own, served in place (expose/withdraw), and elements the server holds
   // itself (add_element); what it serves (query).
   virtual int expose(const std::string &element, void *base, uint64_t size) = 0;
+  virtual int expose_ranges(const std::string &element, const libd_range *ranges, int n) = 0;
   virtual int withdraw(const std::string &element) = 0;
   virtual int add_element(const std::string &element, uint64_t size) = 0;
   struct ServerSummary {

@@ -4,6 +4,7 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -279,6 +280,7 @@ void Transport::free_owned_buffer() {
   lbuf_ = nullptr;
   lsize_ = 0;
   lowned_ = false;
+  lranges_.clear();
 }
 
 int Transport::reg(size_t size, void **buf) {
@@ -314,6 +316,33 @@ int Transport::reg(size_t size, void **buf) {
   return 0;
 }
 
+int Transport::reg_ranges(const libd_range *ranges, int n) {
+  if (kind() != LIBD_KIND_RDMA) return unsupported("reg_ranges");
+  std::vector<libd_range> list(ranges, ranges + n);
+  for (int i = 0; i < n; i++)
+    if (!list[size_t(i)].base || list[size_t(i)].size == 0 ||
+        uintptr_t(list[size_t(i)].base) > UINTPTR_MAX - list[size_t(i)].size)
+      return set_error(-EINVAL, "reg_ranges: range " + std::to_string(i) + " needs an address and a size > 0");
+  std::sort(list.begin(), list.end(), [](const libd_range &a, const libd_range &b) { return a.base < b.base; });
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (state_ == LIBD_STATE_TERMINATED) return set_error(-ESHUTDOWN, "transport " + quote(name_) + " is terminated");
+  }
+  std::unique_lock<IoGate> io(io_mu_);
+  if (stats_->in_flight() > 0)
+    return set_error(-EBUSY, "reg_ranges: transport " + quote(name_) + " has operations in flight");
+  if (n == 1) {
+    if (int rc = do_register(static_cast<char *>(list[0].base), list[0].size)) return rc;
+  } else if (int rc = do_register_ranges(list)) {
+    return rc;
+  }
+  free_owned_buffer();
+  lbuf_ = static_cast<char *>(list[0].base);
+  lsize_ = list[0].size;
+  if (n > 1) lranges_ = std::move(list);
+  return 0;
+}
+
 int Transport::check_local(const Segments &segs) {
   if (!lbuf_)
     return set_error(-ENOBUFS, "transport " + quote(name_) + ": no local buffer registered; call reg() first");
@@ -321,7 +350,8 @@ int Transport::check_local(const Segments &segs) {
     if (!within_local(s))
       return set_error(-ERANGE, "transport " + quote(name_) + ": local range of " + std::to_string(s.size) +
                                     " bytes at buffer offset " + std::to_string(int64_t(s.buf - lbuf_)) +
-                                    " is outside the registered buffer of " + std::to_string(lsize_) + " bytes");
+                                    (lranges_.empty() ? " is outside the registered buffer of " + std::to_string(lsize_) + " bytes"
+                                                      : " is not inside one of the " + std::to_string(lranges_.size()) + " registered buffers"));
   }
   return 0;
 }
@@ -364,7 +394,17 @@ bool Transport::fits(OpKind kind, const Segments &segs) const {
 
 bool Transport::within_local(const Segment &s) const {
   uintptr_t lo = uintptr_t(lbuf_), hi = lo + lsize_, p = uintptr_t(s.buf);
-  return p >= lo && p <= hi && s.size <= hi - p;
+  auto holds = [&](uintptr_t lo, uintptr_t hi) { return p >= lo && p <= hi && s.size <= hi - p; };
+  if (lranges_.empty()) return holds(lo, hi);
+  // The last buffer that starts at or before the segment; buffers may overlap (the same memory
+  // registered twice, or one inside another), so an earlier one may hold it when that one does not.
+  auto it = std::upper_bound(lranges_.begin(), lranges_.end(), p,
+                             [](uintptr_t v, const libd_range &r) { return v < uintptr_t(r.base); });
+  while (it != lranges_.begin()) {
+    --it;
+    if (holds(uintptr_t(it->base), uintptr_t(it->base) + it->size)) return true;
+  }
+  return false;
 }
 
 bool Transport::grant_allows(OpKind kind) const {

@@ -80,6 +80,7 @@ class Transport : public libd_transport {
 
   // ---- rdma (client) ----
   int reg(size_t size, void **buf);
+  int reg_ranges(const libd_range *ranges, int n);  // several buffers at once (libd_trdma_reg_ranges)
   int remote(uint64_t *size, unsigned *rights);
   // Validates, waits for READY (up to the deadline) and posts. *out is the running operation.
   int submit(OpKind kind, Segments segs, std::shared_ptr<Op> *out);
@@ -133,6 +134,8 @@ class Transport : public libd_transport {
   // Data. do_register sees the local buffer; do_post starts an operation (already validated)
   // and completes it now or later, under a shared I/O lock that do_disconnect excludes.
   virtual int do_register(char *buf, size_t size) { (void)buf, (void)size; return 0; }
+  // Several buffers (reg_ranges): engines that register nothing accept any list.
+  virtual int do_register_ranges(const std::vector<libd_range> &ranges) { (void)ranges; return 0; }
   virtual int do_post(const std::shared_ptr<Op> &op) { (void)op; return unsupported("read/write"); }
   // A synchronous operation: by default posted like any other. An engine that can drive progress
   // in the calling thread overrides it; it may release `io` once it holds what it needs.
@@ -224,6 +227,8 @@ class Transport : public libd_transport {
   char *lbuf_ = nullptr;
   size_t lsize_ = 0;
   bool lowned_ = false;
+  // reg_ranges: the buffers, by address (lbuf_, lsize_ then name the first); empty otherwise.
+  std::vector<libd_range> lranges_;
 
   std::shared_ptr<Stats> stats_ = std::make_shared<Stats>();
   std::unique_ptr<FaultInjector> faults_;  // faults,1: between the core and the engine

@@ -101,16 +101,17 @@ std::string encode_grant(const GrantBody &g) {
   if (g.cma_pid) {
     put(&s, g.cma_pid, 4);
     put(&s, g.cma_base, 8);
-    if (g.cma_table) {
+    if (g.cma_table || g.cma_ranges) {
       put(&s, g.cma_table, 8);
       put(&s, g.cma_slots, 4);
     }
+    if (g.cma_ranges) put(&s, g.cma_ranges, 4);
   }
   return s;
 }
 
 int decode_grant(const char *p, size_t n, GrantBody *out, std::string *why) {
-  if (n != kGrantBodySize && n != kGrantBodyCmaSize && n != kGrantBodyCmaTableSize) {
+  if (n != kGrantBodySize && n != kGrantBodyCmaSize && n != kGrantBodyCmaTableSize && n != kGrantBodyCmaRangesSize) {
     *why = "AUTH_OK body of wrong size";
     return -EPROTO;
   }
@@ -121,13 +122,23 @@ int decode_grant(const char *p, size_t n, GrantBody *out, std::string *why) {
   bool cma = n >= kGrantBodyCmaSize;
   out->cma_pid = cma ? uint32_t(get(p + 28, 4)) : 0;
   out->cma_base = cma ? get(p + 32, 8) : 0;
-  out->cma_table = n == kGrantBodyCmaTableSize ? get(p + 40, 8) : 0;
-  out->cma_slots = n == kGrantBodyCmaTableSize ? uint32_t(get(p + 48, 4)) : 0;
+  bool table = n >= kGrantBodyCmaTableSize;
+  out->cma_table = table ? get(p + 40, 8) : 0;
+  out->cma_slots = table ? uint32_t(get(p + 48, 4)) : 0;
+  out->cma_ranges = n == kGrantBodyCmaRangesSize ? uint32_t(get(p + 52, 4)) : 0;
   if (cma && (out->cma_pid == 0 || out->cma_base > UINT64_MAX - out->element_size)) {
     *why = "AUTH_OK describes an impossible cross-memory grant";
     return -EPROTO;
   }
-  if (n == kGrantBodyCmaTableSize &&
+  if (n == kGrantBodyCmaRangesSize &&
+      (out->cma_ranges == 0 || out->cma_ranges > kMaxLentRanges ||
+       out->cma_base > UINT64_MAX - uint64_t(out->cma_ranges) * sizeof(CmaRange))) {
+    *why = "AUTH_OK describes an impossible table of lent ranges";
+    return -EPROTO;
+  }
+  // Without a grant table (a plain connection's answer about ranges) both of its fields are 0.
+  bool no_table = n == kGrantBodyCmaRangesSize && out->cma_table == 0 && out->cma_slots == 0;
+  if (table && !no_table &&
       (out->cma_table == 0 || out->cma_slots == 0 || out->cma_slots > kCmaMaxSlots ||
        out->cma_table > UINT64_MAX - uint64_t(out->cma_slots) * sizeof(CmaSlot))) {
     *why = "AUTH_OK describes an impossible grant table";

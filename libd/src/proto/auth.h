@@ -33,10 +33,24 @@ struct GrantBody {  // AUTH_OK
   // there itself, by cross-memory attach, instead of asking (see CmaSlot).
   uint64_t cma_table = 0;
   uint32_t cma_slots = 0;
+  // Memory lent as several ranges (one element over a list of buffers): how many. cma_base is
+  // then the address of their table in the owner's process (CmaRange[cma_ranges]), which the peer
+  // reads once, by cross-memory attach, to find each range.
+  uint32_t cma_ranges = 0;
 };
 constexpr size_t kGrantBodySize = 28;
-constexpr size_t kGrantBodyCmaSize = 40;       // with cma_pid and cma_base
-constexpr size_t kGrantBodyCmaTableSize = 52;  // and cma_table, cma_slots
+constexpr size_t kGrantBodyCmaSize = 40;        // with cma_pid and cma_base
+constexpr size_t kGrantBodyCmaTableSize = 52;   // and cma_table, cma_slots
+constexpr size_t kGrantBodyCmaRangesSize = 56;  // and cma_ranges (cma_table, cma_slots then may be 0)
+
+// One range of memory lent as several (GrantBody::cma_ranges): where it is in the owner's process
+// and its bytes. The element's offsets run through the ranges in order.
+struct CmaRange {
+  uint64_t base;
+  uint64_t size;
+};
+static_assert(sizeof(CmaRange) == 16, "the table's layout is what peers read");
+constexpr uint32_t kMaxLentRanges = 1024;  // IOV_MAX: one transfer's system call can name them all
 
 // The owner's grant table for peers on its host (lent memory, a unix socket). A grant on a whole
 // lent element gets a slot, and its id ends in "_<slot>". A peer that shares a session with the
@@ -54,7 +68,8 @@ struct CmaSlot {
   uint32_t rights;
   uint32_t live;    // 1 while the grant is valid
   unsigned char tag[16];
-  unsigned char pad[16];
+  uint32_t ranges;  // memory lent as several ranges: how many, and base is their table (CmaRange)
+  unsigned char pad[12];
 };
 static_assert(sizeof(CmaSlot) == 64, "one cache line per slot");
 constexpr uint32_t kCmaMaxSlots = 1u << 16;

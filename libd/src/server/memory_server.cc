@@ -34,6 +34,15 @@ Element::~Element() {
   if (memfd >= 0) close(memfd);
 }
 
+char *Element::at(uint64_t off, uint64_t len) const {
+  if (ranges.empty()) return base + off;
+  // The last range that starts at or before off.
+  size_t i = size_t(std::upper_bound(starts.begin(), starts.end(), off) - starts.begin()) - 1;
+  uint64_t in = off - starts[i];
+  if (len > ranges[i].size - in) return nullptr;
+  return reinterpret_cast<char *>(uintptr_t(ranges[i].base + in));
+}
+
 // ---- the server --------------------------------------------------------------------------
 
 MemoryServer::MemoryServer() = default;
@@ -44,7 +53,7 @@ MemoryServer::~MemoryServer() {
 }
 
 // A seqlock write, one writer (under mu_): seq odd while the fields change, even after.
-void MemoryServer::cma_write_locked(int64_t slot, const Grant *g, const char *base) {
+void MemoryServer::cma_write_locked(int64_t slot, const Grant *g, const Element *e) {
   if (!cma_table_ || slot < 0 || slot >= int64_t(cma_slots_)) return;
   CmaSlot *c = &cma_table_[slot];
   uint64_t seq = __atomic_load_n(&c->seq, __ATOMIC_RELAXED);
@@ -52,7 +61,9 @@ void MemoryServer::cma_write_locked(int64_t slot, const Grant *g, const char *ba
   __atomic_thread_fence(__ATOMIC_RELEASE);
   if (g) {
     std::string tag = cma_tag(g->secret, g->id, g->client);
-    c->base = uint64_t(uintptr_t(base + g->offset));
+    // Several ranges: the slot points at their table (CmaSlot::ranges).
+    c->base = e->ranges.empty() ? uint64_t(uintptr_t(e->base + g->offset)) : uint64_t(uintptr_t(e->ranges.data()));
+    c->ranges = uint32_t(e->ranges.size());
     c->length = g->length;
     c->rights = g->rights;
     // No tag (hashing failed): the slot stays dead and holders ask the server instead.
@@ -62,7 +73,7 @@ void MemoryServer::cma_write_locked(int64_t slot, const Grant *g, const char *ba
     c->live = 0;
     std::memset(c->tag, 0, sizeof c->tag);
     c->base = c->length = 0;
-    c->rights = 0;
+    c->rights = c->ranges = 0;
   }
   __atomic_store_n(&c->seq, seq + 2, __ATOMIC_RELEASE);
 }
@@ -131,6 +142,34 @@ int MemoryServer::add_lent_element(const std::string &name, char *base, uint64_t
   return 0;
 }
 
+int MemoryServer::add_lent_ranges(const std::string &name, const std::vector<CmaRange> &ranges) {
+  if (name.empty() || name.size() > 128) return set_error(-EINVAL, "element name must be 1..128 bytes");
+  if (ranges.empty() || ranges.size() > kMaxLentRanges)
+    return set_error(-EINVAL, "element '" + name + "': lent ranges must number 1.." + std::to_string(kMaxLentRanges));
+  auto e = std::make_shared<Element>();
+  e->name = name;
+  e->lent = true;
+  e->ranges = ranges;
+  e->starts.reserve(ranges.size());
+  for (size_t i = 0; i < ranges.size(); i++) {
+    const CmaRange &r = ranges[i];
+    if (!r.base || r.size == 0 || r.base > UINT64_MAX - r.size || e->size > UINT64_MAX - r.size)
+      return set_error(-EINVAL, "element '" + name + "': lent range " + std::to_string(i) +
+                                    " needs an address and a size > 0");
+    e->starts.push_back(e->size);
+    e->size += r.size;
+  }
+  if (ranges.size() == 1) {  // one range is plain lent memory
+    e->base = reinterpret_cast<char *>(uintptr_t(ranges[0].base));
+    e->ranges.clear();
+    e->starts.clear();
+  }
+  std::lock_guard<std::mutex> lk(mu_);
+  if (elements_.count(name)) return set_error(-EEXIST, "element '" + name + "' already exists");
+  elements_[name] = e;
+  return 0;
+}
+
 int MemoryServer::remove_element(const std::string &name) {
   bool sync = false, async = false;
   {
@@ -171,6 +210,9 @@ int MemoryServer::grant(Grant *g) {
   if (g->offset > size || g->length > size - g->offset)
     return set_error(-ERANGE, "grant: range [" + std::to_string(g->offset) + ", +" + std::to_string(g->length) +
                                   ") is outside element '" + g->element + "' of " + std::to_string(size) + " bytes");
+  if (!it->second->ranges.empty() && (g->offset != 0 || g->length != size))
+    return set_error(-ERANGE, "grant: element '" + g->element + "' is lent as " +
+                                  std::to_string(it->second->ranges.size()) + " ranges: a grant covers all of it");
   // A grant on a whole lent element gets a slot in the table for peers on this host (if there is
   // one, and a slot free), named in the id the server makes up.
   int64_t slot = -1;
@@ -190,7 +232,7 @@ int MemoryServer::grant(Grant *g) {
   g->slot = slot;
   if (slot >= 0) {
     cma_free_.pop_back();
-    cma_write_locked(slot, g, it->second->base);
+    cma_write_locked(slot, g, it->second.get());
   }
   grants_[g->id] = *g;
   notices_[g->id] = Notices();

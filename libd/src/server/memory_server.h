@@ -44,8 +44,16 @@ struct Element {
   std::string name;
   uint64_t size = 0;
   int memfd = -1;
-  char *base = nullptr;
-  bool lent = false;  // the caller's memory: never unmapped here
+  char *base = nullptr;  // one contiguous run (nullptr when lent as several ranges)
+  bool lent = false;     // the caller's memory: never unmapped here
+  // Lent as several ranges (add_lent_ranges): their table, in order; the element's offsets run
+  // through them (range i starts where range i-1 ends: starts[i]). Peers on this host read the
+  // table itself from this process, so it never changes while the element lives.
+  std::vector<proto::CmaRange> ranges;
+  std::vector<uint64_t> starts;
+  // Where the bytes [off, off+len) are in this process, or nullptr when they cross from one
+  // range into the next (a transfer moves within one range; callers checked the bounds).
+  char *at(uint64_t off, uint64_t len) const;
   ~Element();
 };
 
@@ -77,6 +85,9 @@ class MemoryServer {
   // Serves [base, base+size) of this process in place. The caller keeps it mapped until
   // remove_element(name) returns. -EEXIST, -EINVAL.
   int add_lent_element(const std::string &name, char *base, uint64_t size);
+  // Serves several ranges of this process as one element (a grant then opens all of them and
+  // nothing between them). Up to proto::kMaxLentRanges; each of size > 0. -EEXIST, -EINVAL.
+  int add_lent_ranges(const std::string &name, const std::vector<proto::CmaRange> &ranges);
   int remove_element(const std::string &name);  // revokes its grants and closes their connections
   void set_capacity(uint64_t bytes) { capacity_ = bytes; }
   // The server's thread polls for this long after each wake-up before it sleeps (IoLoop).
@@ -194,7 +205,7 @@ class MemoryServer {
   proto::CmaSlot *cma_table_ = nullptr;
   uint32_t cma_slots_ = 0;
   std::vector<uint32_t> cma_free_;
-  void cma_write_locked(int64_t slot, const Grant *g, const char *base);  // g null: clear it
+  void cma_write_locked(int64_t slot, const Grant *g, const Element *e);  // g null: clear it
   bool drop_grant_locked(const std::string &id);  // erases a grant (and frees its slot); false if none
   void cma_describe(proto::GrantBody *body);      // the table's address and size, for a session's AUTH_OK
 

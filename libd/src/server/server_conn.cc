@@ -135,6 +135,9 @@ int ServerConn::check(const Attachment &a, const Header &h, unsigned need) {
   const Grant &g = a.grant;
   if (!(g.rights & need)) return -EACCES;
   if (h.addr < g.offset || h.size > g.offset + g.length - h.addr || h.addr > g.offset + g.length) return -ERANGE;
+  // Memory lent as several ranges: one transfer moves within one of them (the client's list
+  // names each range with its own entry).
+  if (!a.element->ranges.empty() && !a.element->at(h.addr, h.size)) return -EINVAL;
   return 0;
 }
 

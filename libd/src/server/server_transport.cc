@@ -65,6 +65,15 @@ class ServerTransport : public ServerBase {
     return srv->add_lent_element(element, static_cast<char *>(base), size);
   }
 
+  int expose_ranges(const std::string &element, const libd_range *ranges, int n) override {
+    std::shared_ptr<MemoryServer> srv;
+    if (int rc = serving(&srv)) return rc;
+    if (element == name()) return set_error(-EEXIST, "element '" + element + "' is the transport's own");
+    std::vector<proto::CmaRange> table(static_cast<size_t>(n));
+    for (int i = 0; i < n; i++) table[size_t(i)] = {uint64_t(uintptr_t(ranges[i].base)), ranges[i].size};
+    return srv->add_lent_ranges(element, table);
+  }
+
   int withdraw(const std::string &element) override {
     auto srv = server();
     if (!srv) return set_error(-ENOTCONN, "memory element '" + name() + "' is not serving");

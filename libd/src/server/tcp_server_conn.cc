@@ -33,7 +33,7 @@ int TcpServerConn::on_kind_header(const Header &h, char **dest) {
       Attachment *a = attachment(h);
       write_status_ = a ? check(*a, h, LIBD_RIGHT_WRITE) : -ECONNRESET;
       payload_handle_ = session_ ? handle_of(h.req_id) : 0;
-      *dest = write_status_ == 0 ? a->element->base + h.addr : nullptr;  // refused: drained
+      *dest = write_status_ == 0 ? a->element->at(h.addr, h.size) : nullptr;  // refused: drained
       return 0;
     }
     case kVerbsConnect:
@@ -64,7 +64,7 @@ int TcpServerConn::on_kind_frame(const Header &h) {
       Attachment *a = attachment(h);
       r.status = a ? check(*a, h, LIBD_RIGHT_READ) : -ECONNRESET;
       r.size = h.size;
-      send_data(r, r.status == 0 ? a->element->base + h.addr : nullptr, r.status == 0 ? a->element : nullptr);
+      send_data(r, r.status == 0 ? a->element->at(h.addr, h.size) : nullptr, r.status == 0 ? a->element : nullptr);
       return 0;
     }
     case kVerbsConnect:

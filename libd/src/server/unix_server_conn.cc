@@ -17,6 +17,10 @@ void UnixServerConn::describe(uint32_t handle, const Attachment &a, GrantBody *b
   // Lent memory has no memfd: the peer attaches to this process (cross-memory attach).
   body->cma_pid = uint32_t(getpid());
   body->cma_base = uint64_t(uintptr_t(a.element->base));
+  if (!a.element->ranges.empty()) {  // several ranges: where their table is
+    body->cma_base = uint64_t(uintptr_t(a.element->ranges.data()));
+    body->cma_ranges = uint32_t(a.element->ranges.size());
+  }
   if (session_ && handle == 0) srv_->cma_describe(body);  // where the grant table is
 }
 

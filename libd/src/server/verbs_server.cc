@@ -108,6 +108,11 @@ int VerbsServer::prepare(const std::shared_ptr<Element> &element, const Grant &g
                          std::string *why) {
   ep.dev_ = dev_;
   ep.element_ = element;
+  if (!element->ranges.empty()) {
+    *why = "element '" + element->name + "' is lent as " + std::to_string(element->ranges.size()) +
+           " ranges, which verbs does not serve (one remote key reaches one range): lend each range as an element of its own";
+    return -EOPNOTSUPP;
+  }
   int remote = remote_access(grant);
   char *range = element->base + grant.offset;
   // Under a window, a registration of exactly the granted range that allows binding windows and

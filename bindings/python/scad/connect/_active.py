@@ -1,7 +1,9 @@
 """Active operations: this process reads or writes a peer's memory, as its metadata grants.
 
-Each remote descriptor is one libd transport (one grant), in an action of the operation's own, so
-ending the operation lets go of every grant and registration it made. Over shm and tcp the
+Each grant of the metadata is one libd transport, in an action of the operation's own, so
+ending the operation lets go of every grant and registration it made. A grant over a list of
+ranges (descriptors in a row under one grant) is moved with one readv/writev over the local
+descriptors, registered together (libd_trdma_reg_ranges). Over shm and tcp the
 transports ride the process's one shared connection to the owner's server (libd's share,1): an
 operation attaches its grants to it (one round trip) instead of opening a connection per grant.
 The transport is chosen per metadata: shm when the owner is on this host (its unix socket is
@@ -38,6 +40,21 @@ def _parse(remote_metadata: Any) -> RdmaMetadata:
     if isinstance(remote_metadata, dict):
         return RdmaMetadata.from_dict(remote_metadata)
     raise TypeError(f"remote_metadata must be an RdmaMetadata (or its JSON), not {type(remote_metadata).__name__}")
+
+
+def _by_grant(local_descriptors: list, remote_descriptors: tuple) -> list:
+    """The remote descriptors in runs under one grant: [(first remote, [(local, offset in the
+    grant), ...]), ...]. A run is one list the owner lent, its ranges end to end."""
+    runs: list = []
+    offset = 0
+    for local, remote in zip(local_descriptors, remote_descriptors):
+        if runs and runs[-1][0].grant == remote.grant:
+            runs[-1][1].append((local, offset))
+        else:
+            offset = 0
+            runs.append((remote, [(local, 0)]))
+        offset += remote.size
+    return runs
 
 
 class ActiveOperation(OperationBase):
@@ -79,15 +96,24 @@ class ActiveOperation(OperationBase):
         where = f"{_where(self.impl, md.host, md.port, md.path)};timeout_ms,{int(connector.timeout * 1000)}"
         read = self._kind is OperationKind.READ
         try:
-            for i, (local, remote) in enumerate(zip(self._descs, md.descriptors)):
-                local.register_memory(connector)
+            for i, (remote, pairs) in enumerate(_by_grant(self._descs, md.descriptors)):
                 self._action.add_transport(f"d{i};{self.impl};{where};grant,{remote.grant};secret,{remote.secret}")
                 t = self._action.get_transport(f"d{i}", "rdma")
-                t.reg_memory(local.ptr, local.size, keep=local)
                 self._transports.append(t)
                 # The first transfer connects (on a shared connection it rides its grant's ATTACH)
                 # and starts.
-                self._ops.append(t.read_async(local.size, 0, 0) if read else t.write_async(local.size, 0, 0))
+                if len(pairs) == 1:
+                    local = pairs[0][0]
+                    local.register_memory(connector)
+                    t.reg_memory(local.ptr, local.size, keep=local)
+                    self._ops.append(t.read_async(local.size, 0, 0) if read else t.write_async(local.size, 0, 0))
+                    continue
+                locals_ = [local for local, _ in pairs]
+                for local in locals_:
+                    local.register_memory(connector)
+                t.reg_ranges([(local.ptr, local.size) for local in locals_], keep=locals_)
+                entries = [(local.size, offset, local.ptr) for local, offset in pairs]
+                self._ops.append(t.readv_async(entries) if read else t.writev_async(entries))
             for t in self._transports:
                 t.remote()  # the owner's verdict on the grant: a refusal is an error here, not later
         except PermissionError as e:

@@ -1,9 +1,11 @@
 """RdmaMetadata: the record a passive operation hands its peer (over any channel), as JSON.
 
-It holds one grant per descriptor: the memory server's address, the grant's id and secret, the
+It holds the grant of each descriptor: the memory server's address, the grant's id and secret, the
 size, the direction (READ: the peer may read; WRITE: the peer may write), the notification key
-and an expiry. The owner's libd enforces all of it: the grant opens exactly that descriptor's
-bytes, in that direction, until the operation ends or the expiry passes. Nothing in it reaches
+and an expiry. Descriptors in a row under the same grant are the ranges of one list the owner
+lent as one element, in order (the first starts at 0, each next where the last ended); in the
+JSON the ones after the first carry only their size and device. The
+owner's libd enforces all of it: a grant opens exactly its descriptors' bytes, in that direction, until the operation ends or the expiry passes. Nothing in it reaches
 other memory. The secret makes the record a bearer token: send it only to the intended peer,
 over a channel you trust; repr() and str() never show it.
 """
@@ -13,8 +15,8 @@ import functools
 import json
 import re
 from json.encoder import encode_basestring
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 from ._operation_kind import OperationKind
 
@@ -23,6 +25,7 @@ _str = encode_basestring  # a JSON string, quoted and escaped (json's own C enco
 _FIELDS = frozenset({"version", "operation_kind", "notification_key", "owner", "hostname", "host", "port", "path",
                      "verbs", "expires_at", "descriptors"})
 _DESCRIPTOR_FIELDS = frozenset({"size", "device", "grant", "secret"})
+_NEXT_RANGE_FIELDS = frozenset({"size", "device"})  # a descriptor under the grant of the one before
 _FIELD_TYPES = (("notification_key", str), ("owner", str), ("hostname", str), ("host", str), ("port", int),
                 ("path", str), ("verbs", bool), ("expires_at", (int, float)))
 _NOTIFICATION_KEY = re.compile(r"[0-9a-f]{16}")
@@ -39,14 +42,19 @@ def _owner_part(md: "RdmaMetadata") -> str:
     return _owner_fields(md.owner, md.hostname, md.host, int(md.port), md.path, bool(md.verbs))
 
 
-@dataclass(frozen=True)
-class SerializedDescriptor:
-    """One remote descriptor: its size, device, and the grant that opens exactly it."""
+class SerializedDescriptor(NamedTuple):
+    """One remote descriptor: its size, device, and the grant that opens it (alone, or with the
+    descriptors beside it under the same grant). A tuple: a record of many is made often."""
 
     size: int
     grant: str
-    secret: str = field(repr=False)
+    secret: str
     device: str = "cpu"
+
+    def __repr__(self) -> str:  # never the secret
+        return f"SerializedDescriptor(size={self.size}, grant={self.grant!r}, device={self.device!r})"
+
+    __str__ = __repr__
 
 
 @dataclass(frozen=True)
@@ -76,15 +84,23 @@ class RdmaMetadata:
             "path": self.path,
             "verbs": self.verbs,
             "expires_at": self.expires_at,
-            "descriptors": [{"size": d.size, "device": d.device, "grant": d.grant, "secret": d.secret}
-                            for d in self.descriptors],
+            "descriptors": [{"size": d.size, "device": d.device} if i and d.grant == self.descriptors[i - 1].grant
+                            else {"size": d.size, "device": d.device, "grant": d.grant, "secret": d.secret}
+                            for i, d in enumerate(self.descriptors)],
         }
 
     def to_json(self) -> str:
         # The same text json.dumps(self.to_dict()) gives, written out directly: a record goes out
         # with every operation, and most of it (the owner's part) is the same every time.
-        descs = ",".join(f'{{"size":{int(d.size)},"device":{_str(d.device)},"grant":{_str(d.grant)},'
-                         f'"secret":{_str(d.secret)}}}' for d in self.descriptors)
+        parts, grant = [], None
+        for d in self.descriptors:
+            if d.grant == grant:  # the next range of the same list
+                parts.append(f'{{"size":{int(d.size)},"device":{_str(d.device)}}}')
+            else:
+                parts.append(f'{{"size":{int(d.size)},"device":{_str(d.device)},"grant":{_str(d.grant)},'
+                             f'"secret":{_str(d.secret)}}}')
+                grant = d.grant
+        descs = ",".join(parts)
         return (f'{{"version":{int(self.version)},"operation_kind":{int(self.operation_kind)},'
                 f'"notification_key":{_str(self.notification_key)},{_owner_part(self)},'
                 f'"expires_at":{float(self.expires_at)!r},"descriptors":[{descs}]}}')
@@ -122,18 +138,25 @@ class RdmaMetadata:
         if not isinstance(descs, list) or not descs:
             raise ValueError("RdmaMetadata: no descriptors")
         parsed = []
+        grant = secret = None
         for d in descs:
-            if type(d) is not dict or d.keys() != _DESCRIPTOR_FIELDS:
-                raise ValueError("RdmaMetadata: a descriptor needs exactly size, device, grant and secret")
-            size, grant, secret = d["size"], d["grant"], d["secret"]
+            if type(d) is not dict:
+                raise ValueError("RdmaMetadata: a descriptor must be an object")
+            keys = d.keys()
+            if keys == _DESCRIPTOR_FIELDS:
+                grant, secret = d["grant"], d["secret"]
+                # Both end up in a libd configuration string: its separators must not appear.
+                if type(grant) is not str or not _CONFIG_VALUE.fullmatch(grant):
+                    raise ValueError("RdmaMetadata: a descriptor's grant is malformed")
+                if type(secret) is not str or not _CONFIG_VALUE.fullmatch(secret):
+                    raise ValueError("RdmaMetadata: a descriptor's secret is malformed")
+            elif keys != _NEXT_RANGE_FIELDS or grant is None:
+                raise ValueError("RdmaMetadata: a descriptor needs exactly size, device, grant and secret "
+                                 "(or size and device only, after one under the same grant)")
+            size = d["size"]
             if type(size) is not int or size <= 0:
                 raise ValueError("RdmaMetadata: a descriptor's size must be a positive integer")
-            # Both end up in a libd configuration string: its separators must not appear.
-            if type(grant) is not str or not _CONFIG_VALUE.fullmatch(grant):
-                raise ValueError("RdmaMetadata: a descriptor's grant is malformed")
-            if type(secret) is not str or not _CONFIG_VALUE.fullmatch(secret):
-                raise ValueError("RdmaMetadata: a descriptor's secret is malformed")
-            parsed.append(SerializedDescriptor(size=size, grant=grant, secret=secret, device=d["device"]))
+            parsed.append(SerializedDescriptor(size, grant, secret, d["device"]))
         for key, typ in _FIELD_TYPES:
             if not isinstance(raw[key], typ):
                 raise ValueError(f"RdmaMetadata: field {key!r} has the wrong type")

@@ -1,7 +1,10 @@
 """Passive operations: this process's memory, opened to one peer for one transfer.
 
 The memory is served in place by the connector's libd memory server (expose: nothing copied),
-one grant per descriptor in the operation's direction, with an expiry. The peer's libd sends a
+under a grant in the operation's direction, with an expiry. A list of descriptors is one element
+over the list of their ranges and one grant (as NIXL lends a list with one blob), so the peer
+attaches once and moves the list with one request; where the server also serves RDMA verbs (one
+remote key reaches one range) each descriptor is an element and a grant of its own. The peer's libd sends a
 NOTIFY on its connection once its transfers are done, and wait_for_completion() wakes on it (a
 thread blocked in libd, no polling). The operation ends - complete, cancelled, failed or dropped -
 by revoking its grants and withdrawing its memory: the metadata opens nothing afterwards.
@@ -63,15 +66,24 @@ class PassiveOperation(OperationBase):
         serialized = []
         rights = "r" if self._kind is OperationKind.READ else "w"
         try:
-            for i, d in enumerate(self._descs):
+            for d in self._descs:
                 d.register_memory(connector)
+            if len(self._descs) > 1 and not connector._endpoint["verbs"]:
+                lists = [self._descs]  # one element over every range, one grant
+            else:
+                lists = [[d] for d in self._descs]
+            for i, descs in enumerate(lists):
                 element = f"op{self._key}-{i}"
-                server.expose(element, d.ptr, d.size)
+                if len(descs) == 1:
+                    server.expose(element, descs[0].ptr, descs[0].size)
+                else:
+                    server.expose_ranges(element, [(d.ptr, d.size) for d in descs])
                 self._elements.append(element)
                 config = server.grant_ex(element, "*", rights=rights, ttl=ttl)
-                grant = _config_value(config, "grant")
+                grant, secret = _config_value(config, "grant"), _config_value(config, "secret")
                 self._grants.append(grant)
-                serialized.append(SerializedDescriptor(size=d.size, grant=grant, secret=_config_value(config, "secret")))
+                # Descriptors in a row under one grant are its ranges, in order.
+                serialized.extend(SerializedDescriptor(d.size, grant, secret) for d in descs)
         except BaseException:
             self._release()
             raise

@@ -24,6 +24,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <condition_variable>
@@ -260,6 +261,7 @@ class ShmSession : public FrameReader::Handler, public std::enable_shared_from_t
     *grant = GrantBody{c.length, 0, c.length, c.rights};
     grant->cma_pid = uint32_t(pid_);
     grant->cma_base = c.base;
+    grant->cma_ranges = c.ranges;
     *handle = h;
     *alive = std::move(al);
     *slot_addr = addr;
@@ -518,19 +520,13 @@ class ShmTransport : public Transport {
                                 params_.get_or("announce", "1") == "1") == 0) {
         session_ = std::move(session);
         alive_ = std::move(alive);
-        cma_pid_ = pid_t(g.cma_pid);
-        cma_base_ = g.cma_base;
-        set_remote(g.offset, g.length, g.rights);
-        return 0;
+        return adopt_cma(g, false);
       }
       int rc = session->attach(grant_id, secret, aid(), deadline, on_fail, &handle_, &g, &alive);
       if (rc == 0) {
         session_ = std::move(session);
         alive_ = std::move(alive);
-        cma_pid_ = pid_t(g.cma_pid);
-        cma_base_ = g.cma_base;
-        set_remote(g.offset, g.length, g.rights);
-        return 0;
+        return adopt_cma(g, false);
       }
       if (!session->closed() && !session->spent()) return rc;
     }
@@ -540,11 +536,51 @@ class ShmTransport : public Transport {
     alive_ = session->add_user(0, on_fail);
     session_ = session;
     ShmSessions::get().put(path, session);
+    return adopt_cma(g, true);
+  }
+
+  // The owner's process and where its lent memory is (for several ranges, their table, read from
+  // there once: it never changes while the element lives); then the grant.
+  int adopt_cma(const GrantBody &g, bool probe) {
     cma_pid_ = pid_t(g.cma_pid);
     cma_base_ = g.cma_base;
-    if (int rc = probe_cma(g)) return rc;
+    ranges_.clear();
+    starts_.clear();
+    if (g.cma_ranges) {
+      ranges_.resize(g.cma_ranges);
+      struct iovec l = {ranges_.data(), ranges_.size() * sizeof(CmaRange)};
+      struct iovec r = {reinterpret_cast<void *>(uintptr_t(g.cma_base)), l.iov_len};
+      if (process_vm_readv(cma_pid_, &l, 1, &r, 1, 0) != ssize_t(l.iov_len)) {
+        int e = errno;
+        ranges_.clear();
+        return cma_error(e ? e : EFAULT);
+      }
+      uint64_t total = 0;
+      for (const CmaRange &x : ranges_) {
+        if (x.size == 0 || x.base > UINT64_MAX - x.size || total > UINT64_MAX - x.size) total = UINT64_MAX;
+        if (total == UINT64_MAX) break;
+        starts_.push_back(total);
+        total += x.size;
+      }
+      if (total != g.element_size || g.offset != 0) {
+        ranges_.clear();
+        starts_.clear();
+        return set_error(-EPROTO, "the memory's owner describes lent ranges that do not add up to its grant");
+      }
+    }
+    if (probe)
+      if (int rc = probe_cma(g)) return rc;
     set_remote(g.offset, g.length, g.rights);
     return 0;
+  }
+
+  // Where the owner's bytes [raddr, raddr+size) are, or 0 when they cross from one lent range
+  // into the next (a transfer moves within one range).
+  uint64_t owner_addr(uint64_t raddr, uint64_t size) const {
+    if (ranges_.empty()) return cma_base_ + raddr;
+    size_t i = size_t(std::upper_bound(starts_.begin(), starts_.end(), raddr) - starts_.begin()) - 1;
+    uint64_t in = raddr - starts_[i];
+    return size <= ranges_[i].size - in ? ranges_[i].base + in : 0;
   }
 
   int do_connect(Deadline deadline) override {
@@ -557,10 +593,7 @@ class ShmTransport : public Transport {
       return rc;
     sock_ = fd;
     if (memfd < 0 && g.cma_pid) {
-      cma_pid_ = pid_t(g.cma_pid);
-      cma_base_ = g.cma_base;
-      if (int rc = probe_cma(g)) return rc;
-      set_remote(g.offset, g.length, g.rights);
+      if (int rc = adopt_cma(g, true)) return rc;
       start_watch(fd);
       return 0;
     }
@@ -582,7 +615,7 @@ class ShmTransport : public Transport {
   int probe_cma(const GrantBody &g) {
     if (!(g.rights & LIBD_RIGHT_READ) || g.length == 0) return 0;
     char b;
-    struct iovec l = {&b, 1}, r = {reinterpret_cast<void *>(uintptr_t(cma_base_ + g.offset)), 1};
+    struct iovec l = {&b, 1}, r = {reinterpret_cast<void *>(uintptr_t(owner_addr(g.offset, 1))), 1};
     if (process_vm_readv(cma_pid_, &l, 1, &r, 1, 0) == 1) return 0;
     return cma_error(errno);
   }
@@ -613,19 +646,47 @@ class ShmTransport : public Transport {
     void *slot = reinterpret_cast<void *>(uintptr_t(slot_addr_));
     struct iovec l[3] = {{&before, sizeof before}, {s.buf, size_t(s.size)}, {&after, sizeof after}};
     struct iovec r[3] = {{slot, sizeof before},
-                         {reinterpret_cast<void *>(uintptr_t(cma_base_ + s.raddr)), size_t(s.size)},
+                         {reinterpret_cast<void *>(uintptr_t(owner_addr(s.raddr, s.size))), size_t(s.size)},
                          {slot, sizeof after}};
     ssize_t want = ssize_t(s.size + sizeof before + sizeof after);
     return process_vm_readv(cma_pid_, l, 3, r, 3, 0) == want && before == slot_seq_ && after == slot_seq_ &&
            alive_->load(std::memory_order_acquire);
   }
 
+  // Every segment whose owner bytes lie within one lent range: 0, or -EINVAL with the reason.
+  int check_ranges(const Segments &segs) {
+    if (ranges_.empty()) return 0;
+    for (const auto &s : segs)
+      if (!owner_addr(s.raddr, s.size))
+        return set_error(-EINVAL, "the transfer of " + std::to_string(s.size) + " bytes at " + std::to_string(s.raddr) +
+                                      " crosses from one of the grant's lent ranges into the next (give each range its own entry)");
+    return 0;
+  }
+
+  // Several segments in one system call (the kernel copies them in order): true when all of
+  // them moved; otherwise the caller copies them one at a time, which says what went wrong.
+  bool cma_copy_all(bool is_read, const Segments &segs) {
+    constexpr size_t kMost = 256;  // a larger list goes one segment at a time
+    if (segs.size() < 2 || segs.size() > kMost) return false;
+    struct iovec l[kMost], r[kMost];
+    size_t want = 0;
+    for (size_t i = 0; i < segs.size(); i++) {
+      l[i] = {segs[i].buf, size_t(segs[i].size)};
+      r[i] = {reinterpret_cast<void *>(uintptr_t(owner_addr(segs[i].raddr, segs[i].size))), size_t(segs[i].size)};
+      want += size_t(segs[i].size);
+    }
+    unsigned long n = static_cast<unsigned long>(segs.size());
+    ssize_t got = is_read ? process_vm_readv(cma_pid_, l, n, r, n, 0) : process_vm_writev(cma_pid_, l, n, r, n, 0);
+    return got == ssize_t(want);
+  }
+
   // One segment by cross-memory attach; the kernel may move less than asked, so loop.
   int cma_copy(bool is_read, const Segment &s) {
     uint64_t done = 0;
+    uint64_t at = owner_addr(s.raddr, s.size);
     while (done < s.size) {
       struct iovec l = {s.buf + done, size_t(s.size - done)};
-      struct iovec r = {reinterpret_cast<void *>(uintptr_t(cma_base_ + s.raddr + done)), size_t(s.size - done)};
+      struct iovec r = {reinterpret_cast<void *>(uintptr_t(at + done)), size_t(s.size - done)};
       ssize_t n = is_read ? process_vm_readv(cma_pid_, &l, 1, &r, 1, 0) : process_vm_writev(cma_pid_, &l, 1, &r, 1, 0);
       if (n <= 0) return cma_error(n < 0 ? errno : EFAULT);
       done += uint64_t(n);
@@ -681,6 +742,8 @@ class ShmTransport : public Transport {
     if (map_) munmap(map_, map_size_);
     map_ = nullptr;
     cma_pid_ = 0;
+    ranges_.clear();
+    starts_.clear();
     alive_.reset();
   }
 
@@ -716,11 +779,17 @@ class ShmTransport : public Transport {
       return 0;
     }
     bool is_read = op->kind() == OpKind::Read;
+    if (int rc = check_ranges(op->segments())) {
+      op->complete(rc, last_error());
+      return 0;
+    }
     if (is_read && slot_addr_ && cma_pid_ && op->segments().size() == 1 && checked_cma_read(op->segments()[0])) {
       op->complete(0);
       return 0;
     }
+    bool moved = cma_pid_ && cma_copy_all(is_read, op->segments());
     for (const auto &s : op->segments()) {
+      if (moved) break;
       if (cma_pid_) {
         if (int rc = cma_copy(is_read, s)) {
           std::string why = last_error();
@@ -761,6 +830,8 @@ class ShmTransport : public Transport {
   uint64_t slot_addr_ = 0, slot_seq_ = 0;  // its slot in the owner's grant table, when it came from there
   pid_t cma_pid_ = 0;       // lent memory: the owner's process, else 0 (memfd mapping)
   uint64_t cma_base_ = 0;   // the element's address in the owner
+  std::vector<CmaRange> ranges_;  // memory lent as several ranges: their table (read from the owner)
+  std::vector<uint64_t> starts_;  // where each range starts in the grant's offsets
   std::mutex notify_mu_;
   int sock_ = -1;
   char *map_ = nullptr;

@@ -639,7 +639,10 @@ int TcpConn::on_frame(const Header &h) {
   st->segs_left--;
   if (h.status != 0)
     op_error(st, h.status, std::string("the memory element refused the ") +
-                                (h.opcode == kReadResp ? "read" : "write") + ": " + libd_strerror(h.status));
+                                (h.opcode == kReadResp ? "read" : "write") + ": " +
+                                (h.status == -EINVAL ? "it crosses from one of the grant's lent ranges into the next "
+                                                       "(give each range its own entry)"
+                                                     : libd_strerror(h.status)));
   maybe_finish_locked(st);
   return 0;
 }

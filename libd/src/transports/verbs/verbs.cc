@@ -69,6 +69,12 @@ class VerbsTransport : public Transport {
     return 0;
   }
 
+  // One local registration (its key goes with every work request): a list is lent another way.
+  int do_register_ranges(const std::vector<libd_range> &ranges) override {
+    return set_error(-EOPNOTSUPP, "verbs registers one local buffer (one key for its work requests), not " +
+                                      std::to_string(ranges.size()) + ": register them with a transport each");
+  }
+
   int do_connect(Deadline deadline) override {
     ibv::Connected c;
     proto::Credentials creds{params_.get_or("grant", ""), params_.get_or("secret", ""), aid()};
