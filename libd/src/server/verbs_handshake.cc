@@ -43,6 +43,11 @@ int VerbsHandshake::on_header(const Header &h, std::string *ctl, char **dest) {
 
 void VerbsHandshake::on_frame(TcpServerConn *conn, const Header &h, const std::string &ctl, const Attachment &a,
                               Header *r, std::string *body) {
+  if (!a.element->ranges.empty())  // before any queue pair or ticket: a remote key reaches one range
+    return answer(h, h.opcode == kVerbsConnect ? kVerbsAccept : kVerbsCmTicket, -EOPNOTSUPP,
+                  "element '" + a.element->name + "' is lent as " + std::to_string(a.element->ranges.size()) +
+                      " ranges, which verbs does not serve (one remote key reaches one range): lend each range as an element of its own",
+                  r, body);
   if (h.opcode == kVerbsConnect) {
     ibv::Record client, reply;
     std::string why;
