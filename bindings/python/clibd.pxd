@@ -68,6 +68,7 @@ cdef extern from "libd.h" nogil:
         void *base
         uint64_t size
     int libd_trdma_reg_ranges(libd_transport *trans, const libd_range *ranges, int n)
+    int libd_trdma_map(libd_transport *trans, void **addr, uint64_t *size)
     int libd_trdma_remote(libd_transport *trans, uint64_t *size, unsigned *rights)
     int libd_trdma_read(libd_transport *trans, size_t size, uint64_t raddr, void *buf)
     int libd_trdma_write(libd_transport *trans, size_t size, uint64_t raddr, const void *buf)

@@ -22,7 +22,8 @@ import os
 import time
 from concurrent.futures import CancelledError
 
-from cpython.buffer cimport PyBUF_C_CONTIGUOUS, PyBuffer_Release, PyObject_GetBuffer
+from cpython.buffer cimport PyBUF_C_CONTIGUOUS, PyBuffer_FillInfo, PyBuffer_Release, PyObject_GetBuffer
+from posix.mman cimport munmap
 from cpython.exc cimport PyErr_CheckSignals
 from libc.stdint cimport uint64_t
 from libc.stdlib cimport free, malloc
@@ -372,6 +373,31 @@ cdef class LibdTransport:
         return f"<{type(self).__name__} {self.name!r} {self.state}>"
 
 
+cdef class Mapping:
+    """Memory libd mapped into this process (LibdTransportRDMA.map): a buffer to read (and write,
+    unless read-only) in place, e.g. numpy.frombuffer(m). Unmapped once it and every view of it
+    are gone."""
+    cdef char *_addr
+    cdef Py_ssize_t _size
+    cdef readonly bint readonly
+
+    def __getbuffer__(self, Py_buffer *view, int flags):
+        PyBuffer_FillInfo(view, self, self._addr, self._size, self.readonly, flags)
+
+    def __releasebuffer__(self, Py_buffer *view):
+        pass
+
+    def __len__(self):
+        return self._size
+
+    def __dealloc__(self):
+        if self._addr != NULL:
+            munmap(self._addr, self._size)
+
+    def __repr__(self):
+        return f"<Mapping {self._size} bytes{' read-only' if self.readonly else ''}>"
+
+
 cdef class LibdTransportRDMA(LibdTransport):
     """One-sided access to a memory element: reg(), then read()/write() and their variants."""
     cdef char *_base
@@ -460,6 +486,27 @@ cdef class LibdTransportRDMA(LibdTransport):
         self._size = ranges[0][1]
         self._ranged = n > 1
         self.buf = None
+
+    def map(self):
+        """The memory this transport reaches, mapped into this process: a Mapping (a buffer of
+        the whole element, read-only under a read-only grant) that sees every later write to the
+        element. shm over a memory element only (as UCX's ucp_rkey_ptr on shared memory);
+        OSError(EOPNOTSUPP) on transports that move bytes on request."""
+        cdef clibd.libd_transport *t = self._tr()
+        cdef void *addr = NULL
+        cdef uint64_t size = 0
+        cdef unsigned rights = 0
+        cdef int rc
+        with nogil:
+            rc = clibd.libd_trdma_map(t, &addr, &size)
+        _check(rc, "map")
+        cdef Mapping m = Mapping.__new__(Mapping)
+        m._addr = <char *>addr
+        m._size = size
+        m.readonly = True
+        if clibd.libd_trdma_remote(t, &size, &rights) == 0:
+            m.readonly = not (rights & 2)
+        return m
 
     def notify(self, uint64_t value, int status=0, bint last=False):
         """Tells the memory's owner this holder finished (status 0) or gave up (a negative errno),

@@ -175,6 +175,14 @@ int libd_trdma_remote(libd_transport *trans, uint64_t *size, unsigned *rights);
 int libd_trdma_read(libd_transport *trans, size_t size, uint64_t raddr, void *buf);
 int libd_trdma_write(libd_transport *trans, size_t size, uint64_t raddr, const void *buf);
 
+/* The grant's memory mapped into the caller (since 1.4), as UCX's ucp_rkey_ptr offers on shared
+ * memory: shm over a memory element's pages (not lent memory) maps them again, read-only under a
+ * read-only grant, and *addr, *size describe the whole element (a shm grant is always whole).
+ * The mapping is the caller's: munmap(*addr, *size) ends it; it outlives the transport. It sees
+ * every later write to the element, by anyone. Connects first if the transport is not READY.
+ * -EOPNOTSUPP on transports that move bytes on request (tcp, verbs, lent memory). */
+int libd_trdma_map(libd_transport *trans, void **addr, uint64_t *size);
+
 /* Non-blocking forms: move the data only if that can finish in the calling thread without
  * waiting — the transport is READY, nothing else holds it, and its engine copies in place (shm,
  * local). Otherwise return -EAGAIN having done nothing, and the caller uses the blocking form.

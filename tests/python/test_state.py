@@ -53,3 +53,33 @@ def test_a_slot_that_spans_two_segments_is_refused(runtime):
     st.release("odd")
     assert runtime.elements == {}
     action.terminate()
+
+
+def test_on_the_elements_host_a_get_is_the_slot_in_place_and_read_only(tmp_path):
+    import disagg
+    owner = disagg.LibdAction("owner")
+    owner.add_transport(f"srv;tcp_server;size,{8 * WIDTH};path,{tmp_path / 'e.sock'}")
+    srv = owner.get_transport("srv", "rdma_server")
+    srv.serve(block=False)
+    action = Action("it-client")
+    action.add_transport(f"out;shm;{srv.grant('it-client', 0, 0, 'rw')}")
+    st = MemoryState(action)
+    st.put("out", 3, chunk(3), slots=8)
+    got = st.get("out", 3, numpy.int64, slots=8)
+    assert numpy.array_equal(got, chunk(3))
+    assert not got.flags.writeable, "a view of the element, read-only as Redis' answer is"
+    with pytest.raises(ValueError):
+        got[0] = 1
+    private = st.get("out", 3, numpy.int64, slots=8, copy=True)
+    # Nothing was copied: a later put to the slot shows in the view, not in the private copy.
+    st.put("out", 3, chunk(5), slots=8)
+    assert numpy.array_equal(got, chunk(5)) and numpy.array_equal(private, chunk(3))
+    assert private.flags.writeable
+    with pytest.raises(StateError, match="holds no array"):
+        st.get("out", 4, numpy.int64, slots=8)
+    counters = st.counters()
+    assert counters["read_bytes"] == 2 * WIDTH, "a view counts the bytes it gives, as a copy does"
+    # The view keeps its mapping: the transport and the element's server may go first.
+    action.terminate()
+    assert numpy.array_equal(got, chunk(5))
+    owner.terminate()

@@ -19,6 +19,12 @@ asking the runtime for memory and giving it back (grow, release) is counted apar
     st = open_state(action, args)
     st.put("shards", i, array, slots=parts)           # this instance's output
     x = st.get("shards", j, numpy.float64, slots=parts)
+
+get() returns a read-only array in both stores. On the element's host it is the slot itself, mapped
+into the process (nothing copied, as Ray's object store hands out read-only views): it sees a later
+put to the same slot, so read a slot once its writers are done (a stage reading its parents'
+output), or pass copy=True for a private copy. Elsewhere (tcp, verbs) the bytes are read into a new
+array.
 """
 from __future__ import annotations
 
@@ -72,6 +78,7 @@ class MemoryState:
         self._segments: Dict[str, List[Tuple[str, int]]] = {}  # element `grow` made -> [(transport, bytes)]
         self._generation = 0
         self._control = 0.0  # asking the runtime for memory and giving it back (not data movement)
+        self._maps: Dict[str, Any] = {}  # transport -> its element mapped here (get), or None
         self._counters = _Counters()
 
     def _named(self, name: str):
@@ -124,9 +131,30 @@ class MemoryState:
         t.write(head.nbytes, base)
         self._counters.add(t0, written=head.nbytes + data.nbytes)
 
-    def get(self, element: str, index: int, dtype: Any, slots: int = 1) -> numpy.ndarray:
+    def _mapping(self, name: str, t: Any) -> Any:
+        """The element's memory mapped into this process (shm over its pages), or None where the
+        transport moves bytes on request (tcp, verbs): asked once per transport."""
+        if name not in self._maps:
+            try:
+                self._maps[name] = t.map()
+            except NotImplementedError:  # libd's EOPNOTSUPP
+                self._maps[name] = None
+        return self._maps[name]
+
+    def get(self, element: str, index: int, dtype: Any, slots: int = 1, copy: bool = False) -> numpy.ndarray:
         t, base, width = self._slot(element, index, slots)
         t0 = time.perf_counter()
+        mapped = None if copy else self._mapping(t.name, t)
+        if mapped is not None:
+            # Same host: the slot in place, read-only (as Redis' answer is), nothing copied.
+            (stored,) = _LEN.unpack_from(mapped, base)
+            length = stored - 1
+            if stored == 0 or length + _LEN.size > width:
+                raise StateError(f"slot {index} of element {element!r} holds no array")
+            out = numpy.frombuffer(mapped, dtype=numpy.uint8, count=length, offset=base + _LEN.size)
+            out.flags.writeable = False
+            self._counters.add(t0, read=_LEN.size + length)
+            return out.view(dtype)
         head = numpy.empty(_LEN.size, dtype=numpy.uint8)
         t.reg_memory(head.ctypes.data, head.nbytes, keep=head)
         t.read(head.nbytes, base)
@@ -163,6 +191,7 @@ class MemoryState:
         for name, _ in self._segments.pop(element, []):
             c0 = time.perf_counter()
             self._transports.pop(name, None)
+            self._maps.pop(name, None)  # arrays got from it keep their mapping alive
             self._action.runtime.release(name)
             self._control += time.perf_counter() - c0
 
@@ -194,14 +223,15 @@ class RedisState:
         self._db.set(key, memoryview(data))
         self._counters.add(t0, written=data.nbytes)
 
-    def get(self, element: str, index: int, dtype: Any, slots: int = 1) -> numpy.ndarray:
+    def get(self, element: str, index: int, dtype: Any, slots: int = 1, copy: bool = False) -> numpy.ndarray:
         key = self._key(element, index, slots)
         t0 = time.perf_counter()
         raw = self._db.get(key)
         if raw is None:
             raise StateError(f"slot {index} of element {element!r} holds no array (no key {key})")
         self._counters.add(t0, read=len(raw))
-        return numpy.frombuffer(raw, dtype=numpy.uint8).view(dtype)
+        out = numpy.frombuffer(raw, dtype=numpy.uint8)  # read-only: the client's own bytes
+        return (out.copy() if copy else out).view(dtype)
 
     def grow(self, element: str, template: str, size: int) -> None:
         """Redis grows by itself."""

@@ -186,6 +186,11 @@ int libd_transport_caps(libd_transport *t) {
   return int(T(t)->cap_bits());
 }
 int libd_trdma_reg(libd_transport *t, size_t size, void **buf) { CHECK_T(t); return T(t)->reg(size, buf); }
+int libd_trdma_map(libd_transport *t, void **addr, uint64_t *size) {
+  CHECK_T(t);
+  if (!addr || !size) return set_error(-EINVAL, "map: addr and size must not be NULL");
+  return T(t)->map(addr, size);
+}
 int libd_trdma_reg_ranges(libd_transport *t, const libd_range *ranges, int n) {
   CHECK_T(t);
   if (!ranges || n < 1 || n > LIBD_MAX_RANGES)

@@ -564,6 +564,26 @@ int Transport::notify(uint64_t value, int status, bool last) {
   }
 }
 
+int Transport::do_map(void **addr, uint64_t *size) {
+  (void)addr, (void)size;
+  return set_error(-EOPNOTSUPP, "transport " + quote(name_) + " (" + impl_name() +
+                                    ") moves the bytes on request and maps nothing: use read/write");
+}
+
+int Transport::map(void **addr, uint64_t *size) {
+  if (kind() != LIBD_KIND_RDMA) return unsupported("map");
+  Deadline deadline = op_deadline();
+  for (;;) {
+    std::shared_lock<IoGate> io(io_mu_);
+    if (state_now_.load(std::memory_order_acquire) != LIBD_STATE_READY) {
+      io.unlock();
+      if (int rc = ensure_ready(deadline)) return rc;
+      continue;
+    }
+    return do_map(addr, size);
+  }
+}
+
 unsigned Transport::cap_bits() {
   std::shared_lock<IoGate> io(io_mu_);
   Caps c = caps();

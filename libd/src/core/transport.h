@@ -92,6 +92,9 @@ class Transport : public libd_transport {
   // every transfer the caller already saw complete. Waits for READY like an operation.
   // last: the holder is done with the grant (libd_trdma_notify_last).
   int notify(uint64_t value, int status, bool last = false);
+  // A mapping of the memory this transport reaches, for the caller to read (and, under a writable
+  // grant, write) in place (libd_trdma_map). Connects first if it must.
+  int map(void **addr, uint64_t *size);
 
 
   // What the implementation can do, declared once (valid from INITD on: it may depend on the
@@ -154,6 +157,9 @@ class Transport : public libd_transport {
     return kNotDirect;
   }
 
+  // A mapping of the grant's memory of the caller's own (libd_trdma_map): engines that map the
+  // memory (shm over an element's memfd) make one; the others cannot.
+  virtual int do_map(void **addr, uint64_t *size);
   // The holder's word (Caps::notify): sends the notification on the connection to the owner.
   // Called under the shared I/O lock, READY; it may release `io` as do_run may. `last`: the
   // holder is done with the grant (a shared connection lets go of it in the same write).

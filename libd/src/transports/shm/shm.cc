@@ -762,6 +762,20 @@ class ShmTransport : public Transport {
     return 0;
   }
 
+  // A second mapping of the element's pages (mremap of the transport's own with old size 0
+  // duplicates a shared mapping: no descriptor kept, the same pages). The caller's to unmap; it
+  // outlives this transport. Lent memory has no pages to share (the owner's heap).
+  int do_map(void **addr, uint64_t *size) override {
+    if (!map_)
+      return set_error(-EOPNOTSUPP, "this grant is lent memory of the owner's process, reached by cross-memory "
+                                    "attach: it cannot be mapped here (use read/write)");
+    void *p = mremap(map_, 0, map_size_, MREMAP_MAYMOVE);
+    if (p == MAP_FAILED) return set_error(-errno, std::string("cannot map the memory element: ") + strerror(errno));
+    *addr = p;
+    *size = map_size_;
+    return 0;
+  }
+
   Caps caps() const override { return {.inline_copy = true, .notify = true}; }
 
   int do_post(const std::shared_ptr<Op> &op) override {

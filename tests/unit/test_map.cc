@@ -1,0 +1,60 @@
+// libd_trdma_map: the memory a shm transport reaches, mapped into the caller to read (and, under a
+// writable grant, write) in place; transports that move bytes on request refuse it.
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+
+#include <cerrno>
+#include <cstring>
+#include <vector>
+
+#include "harness.h"
+
+TEST(Map, AShmMappingShowsTheElementAndOutlivesTheTransport) {
+  auto rig = test::make_rig("shm", 1 << 20, LIBD_RIGHT_READ | LIBD_RIGHT_WRITE);
+  std::vector<char> src(4096);
+  test::fill_random(src.data(), src.size(), 1);
+  void *buf = src.data();
+  ASSERT_EQ(0, libd_trdma_reg(rig.t, src.size(), &buf)) << libd_last_error();
+  ASSERT_EQ(0, libd_trdma_write(rig.t, src.size(), 8192, src.data())) << libd_last_error();
+  void *addr = nullptr;
+  uint64_t size = 0;
+  ASSERT_EQ(0, libd_trdma_map(rig.t, &addr, &size)) << libd_last_error();
+  ASSERT_EQ(uint64_t(1 << 20), size);
+  const char *m = static_cast<const char *>(addr);
+  EXPECT_EQ(0, memcmp(m + 8192, src.data(), src.size())) << "the mapping shows what the transport wrote";
+  // It is the element's pages, not a copy: a later write through the transport shows, and a
+  // write through the mapping (a writable grant) is what the next read finds.
+  src[0] ^= 1;
+  ASSERT_EQ(0, libd_trdma_write(rig.t, 1, 8192, src.data())) << libd_last_error();
+  EXPECT_EQ(src[0], m[8192]);
+  static_cast<char *>(addr)[100] = 42;
+  char back = 0;
+  void *into = &back;
+  ASSERT_EQ(0, libd_trdma_reg(rig.t, 1, &into)) << libd_last_error();
+  ASSERT_EQ(0, libd_trdma_read(rig.t, 1, 100, &back)) << libd_last_error();
+  EXPECT_EQ(42, back);
+  // The caller's mapping stays valid after the transport is gone.
+  ASSERT_EQ(0, libd_transport_terminate(rig.t));
+  EXPECT_EQ(src[0], m[8192]);
+  EXPECT_EQ(0, munmap(addr, size));
+}
+
+TEST(Map, AReadOnlyGrantMapsReadOnlyMemory) {
+  auto rig = test::make_rig("shm", 1 << 16, LIBD_RIGHT_READ);
+  void *addr = nullptr;
+  uint64_t size = 0;
+  ASSERT_EQ(0, libd_trdma_map(rig.t, &addr, &size)) << libd_last_error();
+  // The kernel itself refuses write access: the descriptor behind the pages is read-only.
+  EXPECT_NE(0, mprotect(addr, size, PROT_READ | PROT_WRITE));
+  EXPECT_EQ(EACCES, errno);
+  EXPECT_EQ(0, munmap(addr, size));
+}
+
+TEST(Map, TransportsThatMoveBytesOnRequestRefuseAndSayWhy) {
+  auto rig = test::make_rig("tcp", 1 << 16);
+  void *addr = nullptr;
+  uint64_t size = 0;
+  EXPECT_EQ(-EOPNOTSUPP, libd_trdma_map(rig.t, &addr, &size));
+  EXPECT_NE(std::string(libd_last_error()).find("read/write"), std::string::npos) << libd_last_error();
+  EXPECT_EQ(-EINVAL, libd_trdma_map(rig.t, nullptr, &size));
+}
