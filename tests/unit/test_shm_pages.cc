@@ -69,7 +69,7 @@ TEST(ShmPages, LargeWritesLandWholeTheFirstTimeAndAfter) {
   test::fill_random(b.data(), b.size(), 4);
   libd_range mine[3] = {{a.data(), a.size()}, {b.data(), b.size()}, {back.data(), back.size()}};
   ASSERT_EQ(0, libd_trdma_reg_ranges(rig.t, mine, 3)) << libd_last_error();
-  const uint64_t at = (1 << 20) + 5;  // across two 2 MiB parts, not page-aligned
+  const uint64_t at = (1 << 20) + 5;  // not page-aligned
   // The first time through the element's descriptor, the second through the mapping, the third
   // through the mapping with its pages in place: each lands whole.
   for (const std::vector<char> *src : {&a, &b, &a}) {
@@ -93,4 +93,21 @@ TEST(ShmPages, LargeWritesLandWholeTheFirstTimeAndAfter) {
   EXPECT_EQ(0, element[at - 1]) << "nothing before the range was written";
   EXPECT_EQ(0, element[at + a.size()]) << "nothing after it";
   munmap(addr, size);
+}
+
+TEST(ShmPages, LargeWritesSideBySideEachLandWhole) {
+  // Writes that share a part of the element at their edges (a stream of chunks with a header
+  // between them): each lands whole whichever way it goes.
+  constexpr size_t kChunk = (300 << 10) + 3, kStride = kChunk + 4096 + 8;
+  auto rig = test::make_rig("shm", 16 * kStride);
+  std::vector<char> chunks(16 * kChunk), back(16 * kChunk);
+  test::fill_random(chunks.data(), chunks.size(), 5);
+  libd_range mine[2] = {{chunks.data(), chunks.size()}, {back.data(), back.size()}};
+  ASSERT_EQ(0, libd_trdma_reg_ranges(rig.t, mine, 2)) << libd_last_error();
+  for (size_t c = 0; c < 16; c++)
+    ASSERT_EQ(0, libd_trdma_write(rig.t, kChunk, c * kStride + 8, chunks.data() + c * kChunk)) << libd_last_error();
+  for (size_t c = 0; c < 16; c++) {
+    ASSERT_EQ(0, libd_trdma_read(rig.t, kChunk, c * kStride + 8, back.data() + c * kChunk)) << libd_last_error();
+    ASSERT_EQ(0, memcmp(back.data() + c * kChunk, chunks.data() + c * kChunk, kChunk)) << "chunk " << c;
+  }
 }
