@@ -96,8 +96,11 @@ def test_the_record_says_where_the_time_went(apps_platform):
     assert gen["input"]["write_bytes"] == 25_000 * 8 + 8 and gen["input"]["write_ops"] == 2
     assert gen["input"]["read_ops"] == 0 and gen["input"]["errors"] == 0 and gen["input"]["seconds"] > 0
     merge = {t["transport"]: t for t in transfers["merge#2"]}
-    assert merge["buckets"]["read_ops"] == 2 * 4 and merge["output"]["write_ops"] == 2
-    assert sum(t["read_bytes"] for t in transfers["check#0"]) >= 100_000 * 8
+    assert merge["output"]["write_ops"] == 2
+    # On the elements' host scad.state reads a slot in place (mapped): nothing crosses libd, so
+    # the reads are in the application's own counters and not among the transfers.
+    assert merge["buckets"]["read_ops"] == 0 and merge["buckets"]["read_bytes"] == 0
+    assert rec["response"]["result"]["state"]["read_bytes"] >= 2 * 100_000 * 8
     # `scad activation get` shows it as a table after the record.
     env = dict(os.environ, SCAD_HOME=str(apps_platform.home),
                PYTHONPATH=f"{ROOT / 'build' / 'python'}:{ROOT / 'bindings' / 'python'}")
