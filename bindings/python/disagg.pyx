@@ -381,6 +381,9 @@ cdef class Mapping:
     cdef Py_ssize_t _size
     cdef readonly bint readonly
 
+    def __init__(self):
+        raise TypeError("a Mapping comes from LibdTransportRDMA.map()")
+
     def __getbuffer__(self, Py_buffer *view, int flags):
         PyBuffer_FillInfo(view, self, self._addr, self._size, self.readonly, flags)
 
@@ -490,8 +493,9 @@ cdef class LibdTransportRDMA(LibdTransport):
     def map(self):
         """The memory this transport reaches, mapped into this process: a Mapping (a buffer of
         the whole element, read-only under a read-only grant) that sees every later write to the
-        element. shm over a memory element only (as UCX's ucp_rkey_ptr on shared memory);
-        OSError(EOPNOTSUPP) on transports that move bytes on request."""
+        element. shm over a memory element only (as UCX's ucp_rkey_ptr on shared memory):
+        NotImplementedError (libd's EOPNOTSUPP) on transports that move bytes on request,
+        PermissionError under a write-only grant."""
         cdef clibd.libd_transport *t = self._tr()
         cdef void *addr = NULL
         cdef uint64_t size = 0

@@ -62,7 +62,8 @@ def test_on_the_elements_host_a_get_is_the_slot_in_place_and_read_only(tmp_path)
     srv = owner.get_transport("srv", "rdma_server")
     srv.serve(block=False)
     action = Action("it-client")
-    action.add_transport(f"out;shm;{srv.grant('it-client', 0, 0, 'rw')}")
+    grant = srv.grant('it-client', 0, 0, 'rw')
+    action.add_transport(f"out;shm;{grant}")
     st = MemoryState(action)
     st.put("out", 3, chunk(3), slots=8)
     got = st.get("out", 3, numpy.int64, slots=8)
@@ -79,7 +80,14 @@ def test_on_the_elements_host_a_get_is_the_slot_in_place_and_read_only(tmp_path)
         st.get("out", 4, numpy.int64, slots=8)
     counters = st.counters()
     assert counters["read_bytes"] == 2 * WIDTH, "a view counts the bytes it gives, as a copy does"
-    # The view keeps its mapping: the transport and the element's server may go first.
+    with pytest.raises(TypeError):
+        disagg.Mapping()  # a mapping comes from a transport's map() only
+    # Once the owner ends the grant, a get says so instead of showing the pages it still maps.
+    srv.revoke(grant.split("grant,")[1].split(";")[0])
+    action.get_transport("out", "rdma").wait_state("ERROR", timeout=10)
+    with pytest.raises(ConnectionError):
+        st.get("out", 3, numpy.int64, slots=8)
+    # The view got before keeps its mapping: the transport and the element's server may go first.
     action.terminate()
     assert numpy.array_equal(got, chunk(5))
     owner.terminate()

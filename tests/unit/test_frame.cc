@@ -228,6 +228,48 @@ TEST(Auth, CrossMemoryGrantBodyRoundTrips) {
   g.cma_slots = kCmaMaxSlots + 1;
   enc = encode_grant(g);
   EXPECT_EQ(-EPROTO, decode_grant(enc.data(), enc.size(), &back, &why));
+  // A list lent as one element: its table's address and how many ranges, with or without a
+  // grant table; every impossible variant is refused.
+  GrantBody list{3 << 20, 0, 3 << 20, 1};
+  list.cma_pid = 4242;
+  list.cma_base = 0x7f0000002000ull;
+  list.cma_ranges = 3;
+  enc = encode_grant(list);
+  ASSERT_EQ(kGrantBodyCmaRangesSize, enc.size());
+  ASSERT_EQ(0, decode_grant(enc.data(), enc.size(), &back, &why)) << why;
+  EXPECT_EQ(3u, back.cma_ranges);
+  EXPECT_EQ(0u, back.cma_table);
+  list.cma_table = 0x7f0000800000ull;
+  list.cma_slots = 16;
+  enc = encode_grant(list);
+  ASSERT_EQ(0, decode_grant(enc.data(), enc.size(), &back, &why)) << why;
+  EXPECT_EQ(16u, back.cma_slots);
+  auto refused = [&](GrantBody b) {
+    std::string e = encode_grant(b), w;
+    GrantBody out;
+    return e.size() == kGrantBodyCmaRangesSize && decode_grant(e.data(), e.size(), &out, &w) == -EPROTO;
+  };
+  GrantBody bad = list;
+  bad.cma_ranges = kMaxLentRanges + 1;
+  EXPECT_TRUE(refused(bad)) << "more ranges than a list may have";
+  bad = list;
+  bad.cma_base = UINT64_MAX - 16;  // the table would wrap the address space
+  EXPECT_TRUE(refused(bad));
+  bad = list;
+  bad.offset = 4096;  // a list's grant is whole
+  bad.length = (3 << 20) - 4096;
+  EXPECT_TRUE(refused(bad));
+  bad = list;
+  bad.cma_table = 0;  // slots without a table
+  EXPECT_TRUE(refused(bad));
+  // A body that claims ranges but counts none is refused at its size.
+  std::string zero = encode_grant(list);
+  zero[52] = zero[53] = zero[54] = zero[55] = 0;
+  EXPECT_EQ(-EPROTO, decode_grant(zero.data(), zero.size(), &back, &why));
+  // A slot of a list is tagged under its own label: a holder that knows nothing of lists matches
+  // nothing there and asks the server.
+  EXPECT_NE(cma_tag("secret-secret-secret-secret-0000", "g1_3", "*"),
+            cma_tag("secret-secret-secret-secret-0000", "g1_3", "*", true));
   EXPECT_EQ(7, cma_slot_of("g0123456789abcdef_7"));
   EXPECT_EQ(-1, cma_slot_of("g0123456789abcdef"));
   EXPECT_EQ(-1, cma_slot_of("my_grant"));

@@ -52,6 +52,13 @@ TEST(ShmPages, AReadOnlyGrantMapsReadOnlyMemory) {
   EXPECT_EQ(0, munmap(addr, size));
 }
 
+TEST(ShmPages, AWriteOnlyGrantMapsNothing) {
+  auto rig = test::make_rig("shm", 1 << 16, LIBD_RIGHT_WRITE);
+  void *addr = nullptr;
+  uint64_t size = 0;
+  EXPECT_EQ(-EACCES, libd_trdma_map(rig.t, &addr, &size)) << "a holder that may not read must not see the pages";
+}
+
 TEST(ShmPages, TransportsThatMoveBytesOnRequestRefuseAndSayWhy) {
   auto rig = test::make_rig("tcp", 1 << 16);
   void *addr = nullptr;

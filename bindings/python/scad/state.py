@@ -145,6 +145,10 @@ class MemoryState:
         t, base, width = self._slot(element, index, slots)
         t0 = time.perf_counter()
         mapped = None if copy else self._mapping(t.name, t)
+        if mapped is not None and (t.state != "READY" or (base + _LEN.size) % numpy.dtype(dtype).alignment):
+            # The grant ended (the read below says how), or the slot's bytes do not start where
+            # the dtype may: a copy, aligned.
+            mapped = None
         if mapped is not None:
             # Same host: the slot in place, read-only (as Redis' answer is), nothing copied.
             (stored,) = _LEN.unpack_from(mapped, base)

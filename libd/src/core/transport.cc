@@ -294,7 +294,7 @@ int Transport::reg(size_t size, void **buf) {
   std::unique_lock<IoGate> io(io_mu_);
   if (stats_->in_flight() > 0)
     return set_error(-EBUSY, "reg: transport " + quote(name_) + " has operations in flight");
-  if (*buf && *buf == lbuf_ && size == lsize_) return 0;  // the same registration again: free
+  if (*buf && *buf == lbuf_ && size == lsize_ && lranges_.empty()) return 0;  // the same registration again: free
   char *mem = static_cast<char *>(*buf);
   bool owned = false;
   if (!mem) {

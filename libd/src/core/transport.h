@@ -112,6 +112,9 @@ class Transport : public libd_transport {
   unsigned cap_bits();
 
  protected:
+  // The rights of the grant this transport holds (LIBD_RIGHT_*), once connected.
+  unsigned remote_rights() const { return remote_rights_; }
+
   // ---- the hooks an implementation overrides, by stage; each one left out answers -EOPNOTSUPP
   //      (or does nothing where nothing is the right answer) ----
 

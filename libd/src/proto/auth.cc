@@ -132,7 +132,8 @@ int decode_grant(const char *p, size_t n, GrantBody *out, std::string *why) {
   }
   if (n == kGrantBodyCmaRangesSize &&
       (out->cma_ranges == 0 || out->cma_ranges > kMaxLentRanges ||
-       out->cma_base > UINT64_MAX - uint64_t(out->cma_ranges) * sizeof(CmaRange))) {
+       out->cma_base > UINT64_MAX - uint64_t(out->cma_ranges) * sizeof(CmaRange) || out->offset != 0 ||
+       out->length != out->element_size)) {
     *why = "AUTH_OK describes an impossible table of lent ranges";
     return -EPROTO;
   }
@@ -162,8 +163,9 @@ std::string compute_mac(const std::string &secret, const std::string &nonce, con
   return hmac_sha256(secret, msg);
 }
 
-std::string cma_tag(const std::string &secret, const std::string &grant_id, const std::string &client) {
-  std::string msg = "scad-cma-slot-v1";
+std::string cma_tag(const std::string &secret, const std::string &grant_id, const std::string &client,
+                    bool ranges) {
+  std::string msg = ranges ? "scad-cma-ranges-v1" : "scad-cma-slot-v1";
   put(&msg, grant_id.size(), 2);
   msg += grant_id;
   put(&msg, client.size(), 2);

@@ -76,7 +76,10 @@ constexpr uint32_t kCmaMaxSlots = 1u << 16;
 // The tag of a grant's slot: HMAC-SHA256(secret, "scad-cma-slot-v1" | grant id | client), first 16
 // bytes, where client is the grant's ("*", or the one action it is for): a peer finds its grant's
 // tag with its own action id or "*", as the server would admit it.
-std::string cma_tag(const std::string &secret, const std::string &grant_id, const std::string &client);
+// A slot naming a list's table of ranges (CmaSlot::ranges) is tagged under another label, so that a
+// holder that knows nothing of ranges finds no match, asks the server, and is refused cleanly.
+std::string cma_tag(const std::string &secret, const std::string &grant_id, const std::string &client,
+                    bool ranges = false);
 // The slot a grant id names ("..._<slot>"), or -1.
 int64_t cma_slot_of(const std::string &grant_id);
 

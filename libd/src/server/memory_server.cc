@@ -60,7 +60,7 @@ void MemoryServer::cma_write_locked(int64_t slot, const Grant *g, const Element 
   __atomic_store_n(&c->seq, seq + 1, __ATOMIC_RELAXED);
   __atomic_thread_fence(__ATOMIC_RELEASE);
   if (g) {
-    std::string tag = cma_tag(g->secret, g->id, g->client);
+    std::string tag = cma_tag(g->secret, g->id, g->client, !e->ranges.empty());
     // Several ranges: the slot points at their table (CmaSlot::ranges).
     c->base = e->ranges.empty() ? uint64_t(uintptr_t(e->base + g->offset)) : uint64_t(uintptr_t(e->ranges.data()));
     c->ranges = uint32_t(e->ranges.size());
@@ -107,7 +107,8 @@ int MemoryServer::add_element(const std::string &name, uint64_t size) {
   std::lock_guard<std::mutex> lk(mu_);
   if (elements_.count(name)) return set_error(-EEXIST, "element '" + name + "' already exists");
   uint64_t used = 0;
-  for (auto &[n, e] : elements_) used += e->size;
+  for (auto &[n, e] : elements_)
+    if (!e->lent) used += e->size;  // lent memory is the caller's, not the server's
   if (size > capacity_ - used)
     return set_error(-ENOSPC, "element '" + name + "' of " + std::to_string(size) + " bytes does not fit: " +
                                   std::to_string(capacity_ - used) + " bytes left of " + std::to_string(capacity_));
@@ -195,7 +196,8 @@ int MemoryServer::remove_element(const std::string &name) {
 uint64_t MemoryServer::used_bytes() {
   std::lock_guard<std::mutex> lk(mu_);
   uint64_t used = 0;
-  for (auto &[n, e] : elements_) used += e->size;
+  for (auto &[n, e] : elements_)
+    if (!e->lent) used += e->size;  // as libd_server_attr says: lent memory is not counted
   return used;
 }
 

@@ -65,6 +65,7 @@ class ServerTransport : public ServerBase {
     return srv->add_lent_element(element, static_cast<char *>(base), size);
   }
 
+  static_assert(LIBD_MAX_RANGES == proto::kMaxLentRanges, "one bound for lists, in the API and on the wire");
   int expose_ranges(const std::string &element, const libd_range *ranges, int n) override {
     std::shared_ptr<MemoryServer> srv;
     if (int rc = serving(&srv)) return rc;

@@ -20,7 +20,8 @@ from typing import Any, NamedTuple
 
 from ._operation_kind import OperationKind
 
-VERSION = 1
+VERSION = 2  # 2: descriptors after the first under one grant carry only size and device
+_READS = (1, 2)  # records written by either version read the same here
 _str = encode_basestring  # a JSON string, quoted and escaped (json's own C encoder)
 _FIELDS = frozenset({"version", "operation_kind", "notification_key", "owner", "hostname", "host", "port", "path",
                      "verbs", "expires_at", "descriptors"})
@@ -125,8 +126,9 @@ class RdmaMetadata:
     def from_dict(cls, raw: Any) -> "RdmaMetadata":
         if not isinstance(raw, dict):
             raise ValueError("RdmaMetadata: expected a JSON object")
-        if raw.get("version") != VERSION:
-            raise ValueError(f"RdmaMetadata: version {raw.get('version')!r} (this side reads {VERSION})")
+        version = raw.get("version")
+        if type(version) is not int or version not in _READS:
+            raise ValueError(f"RdmaMetadata: version {raw.get('version')!r} (this side reads {_READS})")
         want = _FIELDS
         if raw.keys() != want:
             extra, missing = sorted(set(raw) - want), sorted(want - set(raw))
@@ -150,7 +152,7 @@ class RdmaMetadata:
                     raise ValueError("RdmaMetadata: a descriptor's grant is malformed")
                 if type(secret) is not str or not _CONFIG_VALUE.fullmatch(secret):
                     raise ValueError("RdmaMetadata: a descriptor's secret is malformed")
-            elif keys != _NEXT_RANGE_FIELDS or grant is None:
+            elif keys != _NEXT_RANGE_FIELDS or grant is None or version < 2:
                 raise ValueError("RdmaMetadata: a descriptor needs exactly size, device, grant and secret "
                                  "(or size and device only, after one under the same grant)")
             size = d["size"]

@@ -227,14 +227,16 @@ class ShmSession : public FrameReader::Handler, public std::enable_shared_from_t
     struct iovec r[2] = {{reinterpret_cast<void *>(uintptr_t(addr)), sizeof c},
                          {reinterpret_cast<void *>(uintptr_t(addr)), sizeof again}};
     if (process_vm_readv(pid_, l, 2, r, 2, 0) != ssize_t(sizeof c + sizeof again) || (c.seq & 1) || !c.live ||
-        again != c.seq)
+        again != c.seq || c.rights == 0 || c.rights > 3)
       return -EAGAIN;
     // The grant is for anyone holding it ("*"), or for this action alone (its tag is made only
     // when the first does not match).
     auto matches = [&](const std::string &tag) {
       return tag.size() == sizeof c.tag && CRYPTO_memcmp(tag.data(), c.tag, sizeof c.tag) == 0;
     };
-    if (!matches(cma_tag(secret, grant_id, "*")) && !matches(cma_tag(secret, grant_id, aid))) return -EAGAIN;
+    bool ranges = c.ranges != 0;
+    if (!matches(cma_tag(secret, grant_id, "*", ranges)) && !matches(cma_tag(secret, grant_id, aid, ranges)))
+      return -EAGAIN;
     std::unique_lock<std::mutex> lk(mu_);
     if (closed_ || !handles_left_locked()) return -EAGAIN;
     uint32_t h = next_handle_++;
@@ -547,26 +549,30 @@ class ShmTransport : public Transport {
     ranges_.clear();
     starts_.clear();
     if (g.cma_ranges) {
+      // The table comes from the owner's process: a holder checks all of it before it trusts
+      // any (a count past the bound, a range of no bytes or no address, sizes that do not add up
+      // to the grant are refused).
+      auto bogus = [&](int e, const std::string &why) {
+        ranges_.clear();
+        starts_.clear();
+        return e ? cma_error(e) : set_error(-EPROTO, "the memory's owner describes its lent ranges wrongly: " + why);
+      };
+      if (g.cma_ranges > kMaxLentRanges || g.cma_base > UINT64_MAX - uint64_t(g.cma_ranges) * sizeof(CmaRange))
+        return bogus(0, "a table of " + std::to_string(g.cma_ranges) + " ranges");
+      if (g.offset != 0 || g.length != g.element_size) return bogus(0, "a grant on part of them");
       ranges_.resize(g.cma_ranges);
       struct iovec l = {ranges_.data(), ranges_.size() * sizeof(CmaRange)};
       struct iovec r = {reinterpret_cast<void *>(uintptr_t(g.cma_base)), l.iov_len};
-      if (process_vm_readv(cma_pid_, &l, 1, &r, 1, 0) != ssize_t(l.iov_len)) {
-        int e = errno;
-        ranges_.clear();
-        return cma_error(e ? e : EFAULT);
-      }
+      ssize_t n = process_vm_readv(cma_pid_, &l, 1, &r, 1, 0);
+      if (n != ssize_t(l.iov_len)) return bogus(n < 0 ? errno : EFAULT, "");
       uint64_t total = 0;
       for (const CmaRange &x : ranges_) {
-        if (x.size == 0 || x.base > UINT64_MAX - x.size || total > UINT64_MAX - x.size) total = UINT64_MAX;
-        if (total == UINT64_MAX) break;
+        if (x.base == 0 || x.size == 0 || x.base > UINT64_MAX - x.size || total > UINT64_MAX - x.size)
+          return bogus(0, "a range of no bytes, or past the end of memory");
         starts_.push_back(total);
         total += x.size;
       }
-      if (total != g.element_size || g.offset != 0) {
-        ranges_.clear();
-        starts_.clear();
-        return set_error(-EPROTO, "the memory's owner describes lent ranges that do not add up to its grant");
-      }
+      if (total != g.element_size) return bogus(0, "they do not add up to the grant");
     }
     if (probe)
       if (int rc = probe_cma(g)) return rc;
@@ -711,20 +717,24 @@ class ShmTransport : public Transport {
   // a page the element does not have yet, zeroes it before the copy overwrites it). Measured on
   // 256 MiB: a new element 2.5 GB/s against 1.4. Once this mapping has its pages in place the
   // copy is the faster way (12 GB/s against 4), so a range written here before is copied into.
-  void write_segment(const Segment &s) {
+  // 0, or the error the kernel gave (no memory for the pages: a copy would take SIGBUS instead).
+  int write_segment(const Segment &s) {
     constexpr uint64_t kLargeWrite = 256 << 10;
     if (memfd_ >= 0 && s.size >= kLargeWrite && !written_here(s.raddr, s.size)) {
       uint64_t done = 0;
       while (done < s.size) {
         ssize_t n = pwrite(memfd_, s.buf + done, size_t(s.size - done), off_t(s.raddr + done));
         if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) break;  // the mapping finishes what the descriptor could not
+        if (n < 0 && errno != EINVAL && errno != EOPNOTSUPP)
+          return set_error(-errno, "cannot write the memory element: " + std::string(strerror(errno)));
+        if (n <= 0) break;  // a descriptor that takes no writes: the mapping does the rest
         done += uint64_t(n);
       }
       if (done < s.size) std::memcpy(map_ + s.raddr + done, s.buf + done, s.size - done);
-      return;
+      return 0;
     }
     std::memcpy(map_ + s.raddr, s.buf, s.size);
+    return 0;
   }
 
   // True if every 64 KiB part of [raddr, raddr+size) was written through this transport before;
@@ -814,6 +824,8 @@ class ShmTransport : public Transport {
   // duplicates a shared mapping: no descriptor kept, the same pages). The caller's to unmap; it
   // outlives this transport. Lent memory has no pages to share (the owner's heap).
   int do_map(void **addr, uint64_t *size) override {
+    if (map_ && !(remote_rights() & LIBD_RIGHT_READ))
+      return set_error(-EACCES, "the grant does not allow reads: its memory is not mapped for a write-only holder");
     if (!map_)
       return set_error(-EOPNOTSUPP, "this grant is lent memory of the owner's process, reached by cross-memory "
                                     "attach: it cannot be mapped here (use read/write)");
@@ -861,8 +873,9 @@ class ShmTransport : public Transport {
         }
       } else if (is_read) {
         std::memcpy(s.buf, map_ + s.raddr, s.size);
-      } else {
-        write_segment(s);
+      } else if (int rc = write_segment(s)) {
+        op->complete(rc, last_error());
+        return 0;
       }
     }
     // The owner may have ended the grant while the bytes moved (its revoke does not wait for
