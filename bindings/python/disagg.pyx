@@ -487,7 +487,7 @@ cdef class LibdTransportRDMA(LibdTransport):
         self._view = None
         self._base = <char *><size_t>ranges[0][0]
         self._size = ranges[0][1]
-        self._ranged = n > 1
+        self._ranged = True
         self.buf = None
 
     def map(self):

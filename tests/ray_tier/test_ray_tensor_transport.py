@@ -147,7 +147,9 @@ def test_arrays_move_between_two_actors_through_the_transport(pair):
     lent, received = ray.get(src.counters.remote()), got["counters"]
     assert (lent["lent_objects"], lent["lent_tensors"], lent["lent_bytes"]) == (1, len(SPECS), size)
     assert (received["received_objects"], received["received_tensors"], received["received_bytes"]) == (1, 5, size)
-    assert received["shm_reads"] == 5, "two actors of one host: libd's shm (the empty array moves nothing)"
+    # Two actors of one host: libd's shm, the object's tensors lent as one list and read with one
+    # transfer (the empty array moves nothing).
+    assert received["shm_reads"] == 1
     # What Ray stored for the object is its placeholder, not the 4 MiB it stands for.
     assert ray.experimental.get_object_locations([ref])[ref]["object_size"] < 16 * 1024 < size
 
@@ -225,4 +227,4 @@ def test_cpu_torch_tensors_move_between_two_actors(pair):
         want = [digest(torch.from_numpy(make_array(*s)).to(getattr(torch, dtype)).to(torch.float64).numpy())
                 for s in specs]
         assert got["digests"] == want
-    assert got["counters"]["received_objects"] == 3 and got["counters"]["shm_reads"] == 9
+    assert got["counters"]["received_objects"] == 3 and got["counters"]["shm_reads"] == 3  # a list read per object

@@ -63,6 +63,7 @@ class RdmaManager:
         self._server_action = None
         self._endpoint: dict = {}
         self._cache = RegionCache()
+        self._lists: Dict[str, tuple] = {}  # grant -> (element, the objects owning its memory): _request_list
         self._next = 0
         self._qps: Dict[tuple, QueuePair] = {}
         self._qp_locks: Dict[tuple, asyncio.Lock] = {}
@@ -107,6 +108,32 @@ class RdmaManager:
                               verbs=ep["verbs"], grant=pairs["grant"], secret=pairs["secret"], offset=offset,
                               size=d.size, whole=(offset == 0 and d.size == region.size))
 
+    def _request_list(self, memories: list) -> Optional[RdmaBuffer]:
+        """One RdmaBuffer over several buffers of this process, lent as one element (libd's list
+        of ranges) under one key: its offsets run through them in order, and one transfer moves
+        within one of them (a reader names each with its own entry: _transfer_start with a list).
+        For lending several buffers to a reader that moves them together (the tensor transport's
+        objects). None where the server also serves verbs: a remote key reaches one range there."""
+        descs = [m if isinstance(m, Descriptor) else Descriptor(m) for m in memories]
+        with self._lock:
+            srv = self._serve_locked()
+            if self._endpoint["verbs"]:
+                return None
+            self._next += 1
+            element = f"l{self._next}"
+            srv.expose_ranges(element, [(d.ptr, d.size) for d in descs])
+            try:
+                config = srv.grant_ex(element, "*", rights="rw")
+            except BaseException:
+                srv.withdraw(element)
+                raise
+            pairs = dict(p.split(",", 1) for p in config.split(";"))
+            self._lists[pairs["grant"]] = (element, [d.data if d.data is not None else d for d in descs])
+            ep = self._endpoint
+            return RdmaBuffer(owner=self.name, hostname=self.hostname, host=ep["host"], port=ep["port"], path=ep["path"],
+                              verbs=ep["verbs"], grant=pairs["grant"], secret=pairs["secret"], offset=0,
+                              size=sum(d.size for d in descs), whole=True)
+
     def regions(self) -> list:
         """(address, size, buffers) of every registered region: for diagnostics and tests."""
         with self._lock:
@@ -115,6 +142,13 @@ class RdmaManager:
     def drop(self, buf: RdmaBuffer) -> None:
         if buf.owner == self.name:
             with self._lock:
+                lent = self._lists.pop(buf.grant, None)
+                if lent is not None:  # a list: its own element, withdrawn with its key
+                    try:
+                        self._server.withdraw(lent[0])
+                    except KeyError:
+                        pass
+                    return
                 region = self._cache.release(buf.grant)
                 if region is not None:
                     try:
@@ -188,7 +222,10 @@ class RdmaManager:
         use); the queue pair and whether it was new."""
         qp, new = self._queue_pair(remote)
         try:
-            (qp.get if read else qp.put)(memory, remote, offset)
+            if isinstance(memory, list):  # [(memory, offset in remote)]: one transfer over a list
+                qp.move_list(memory, remote, read)
+            else:
+                (qp.get if read else qp.put)(memory, remote, offset)
         except (PermissionError, ConnectionError) as e:
             self._forget_qp(remote.route)
             raise _refusal(e, qp.impl, new) from None

@@ -62,6 +62,28 @@ class QueuePair:
         """Starts writing local into remote[offset:offset+len(local)]; returns at once."""
         self._start(local, remote, offset, read=False)
 
+    def move_list(self, pairs: List[tuple], remote: RdmaBuffer, read: bool = True) -> None:
+        """Starts one transfer of several local buffers, [(local, offset in remote)], each to or
+        from its own part of remote (a buffer lent as a list: each part within one of its
+        ranges); the local buffers are registered together for it. Returns at once."""
+        if remote.route != self.route:
+            raise ValueError("this queue pair leads to another buffer's route: use request_queue_pair(remote)")
+        descs = [_local(m) for m, _ in pairs]
+        entries = []
+        for d, (_, offset) in zip(descs, pairs):
+            if read and d.readonly:
+                raise ValueError("a read needs local memory it may write (bytes is read-only)")
+            if offset < 0 or offset + d.size > remote.size():
+                raise ValueError(f"[{offset}, +{d.size}) is outside the remote buffer of {remote.size()} bytes")
+            entries.append((d.size, remote.offset + offset, d.ptr))
+        with self._lock:
+            if any(not op.done() for op in self._pending):
+                raise RuntimeError("transfers are still running on this queue pair: wait() first")
+            self._reg, self._keep = None, descs  # registered as a list: the next transfer registers anew
+            self._t.reg_ranges([(d.ptr, d.size) for d in descs], keep=descs)
+            op = self._t.readv_async(entries) if read else self._t.writev_async(entries)
+            self._pending.append(op)
+
     def poll(self) -> bool:
         """True once every transfer started has finished; raises the first one's error."""
         with self._lock:

@@ -70,6 +70,11 @@ class _Counters:
 _counters = _Counters()
 
 
+def _nbytes(local: Any) -> int:
+    """Bytes a read moves into its local memory: an array, or a list's [(array, offset)]."""
+    return sum(a.nbytes for a, _ in local) if isinstance(local, list) else local.nbytes
+
+
 def _is_torch(x: Any) -> bool:
     return type(x).__module__.split(".")[0] == "torch"
 
@@ -209,20 +214,27 @@ class ScadTensorTransport(_Base):
         """Lends the object's tensors in place and describes them (shape, dtype, buffer)."""
         manager = RdmaManager.get()
         memories = [_memory(t) for t in rdt_object]
-        buffers = []
-        try:
-            for memory in memories:
-                buffers.append(manager.request_buffer(memory) if memory.nbytes else None)
-        except BaseException:
-            for b in buffers:
-                if b is not None:
-                    b.drop()
-            raise
+        nonempty = [m for m in memories if m.nbytes]
+        # Several tensors: lent as one list under one key, read with one transfer (as NIXL lends
+        # a list with one blob). Where that cannot be (the server serves verbs), a buffer each.
+        listed = manager._request_list(nonempty) if len(nonempty) > 1 else None
+        buffers = [listed] if listed is not None else []
+        if listed is None:
+            try:
+                for memory in memories:
+                    buffers.append(manager.request_buffer(memory) if memory.nbytes else None)
+            except BaseException:
+                for b in buffers:
+                    if b is not None:
+                        b.drop()
+                raise
         with self._lock:
             # A retried task describes the same object again: the loan covers both descriptions.
             self._lent.setdefault(obj_id, []).extend(b for b in buffers if b is not None)
         _counters.add(lent_objects=1, lent_tensors=len(memories), lent_bytes=sum(m.nbytes for m in memories))
         meta = [(t.shape if _is_torch(t) else tuple(t.shape), t.dtype) for t in rdt_object]
+        if listed is not None:
+            return ScadTransportMetadata(tensor_meta=meta, tensor_device="cpu", buffers=[], lent_list=listed.to_json())
         return ScadTransportMetadata(tensor_meta=meta, tensor_device="cpu",
                                      buffers=[b.to_json() if b is not None else "" for b in buffers])
 
@@ -300,7 +312,7 @@ class ScadTensorTransport(_Base):
         for buf, qp, _ in started:
             manager._mark_reached(buf)
             _counters.add(**{f"{qp.impl}_reads": 1})
-        _counters.add(received_objects=1, received_tensors=len(reads), received_bytes=sum(l.nbytes for _, l in reads))
+        _counters.add(received_objects=1, received_tensors=sum(len(l) if isinstance(l, list) else 1 for _, l in reads), received_bytes=sum(_nbytes(l) for _, l in reads))
 
     def _claim(self, routes: List[tuple]) -> bool:
         """Takes every route for a direct receive if none is in use; else takes none."""
@@ -353,12 +365,14 @@ class ScadTensorTransport(_Base):
         """The tensors to return and the (buffer, target memory) of each read, checked."""
         if not isinstance(meta, ScadTransportMetadata):
             raise TypeError(f"metadata of another transport ({type(meta).__name__}), not ScadTransportMetadata")
-        if len(meta.buffers) != len(meta.tensor_meta):
+        listed = RdmaBuffer.from_json(meta.lent_list) if getattr(meta, "lent_list", "") else None
+        if listed is None and len(meta.buffers) != len(meta.tensor_meta):
             raise ValueError(f"{len(meta.buffers)} buffers for {len(meta.tensor_meta)} tensors")
         if target_buffers is not None and len(target_buffers) != len(meta.tensor_meta):
             raise ValueError(f"{len(target_buffers)} target buffers for {len(meta.tensor_meta)} tensors")
-        out, reads = [], []
-        for i, ((shape, dtype), text) in enumerate(zip(meta.tensor_meta, meta.buffers)):
+        out, reads, pieces, at = [], [], [], 0
+        texts = meta.buffers if listed is None else [""] * len(meta.tensor_meta)
+        for i, ((shape, dtype), text) in enumerate(zip(meta.tensor_meta, texts)):
             if target_buffers is not None:
                 target = target_buffers[i]
             elif _is_torch(dtype):
@@ -370,6 +384,11 @@ class ScadTensorTransport(_Base):
             local = _memory(target)
             if not local.flags.writeable:
                 raise ValueError(f"target buffer {i} is read-only")
+            if listed is not None:  # the list's next range, if the tensor has bytes
+                if local.nbytes:
+                    pieces.append((local, at))
+                    at += local.nbytes
+                continue
             if not text:
                 if local.nbytes:
                     raise ValueError(f"tensor {i} is empty at the source and {local.nbytes} bytes here")
@@ -378,6 +397,10 @@ class ScadTensorTransport(_Base):
             if local.nbytes != buf.size():
                 raise ValueError(f"a target of {local.nbytes} bytes for tensor {i} of {buf.size()}")
             reads.append((buf, local))
+        if listed is not None:
+            if at != listed.size():
+                raise ValueError(f"targets of {at} bytes for a list of {listed.size()}")
+            reads = [(listed, pieces)] if pieces else []
         return out, reads
 
     def wait_fetch_complete(self, fetch_request: ScadFetchRequest, timeout: Optional[float] = -1) -> List[Any]:
@@ -402,8 +425,8 @@ class ScadTensorTransport(_Base):
             raise
         finally:
             self._end(receive)
-        _counters.add(received_objects=1, received_tensors=len(reads),
-                      received_bytes=sum(local.nbytes for _, local in reads))
+        _counters.add(received_objects=1, received_tensors=sum(len(l) if isinstance(l, list) else 1 for _, l in reads),
+                      received_bytes=sum(_nbytes(local) for _, local in reads))
 
     async def _read(self, receive: _Receive, buf: RdmaBuffer, local: numpy.ndarray, deadline: float) -> None:
         manager = RdmaManager.get()

@@ -29,9 +29,12 @@ except ImportError:  # pragma: no cover - depends on the environment
 
 @dataclass
 class ScadTransportMetadata(TensorTransportMetadata):
-    """Adds, per tensor, the RdmaBuffer (as JSON) through which the destination reads it."""
+    """Adds how the destination reads the tensors: `lent_list`, one RdmaBuffer (as JSON) over all
+    the non-empty ones lent as a list, in order, read with one transfer; or else `buffers`, per
+    tensor, the RdmaBuffer through which it is read ("" for an empty tensor)."""
 
     buffers: List[str] = field(default_factory=list)
+    lent_list: str = ""
 
 
 @dataclass
