@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstring>
 #include <algorithm>
+#include <unordered_set>
 #include <array>
 #include <deque>
 #include <vector>
@@ -173,12 +174,12 @@ int MemoryServer::add_lent_ranges(const std::string &name, const std::vector<Cma
 
 int MemoryServer::remove_element(const std::string &name) {
   bool sync = false, async = false;
+  std::unordered_set<std::string> gone;
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (!elements_.erase(name)) return set_error(-ENOENT, "no element '" + name + "'");
-    std::vector<std::string> gone;
     for (auto &[id, g] : grants_)
-      if (g.element == name) gone.push_back(id);
+      if (g.element == name) gone.insert(id);
     for (const auto &id : gone) {
       holders_locked(id, &sync, &async);
       drop_notices_locked(id);
@@ -189,7 +190,9 @@ int MemoryServer::remove_element(const std::string &name) {
   // Connections over which the loop may still move its bytes let go of it before this returns;
   // with none (the holders detached, or only peers on this host, which move the bytes themselves
   // and find their grant gone before their next transfer), nothing on the loop reaches it.
-  cut_holders([name](const Grant &g) { return g.element == name; }, -ECANCELED, sync, async);
+  // By the grants dropped, not by the element's name: a cut the loop runs later must not reach an
+  // element of the same name added meanwhile, nor its holders.
+  cut_holders([gone = std::move(gone)](const Grant &g) { return gone.count(g.id) > 0; }, -ECANCELED, sync, async);
   return 0;
 }
 
