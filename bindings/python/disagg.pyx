@@ -373,6 +373,24 @@ cdef class LibdTransport:
         return f"<{type(self).__name__} {self.name!r} {self.state}>"
 
 
+cdef clibd.libd_range *_range_list(ranges, what) except NULL:
+    """libd's list of ranges for [(address, size), ...]: the caller frees it."""
+    cdef Py_ssize_t n = len(ranges)
+    if n == 0:
+        raise ValueError(f"{what}: at least one (address, size) range")
+    cdef clibd.libd_range *r = <clibd.libd_range *>malloc(n * sizeof(clibd.libd_range))
+    if r == NULL:
+        raise MemoryError()
+    try:
+        for i, (address, size) in enumerate(ranges):
+            r[i].base = <void *><size_t>address
+            r[i].size = size
+    except BaseException:
+        free(r)
+        raise
+    return r
+
+
 cdef class Mapping:
     """Memory libd mapped into this process (LibdTransportRDMA.map): a buffer to read (and write,
     unless read-only) in place, e.g. numpy.frombuffer(m). Unmapped once it and every view of it
@@ -468,16 +486,9 @@ cdef class LibdTransportRDMA(LibdTransport):
         checks). `keep` is held as long as the registration. self.buf is None."""
         cdef clibd.libd_transport *t = self._tr()
         cdef int n = len(ranges)
-        if n == 0:
-            raise ValueError("reg_ranges: at least one (address, size) range")
-        cdef clibd.libd_range *r = <clibd.libd_range *>malloc(n * sizeof(clibd.libd_range))
-        if r == NULL:
-            raise MemoryError()
+        cdef clibd.libd_range *r = _range_list(ranges, "reg_ranges")
         cdef int rc
         try:
-            for i, (address, size) in enumerate(ranges):
-                r[i].base = <void *><size_t>address
-                r[i].size = size
             with nogil:
                 rc = clibd.libd_trdma_reg_ranges(t, r, n)
         finally:
@@ -768,17 +779,10 @@ cdef class LibdTransportRDMAServer(LibdTransport):
         between them), and one transfer moves within one of them. Over tcp and shm; verbs refuses
         it (lend each buffer as its own element there)."""
         cdef clibd.libd_transport *t = self._tr()
-        cdef int n = len(ranges)
-        if n == 0:
-            raise ValueError("expose_ranges: at least one (address, size) range")
-        cdef clibd.libd_range *r = <clibd.libd_range *>malloc(n * sizeof(clibd.libd_range))
-        if r == NULL:
-            raise MemoryError()
         bel = _b(element)
+        cdef int n = len(ranges)
+        cdef clibd.libd_range *r = _range_list(ranges, "expose_ranges")
         try:
-            for i, (address, size) in enumerate(ranges):
-                r[i].base = <void *><size_t>address
-                r[i].size = size
             _check(clibd.libd_trdma_server_expose_ranges(t, bel, r, n), "expose_ranges")
         finally:
             free(r)

@@ -549,10 +549,8 @@ int Transport::run_nowait(OpKind kind, Segment seg) {
   return 0;
 }
 
-int Transport::notify(uint64_t value, int status, bool last) {
-  if (kind() != LIBD_KIND_RDMA) return unsupported("notify");
-  if (status > 0 || status < -4095) return set_error(-EINVAL, "notify: status must be 0 or a negative errno");
-  Deadline deadline = op_deadline();
+template <typename Fn>
+int Transport::when_ready(Deadline deadline, Fn &&fn) {
   for (;;) {
     std::shared_lock<IoGate> io(io_mu_);
     if (state_now_.load(std::memory_order_acquire) != LIBD_STATE_READY) {
@@ -560,8 +558,15 @@ int Transport::notify(uint64_t value, int status, bool last) {
       if (int rc = ensure_ready(deadline)) return rc;
       continue;
     }
-    return do_notify(value, status, last, io, deadline);
+    return fn(io);
   }
+}
+
+int Transport::notify(uint64_t value, int status, bool last) {
+  if (kind() != LIBD_KIND_RDMA) return unsupported("notify");
+  if (status > 0 || status < -4095) return set_error(-EINVAL, "notify: status must be 0 or a negative errno");
+  Deadline deadline = op_deadline();
+  return when_ready(deadline, [&](std::shared_lock<IoGate> &io) { return do_notify(value, status, last, io, deadline); });
 }
 
 int Transport::do_map(void **addr, uint64_t *size) {
@@ -572,16 +577,7 @@ int Transport::do_map(void **addr, uint64_t *size) {
 
 int Transport::map(void **addr, uint64_t *size) {
   if (kind() != LIBD_KIND_RDMA) return unsupported("map");
-  Deadline deadline = op_deadline();
-  for (;;) {
-    std::shared_lock<IoGate> io(io_mu_);
-    if (state_now_.load(std::memory_order_acquire) != LIBD_STATE_READY) {
-      io.unlock();
-      if (int rc = ensure_ready(deadline)) return rc;
-      continue;
-    }
-    return do_map(addr, size);
-  }
+  return when_ready(op_deadline(), [&](std::shared_lock<IoGate> &) { return do_map(addr, size); });
 }
 
 unsigned Transport::cap_bits() {

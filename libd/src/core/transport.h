@@ -195,6 +195,10 @@ class Transport : public libd_transport {
   int connect_locked(std::unique_lock<std::mutex> &lk, Deadline deadline, bool recovering, bool lazy = false);
   int settle(Deadline deadline);  // do_settle under the I/O lock; a refusal fails the transport
   int error_locked();
+  // Runs fn(io) under the shared I/O lock once the transport is READY (connecting it first if it
+  // must, within the deadline).
+  template <typename Fn>
+  int when_ready(Deadline deadline, Fn &&fn);
   // Checks, creates and posts an operation (sync: through do_run). On success *out is set; it
   // may also be set, already completed with the error, when the post itself failed.
   int start(OpKind kind, Segments segs, bool sync, std::shared_ptr<Op> *out);
