@@ -20,7 +20,7 @@ def main(args, action):
             previous = keys[-1]
         count += int(keys.size)
         checksum += keys.sum(dtype=numpy.uint64)
-        digest.update(keys.tobytes())
+        digest.update(keys)  # the array's own buffer, not a copy of it
     expected_sum = numpy.uint64(0)
     for g in generated:
         expected_sum += numpy.uint64(g["checksum"])

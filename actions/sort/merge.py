@@ -1,5 +1,6 @@
-"""Gathers key range `_instance` from every partition's buckets, sorts it and writes it to slot
-`_instance` of `output`."""
+"""Gathers key range `_instance` from every partition's bucket, sorts it and writes it to slot
+`_instance` of `output`. Each bucket comes grouped by fine range (see partition.py), so the range
+is sorted one fine range at a time, straight into the output array."""
 import numpy
 
 from scad.state import carried, open_state
@@ -8,8 +9,18 @@ from scad.state import carried, open_state
 def main(args, action):
     j, parts = args["_instance"], args["_parallelism"]
     st = open_state(action, args)
+    partitions = sorted(args["partition"], key=lambda p: p["instance"])
     pieces = [st.get("buckets", i * parts + j, numpy.uint64, slots=parts * parts) for i in range(parts)]
-    keys = numpy.sort(numpy.concatenate(pieces))
+    # bounds[i][k]: where my k-th fine range starts in piece i
+    bounds = [[0, *numpy.cumsum(p["fine"][j]).tolist()] for p in partitions]
+    keys = numpy.empty(sum(int(b[-1]) for b in bounds), dtype=numpy.uint64)
+    at = 0
+    for k in range(len(bounds[0]) - 1):
+        run = [piece[b[k]:b[k + 1]] for piece, b in zip(pieces, bounds)]
+        size = sum(len(r) for r in run)
+        numpy.concatenate(run, out=keys[at:at + size])
+        keys[at:at + size].sort()
+        at += size
     st.put("output", j, keys, slots=parts)
     return {"instance": j, "count": int(keys.size), "generated": [p["generated"] for p in args["partition"]],
             "states": {**carried(args, "partition"), f"merge#{j}": st.counters()}}
