@@ -6,8 +6,9 @@ redis client from the package registry), at two data sizes each; and the width o
 For every application, size and storage: the invocation's wall time (client side, a blocking
 invoke) and the time its stages spent moving state (the sum over stages and instances of the
 seconds inside scad.state's put/get, which the applications return). Medians of --runs runs after
-one warm-up run. Ratios: Redis' time over ours (above 1: memory elements are faster). Targets: data
-movement >= 5x faster, and >= 2x end to end for the data-heavy applications (sort, query).
+one warm-up run, the two storages taking turns. Ratios: Redis' time over ours (above 1: memory
+elements are faster). Targets: data movement >= 5x faster, and >= 2x end to end for the data-heavy
+applications (sort, query).
 
 Width: a fan-out of 8, 128 and 512 trivial Python instances (a platform with --quotas
 instances=1024), 9 runs each after a warm-up (or --runs, if more); the per-instance cost is the
@@ -17,7 +18,7 @@ scad-server's peak threads and resident memory meanwhile.
 Charts (matplotlib): docs/img/apps-breakdown.png (movement and the rest, per application, size and
 storage) and docs/img/apps-width.png (per-instance cost against width).
 
-    bench/apps.py [--runs 3] [--quick] [--no-width] [--no-charts]
+    bench/apps.py [--runs 5] [--quick] [--no-width] [--no-charts]
 """
 import argparse
 import json
@@ -88,18 +89,17 @@ def invoke(p, name, params):
 
 def measure_app(p, redis, name, params, runs):
     """{storage: {"wall": [...], "moving": [...], "result": last result}}"""
-    out = {}
-    for storage in ("memory", "redis"):
-        extra = {} if storage == "memory" else {"storage": "redis", "redis": redis.url}
-        walls, moving, result = [], [], None
-        for r in range(runs + 1):  # the first warms the processes
+    out = {storage: {"wall": [], "moving": [], "result": None} for storage in ("memory", "redis")}
+    # The two storages take turns, so that whatever else the machine does meanwhile falls on both.
+    for r in range(runs + 1):  # the first warms the processes
+        for storage, got in out.items():
+            extra = {} if storage == "memory" else {"storage": "redis", "redis": redis.url}
             if storage == "redis":
                 redis.flush()
-            wall, result = invoke(p, name, dict(params, **extra, run=f"{name}-{r}"))
+            wall, got["result"] = invoke(p, name, dict(params, **extra, run=f"{name}-{r}"))
             if r:
-                walls.append(wall)
-                moving.append(result["state"]["seconds"])
-        out[storage] = {"wall": walls, "moving": moving, "result": result}
+                got["wall"].append(wall)
+                got["moving"].append(got["result"]["state"]["seconds"])
     strip = lambda res: {k: v for k, v in res.items() if k not in ("storage", "state")}  # noqa: E731
     if strip(out["memory"]["result"]) != strip(out["redis"]["result"]):
         raise RuntimeError(f"{name} {params}: the two storages gave different answers")
@@ -202,7 +202,7 @@ def charts(rows, width):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--quick", action="store_true", help="one small size each (a smoke run)")
     ap.add_argument("--no-width", action="store_true")
     ap.add_argument("--no-charts", action="store_true")

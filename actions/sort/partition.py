@@ -20,7 +20,7 @@ def main(args, action):
     st = open_state(action, args)
     keys = st.get("input", i, numpy.uint64, slots=parts)
     fine_ids = (keys >> numpy.uint64(63 - FINE_BITS)).astype(numpy.uint8)
-    grouped = keys[numpy.argsort(fine_ids, kind="stable")]
+    grouped = numpy.take(keys, numpy.argsort(fine_ids, kind="stable"))
     fine_counts = numpy.bincount(fine_ids, minlength=1 << FINE_BITS)
     merge_of = (numpy.arange(1 << FINE_BITS) * parts) >> FINE_BITS  # the merge instance of each fine range
     fine = [fine_counts[merge_of == j] for j in range(parts)]
