@@ -14,7 +14,9 @@ A cell is (mode, size, op, inflight):
         loan. `inflight` buffers (each its own memory) move at once, the way each API moves
         several: scad.connect and NIXL one operation over the list (one record, one completion
         word), scad.tensor_transport one object of that many tensors, Mooncake one batch
-        transfer, scad.rdma that many buffers and reads at once (Monarch has no batch).
+        transfer, scad.rdma one buffer over the list (request_buffer with a list: one key) read
+        or written with one read_into/write_from of a list (Monarch's own buffers cover one
+        memory each; a buffer per memory is scad.rdma's single-buffer cell).
   xfer  steady-state transfers, timed in the active side: memory registered and connected once,
         then reads or writes of `size`, `inflight` of them at a time (each from its own local
         slot, all to the same remote range, as bench/transports.py does).

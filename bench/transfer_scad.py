@@ -33,15 +33,6 @@ from transfer_pair import arrays, await_command, check, claim_stdout, Channel, e
 perf = time.perf_counter
 
 
-async def all_of(awaitables):
-    """Awaits them all: one directly (as its user would), several with asyncio.gather, whose
-    tasks cost an event-loop round trip that a lone operation need not pay."""
-    if len(awaitables) == 1:
-        await awaitables[0]
-    else:
-        await asyncio.gather(*awaitables)
-
-
 # ---- the owner ---------------------------------------------------------------------------------
 class Owner:
     def __init__(self, api, transport):
@@ -112,7 +103,9 @@ class Owner:
         if self.manager is None:
             self.manager = RdmaManager.get()
         t0 = perf()
-        bufs = [self.manager.request_buffer(a) for a in lent]
+        # Several memories: one buffer over the list, under one key (a buffer each, Monarch's
+        # own way, costs a key, a queue pair and a transfer per memory).
+        bufs = [self.manager.request_buffer(lent if len(lent) > 1 else lent[0])]
         self.peer.send({"cmd": "go", "records": [b.to_json() for b in bufs]})
         self.peer.recv_polling()  # Monarch has no completion signal: the peer says so
         for b in bufs:
@@ -206,13 +199,10 @@ class Active:
         from scad.rdma import RdmaBuffer, RdmaManager
         if self.manager is None:
             self.manager = RdmaManager.get(transport=self.transport, busy_poll_us=BUSY_POLL_US)
-        bufs = [RdmaBuffer.from_json(text) for text in msg["records"]]
-        if self.op == "read":
-            await all_of([b.read_into(local) for b, local in zip(bufs, self.local)])
-        else:
-            await all_of([b.write_from(local) for b, local in zip(bufs, self.local)])
-        for b in bufs:
-            b.drop()  # a peer done with a buffer closes its queue pair to it
+        (buf,) = [RdmaBuffer.from_json(text) for text in msg["records"]]
+        local = self.local if len(self.local) > 1 else self.local[0]
+        await (buf.read_into(local) if self.op == "read" else buf.write_from(local))
+        buf.drop()  # a peer done with a buffer closes its queue pair to it
 
     async def tensor_go(self, msg):
         from scad.rdma import RdmaManager

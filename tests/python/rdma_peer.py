@@ -5,9 +5,13 @@ Commands arrive as JSON lines on stdin, answers leave as JSON lines on stdout.
   owner:  {"cmd": "array", "size": n, "seed": s}                 -> {"digest": ...}
           {"cmd": "buffer", "start": a, "stop": b}               -> {"json": ..., "pickle": base64}
           {"cmd": "drop", "index": i}                             -> {"regions": [...]}
+          {"cmd": "buffers", "slices": [[a, b], ...]}  one buffer over the list -> {"json": ...}
           {"cmd": "digest", "start": a, "stop": b}               -> {"digest": ...}
+          {"cmd": "digest", "slices": [[a, b], ...]}  of the slices end to end -> {"digest": ...}
           {"cmd": "regions"}                                      -> {"regions": [...]}
   peer:   {"cmd": "read", "buffer": json|pickle, "size": n, "offset": o} -> {"digest": ...} | error
+          ("sizes": [n, ...] instead of "size": into a list of arrays, with one read_into; the
+          digest is of them end to end; the same for "write")
           {"cmd": "write", "buffer": ..., "size": n, "seed": s, "offset": o} -> {"digest": ...} | error
           {"cmd": "qp", "buffer": ..., "size": n}  two gets through one queue pair -> {...}
           {"cmd": "forget", "buffer": ...}  drop() in a peer: closes its queue pair -> {"ok": true}
@@ -59,19 +63,34 @@ class Peer:
             self.buffers.append(buf)
             return {"json": buf.to_json(), "pickle": base64.b64encode(pickle.dumps(buf)).decode(),
                     "regions": self.manager.regions()}
+        if cmd == "buffers":
+            buf = self.manager.request_buffer([self.array[a:b] for a, b in msg["slices"]])
+            self.buffers.append(buf)
+            return {"json": buf.to_json(), "regions": self.manager.regions()}
         if cmd == "drop":
             self.buffers[msg["index"]].drop()
             self.buffers[msg["index"]] = None  # the test holds no dropped handle either
             return {"regions": self.manager.regions()}
         if cmd == "digest":
+            if "slices" in msg:
+                return {"digest": digest(numpy.concatenate([self.array[a:b] for a, b in msg["slices"]]))}
             return {"digest": digest(self.array[msg.get("start", 0):msg.get("stop", len(self.array))])}
         if cmd == "regions":
             return {"regions": self.manager.regions()}
         if cmd == "read":
+            if "sizes" in msg:
+                dst = [numpy.zeros(n, numpy.uint8) for n in msg["sizes"]]
+                await load(msg).read_into(dst, offset=msg.get("offset", 0), timeout=20)
+                return {"digest": digest(numpy.concatenate(dst))}
             dst = numpy.zeros(msg["size"], numpy.uint8)
             await load(msg).read_into(dst, offset=msg.get("offset", 0), timeout=20)
             return {"digest": digest(dst)}
         if cmd == "write":
+            if "sizes" in msg:
+                src = seeded(sum(msg["sizes"]), msg["seed"])
+                cuts = numpy.cumsum(msg["sizes"])[:-1]
+                await load(msg).write_from(numpy.split(src, cuts), offset=msg.get("offset", 0), timeout=20)
+                return {"digest": digest(src)}
             src = seeded(msg["size"], msg["seed"])
             await load(msg).write_from(src, offset=msg.get("offset", 0), timeout=20)
             return {"digest": digest(src)}

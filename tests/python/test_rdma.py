@@ -90,6 +90,56 @@ def test_dropping_revokes_and_the_last_drop_releases_the_region(pair):
 
 
 @pytest.mark.parametrize("pair", IMPLS, indirect=True)
+def test_a_buffer_over_a_list_is_its_memories_end_to_end_under_one_key(pair):
+    owner, peer = pair
+    ok(owner.call(cmd="array", size=64 * KiB, seed=5))
+    slices = [[0, 4 * KiB], [8 * KiB, 16 * KiB], [20 * KiB, 21 * KiB]]  # gaps between them stay the owner's
+    made = owner.call(cmd="buffers", slices=slices)
+    if "verbs" in IMPLS:  # the owner's server serves verbs on this host, where a remote key reaches one memory
+        assert made["error"] == "NotImplementedError" and "over verbs" in made["message"], made
+        return
+    made = ok(made)
+    record = json.loads(made["json"])
+    assert record["version"] == 2 and record["ranges"] == [4 * KiB, 8 * KiB, KiB] and record["size"] == 13 * KiB
+    buf = {"buffer": made["json"]}
+    everything = ok(owner.call(cmd="digest", slices=slices))["digest"]
+    # Into a list of arrays, one per memory; into one array across all three; into a list cut elsewhere.
+    assert ok(peer.call(cmd="read", sizes=[4 * KiB, 8 * KiB, KiB], **buf))["digest"] == everything
+    assert ok(peer.call(cmd="read", size=13 * KiB, **buf))["digest"] == everything
+    assert ok(peer.call(cmd="read", sizes=[KiB, 10 * KiB, 2 * KiB], **buf))["digest"] == everything
+    # From the middle of the first memory into the second: the two parts, none of the gap.
+    assert ok(peer.call(cmd="read", size=4 * KiB, offset=2 * KiB, **buf))["digest"] == \
+        ok(owner.call(cmd="digest", slices=[[2 * KiB, 4 * KiB], [8 * KiB, 10 * KiB]]))["digest"]
+    gap = ok(owner.call(cmd="digest", start=4 * KiB, stop=8 * KiB))["digest"]
+    wrote = ok(peer.call(cmd="write", sizes=[3 * KiB, 7 * KiB], seed=11, offset=KiB, **buf))["digest"]
+    assert ok(owner.call(cmd="digest", slices=[[KiB, 4 * KiB], [8 * KiB, 15 * KiB]]))["digest"] == wrote
+    assert ok(owner.call(cmd="digest", start=4 * KiB, stop=8 * KiB))["digest"] == gap, "the gap was not written"
+    r = peer.call(cmd="read", size=13 * KiB, offset=1, **buf)
+    assert r["error"] == "ValueError" and "outside the remote buffer" in r["message"]
+    ok(owner.call(cmd="drop", index=0))  # the list's own element, withdrawn with its key
+    r = peer.call(cmd="read", size=13 * KiB, **buf)
+    assert r["error"] in ("ConnectionError", "PermissionError"), r
+
+
+def test_a_buffer_over_a_list_is_read_strictly():
+    made = RdmaBuffer(owner="o", hostname="h", host="127.0.0.1", port=1, path="", verbs=False, grant="g",
+                      secret="sesame", offset=0, size=3, whole=True, ranges=[1, 2])
+    text = made.to_json()
+    assert json.loads(text) == made.to_dict() and RdmaBuffer.from_json(text) == made
+    assert made.range_ends() == (1, 3) and "sesame" not in repr(made)
+    for ranges in ([1, 1], [], [0, 3], [1.5, 1.5], "3", [1] * 1025):
+        raw = dict(made.to_dict(), ranges=ranges)  # size 3: none of these make it up
+        with pytest.raises(ValueError):
+            RdmaBuffer.from_json(json.dumps(raw))
+    one = dict(made.to_dict(), version=1)  # version 1 has no ranges
+    with pytest.raises(ValueError):
+        RdmaBuffer.from_json(json.dumps(one))
+    two = {k: v for k, v in made.to_dict().items() if k != "ranges"}  # version 2 needs them
+    with pytest.raises(ValueError):
+        RdmaBuffer.from_json(json.dumps(two))
+
+
+@pytest.mark.parametrize("pair", IMPLS, indirect=True)
 def test_a_queue_pair_is_one_per_route_and_reused(pair):
     owner, peer = pair
     whole = ok(owner.call(cmd="array", size=32 * KiB, seed=4))["digest"]

@@ -4,17 +4,25 @@ It travels as JSON (to_json/from_json) or by pickle (which carries the same JSON
 It holds the owner's server address, the slice's place in its region, and the slice's scoped key
 (the id and secret of a grant on exactly that slice): whoever holds it may read and write those
 bytes until the owner drops it. repr() never shows the secret.
+
+A buffer over several memories (request_buffer with a list) is their bytes end to end under one
+key; it also carries the size of each (`ranges`, record version 2), since one transfer moves
+within one of them: reads and writes are cut where they meet.
 """
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 from json.encoder import encode_basestring
-from typing import Any, Optional
+from typing import Any, Optional, Sequence, Tuple
 
-VERSION = 1
+VERSION = 1  # a buffer over one memory
+LIST_VERSION = 2  # over several: the fields of version 1 and "ranges"
+MAX_RANGES = 1024  # libd's bound on the ranges of one lent element
 _FIELDS = frozenset({"version", "owner", "hostname", "host", "port", "path", "verbs", "grant", "secret", "offset",
                      "size", "whole"})
+_LIST_FIELDS = _FIELDS | {"ranges"}
 _TYPES = (("owner", str), ("hostname", str), ("host", str), ("port", int), ("path", str), ("verbs", bool),
           ("grant", str), ("secret", str), ("offset", int), ("size", int), ("whole", bool))
 _CONFIG_FIELDS = ("host", "path", "grant", "secret")
@@ -29,10 +37,12 @@ def _owner_part(owner: str, hostname: str, host: str, port: int, path: str, verb
 
 class RdmaBuffer:
     def __init__(self, *, owner: str, hostname: str, host: str, port: int, path: str, verbs: bool, grant: str,
-                 secret: str, offset: int, size: int, whole: bool) -> None:
+                 secret: str, offset: int, size: int, whole: bool, ranges: Optional[Sequence[int]] = None) -> None:
         self.owner, self.hostname, self.host, self.port, self.path = owner, hostname, host, port, path
         self.verbs, self.grant, self._secret = verbs, grant, secret
         self.offset, self._size, self.whole = offset, size, whole
+        # The size of each memory of a buffer over several (None: one memory).
+        self.ranges: Optional[Tuple[int, ...]] = tuple(ranges) if ranges is not None else None
 
     def size(self) -> int:
         """Bytes in the slice."""
@@ -43,15 +53,22 @@ class RdmaBuffer:
         """What a queue pair to this buffer is bound to: its owner's server and its key."""
         return (self.host, self.port, self.path, self.grant)
 
+    def range_ends(self) -> Tuple[int, ...]:
+        """Where each of its memories ends, as offsets in the buffer (one entry for one memory)."""
+        if self.ranges is None:
+            return (self._size,)
+        return tuple(itertools.accumulate(self.ranges))
+
     async def read_into(self, dst: Any, offset: int = 0, timeout: Optional[float] = 3.0) -> None:
         """Copies this buffer's bytes [offset, offset+len(dst)) into dst (local memory: a numpy
-        array, bytearray, writable memoryview, CPU tensor or Descriptor). On timeout the transfer
-        is cancelled (dst is not written afterwards) and TimeoutError raised."""
+        array, bytearray, writable memoryview, CPU tensor or Descriptor; or a list of them, filled
+        in order from offset, in one transfer). On timeout the transfer is cancelled (dst is not
+        written afterwards) and TimeoutError raised."""
         from ._manager import RdmaManager
         await RdmaManager.get().transfer(self, dst, offset, timeout, read=True)
 
     async def write_from(self, src: Any, offset: int = 0, timeout: Optional[float] = 3.0) -> None:
-        """Copies src (local memory) into this buffer at offset."""
+        """Copies src (local memory, or a list of it, in order) into this buffer at offset."""
         from ._manager import RdmaManager
         await RdmaManager.get().transfer(self, src, offset, timeout, read=False)
 
@@ -64,17 +81,24 @@ class RdmaBuffer:
 
     # ---- serialisation ------------------------------------------------------------------
     def to_dict(self) -> dict:
-        return {"version": VERSION, "owner": self.owner, "hostname": self.hostname, "host": self.host, "port": self.port,
-                "path": self.path, "verbs": self.verbs, "grant": self.grant, "secret": self._secret,
-                "offset": self.offset, "size": self._size, "whole": self.whole}
+        out = {"version": VERSION if self.ranges is None else LIST_VERSION, "owner": self.owner,
+               "hostname": self.hostname, "host": self.host, "port": self.port, "path": self.path, "verbs": self.verbs,
+               "grant": self.grant, "secret": self._secret, "offset": self.offset, "size": self._size,
+               "whole": self.whole}
+        if self.ranges is not None:
+            out["ranges"] = list(self.ranges)
+        return out
 
     def to_json(self) -> str:
         # The same text as json.dumps(self.to_dict(), separators=(",", ":")), written out
         # directly: a buffer's record goes out with every transfer a peer is to make, and its
         # owner's part is the same every time.
-        return (f'{{"version":{VERSION},{_owner_part(self.owner, self.hostname, self.host, self.port, self.path, self.verbs)},'
+        version, ranges = VERSION, ""
+        if self.ranges is not None:
+            version, ranges = LIST_VERSION, f',"ranges":[{",".join(str(int(n)) for n in self.ranges)}]'
+        return (f'{{"version":{version},{_owner_part(self.owner, self.hostname, self.host, self.port, self.path, self.verbs)},'
                 f'"grant":{_str(self.grant)},"secret":{_str(self._secret)},"offset":{int(self.offset)},'
-                f'"size":{int(self._size)},"whole":{"true" if self.whole else "false"}}}')
+                f'"size":{int(self._size)},"whole":{"true" if self.whole else "false"}{ranges}}}')
 
     @classmethod
     def from_json(cls, text: str | bytes) -> "RdmaBuffer":
@@ -82,10 +106,14 @@ class RdmaBuffer:
             raw = json.loads(text)
         except (TypeError, ValueError) as e:
             raise ValueError(f"RdmaBuffer: not JSON ({e})") from None
-        if type(raw) is not dict or raw.keys() != _FIELDS:
-            raise ValueError(f"RdmaBuffer: expected exactly the fields {sorted(_FIELDS)}")
-        if raw["version"] != VERSION:
-            raise ValueError(f"RdmaBuffer: version {raw['version']!r} (this side reads {VERSION})")
+        if type(raw) is not dict:
+            raise ValueError("RdmaBuffer: expected a JSON object")
+        version = raw.get("version")
+        if type(version) is not int or version not in (VERSION, LIST_VERSION):
+            raise ValueError(f"RdmaBuffer: version {version!r} (this side reads {VERSION} and {LIST_VERSION})")
+        fields = _FIELDS if version == VERSION else _LIST_FIELDS
+        if raw.keys() != fields:
+            raise ValueError(f"RdmaBuffer: version {version} has exactly the fields {sorted(fields)}")
         get = raw.__getitem__
         for key, typ in _TYPES:
             if not isinstance(get(key), typ):
@@ -96,6 +124,13 @@ class RdmaBuffer:
                 raise ValueError(f"RdmaBuffer: field {key!r} is malformed")
         if raw["offset"] < 0 or raw["size"] <= 0 or not raw["grant"] or not raw["secret"]:
             raise ValueError("RdmaBuffer: offset, size, grant or secret out of range")
+        if version == LIST_VERSION:
+            ranges = raw["ranges"]
+            if (type(ranges) is not list or not 1 <= len(ranges) <= MAX_RANGES
+                    or any(type(n) is not int or n <= 0 for n in ranges)):
+                raise ValueError(f"RdmaBuffer: ranges must be 1..{MAX_RANGES} positive sizes")
+            if sum(ranges) != raw["size"] or raw["offset"] != 0:
+                raise ValueError("RdmaBuffer: the ranges do not make up the buffer")
         del raw["version"]
         return cls(**raw)
 
@@ -109,4 +144,5 @@ class RdmaBuffer:
         return hash(self.route + (self.offset, self._size))
 
     def __repr__(self) -> str:
-        return f"RdmaBuffer(owner={self.owner!r}, size={self._size}, offset={self.offset})"
+        ranges = "" if self.ranges is None else f", ranges={len(self.ranges)}"
+        return f"RdmaBuffer(owner={self.owner!r}, size={self._size}, offset={self.offset}{ranges})"

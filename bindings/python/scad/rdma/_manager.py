@@ -16,7 +16,7 @@ from typing import Any, Dict, Optional
 from .. import _memserver
 from ..connect import Descriptor
 from .._waiter import wait_in_thread
-from ._buffer import RdmaBuffer
+from ._buffer import MAX_RANGES, RdmaBuffer
 from ._queue_pair import QueuePair
 from ._regions import Region, RegionCache
 
@@ -77,7 +77,16 @@ class RdmaManager:
         """An RdmaBuffer on local memory: request_buffer(obj) for a buffer-protocol object (numpy
         array, bytearray, memoryview, CPU tensor), request_buffer(addr, size) for raw memory the
         caller keeps valid until the buffer is dropped. The memory is served in place. ttl: seconds
-        until the key expires (default: until dropped)."""
+        until the key expires (default: until dropped).
+
+        request_buffer([obj, ...]): one buffer over several memories (up to 1024), their bytes end
+        to end under one key, which a peer reads or writes with one transfer (read_into a list);
+        whoever holds it reaches all of them. Not where this process serves verbs (a remote key
+        reaches one memory there): NotImplementedError."""
+        if isinstance(memory, list):
+            if size is not None or ttl is not None:
+                raise TypeError("request_buffer([...]) takes the memories alone")
+            return self._request_list(memory, required=True)
         if isinstance(memory, int):
             if size is None:
                 raise TypeError("request_buffer(addr, size): size is required with an address")
@@ -108,16 +117,20 @@ class RdmaManager:
                               verbs=ep["verbs"], grant=pairs["grant"], secret=pairs["secret"], offset=offset,
                               size=d.size, whole=(offset == 0 and d.size == region.size))
 
-    def _request_list(self, memories: list) -> Optional[RdmaBuffer]:
+    def _request_list(self, memories: list, required: bool = False) -> Optional[RdmaBuffer]:
         """One RdmaBuffer over several buffers of this process, lent as one element (libd's list
         of ranges) under one key: its offsets run through them in order, and one transfer moves
-        within one of them (a reader names each with its own entry: _transfer_start with a list).
-        For lending several buffers to a reader that moves them together (the tensor transport's
-        objects). None where the server also serves verbs: a remote key reaches one range there."""
+        within one of them (lay_out cuts a transfer where they meet). None where the server also
+        serves verbs (a remote key reaches one range there), or NotImplementedError if required."""
+        if not memories or len(memories) > MAX_RANGES:
+            raise ValueError(f"a buffer over a list takes 1..{MAX_RANGES} memories, not {len(memories)}")
         descs = [m if isinstance(m, Descriptor) else Descriptor(m) for m in memories]
         with self._lock:
             srv = self._serve_locked()
             if self._endpoint["verbs"]:
+                if required:
+                    raise NotImplementedError("a buffer over several memories is not served over verbs (a remote "
+                                              "key reaches one memory there): request a buffer for each")
                 return None
             self._next += 1
             element = f"l{self._next}"
@@ -132,7 +145,7 @@ class RdmaManager:
             ep = self._endpoint
             return RdmaBuffer(owner=self.name, hostname=self.hostname, host=ep["host"], port=ep["port"], path=ep["path"],
                               verbs=ep["verbs"], grant=pairs["grant"], secret=pairs["secret"], offset=0,
-                              size=sum(d.size for d in descs), whole=True)
+                              size=sum(d.size for d in descs), whole=True, ranges=[d.size for d in descs])
 
     def regions(self) -> list:
         """(address, size, buffers) of every registered region: for diagnostics and tests."""
@@ -222,10 +235,7 @@ class RdmaManager:
         use); the queue pair and whether it was new."""
         qp, new = self._queue_pair(remote)
         try:
-            if isinstance(memory, list):  # [(memory, offset in remote)]: one transfer over a list
-                qp.move_list(memory, remote, read)
-            else:
-                (qp.get if read else qp.put)(memory, remote, offset)
+            (qp.get if read else qp.put)(memory, remote, offset)  # a list of memories: one transfer
         except (PermissionError, ConnectionError) as e:
             self._forget_qp(remote.route)
             raise _refusal(e, qp.impl, new) from None

@@ -8,6 +8,7 @@ transfers run is refused (wait first).
 """
 from __future__ import annotations
 
+import bisect
 import os
 import threading
 import time
@@ -42,6 +43,32 @@ def _extent(d: Descriptor) -> Descriptor:
     return d
 
 
+def lay_out(remote: RdmaBuffer, memory: Any, offset: int, read: bool) -> List[tuple]:
+    """[(Descriptor, offset in remote)]: the local memory (one, or a list laid end to end) placed
+    from `offset` in remote, each piece cut where one of remote's memories ends (one transfer
+    moves within one of them)."""
+    descs = [_local(m) for m in memory] if isinstance(memory, list) else [_local(memory)]
+    if not descs:
+        raise ValueError("no local memory to move")
+    if read and any(d.readonly for d in descs):
+        raise ValueError("a read needs local memory it may write (bytes is read-only)")
+    total = sum(d.size for d in descs)
+    if offset < 0 or offset + total > remote.size():
+        raise ValueError(f"[{offset}, +{total}) is outside the remote buffer of {remote.size()} bytes")
+    ends = remote.range_ends()
+    i, at, out = bisect.bisect_right(ends, offset), offset, []
+    for d in descs:
+        done = 0
+        while done < d.size:
+            while ends[i] <= at:
+                i += 1
+            n = min(d.size - done, ends[i] - at)
+            out.append((d if n == d.size else Descriptor((d.ptr + done, n, "cpu", d)), at))
+            done += n
+            at += n
+    return out
+
+
 class QueuePair:
     def __init__(self, action: Any, transport: Any, route: tuple, impl: str) -> None:
         self._action = action
@@ -55,11 +82,13 @@ class QueuePair:
         self._fd = -1  # the eventfd libd writes to as transfers complete (wait)
 
     def get(self, local: Any, remote: RdmaBuffer, offset: int = 0) -> None:
-        """Starts reading remote[offset:offset+len(local)] into local; returns at once."""
+        """Starts reading remote[offset:offset+len(local)] into local (or into a list of local
+        memories, in order); returns at once."""
         self._start(local, remote, offset, read=True)
 
     def put(self, local: Any, remote: RdmaBuffer, offset: int = 0) -> None:
-        """Starts writing local into remote[offset:offset+len(local)]; returns at once."""
+        """Starts writing local (or a list of local memories, in order) into
+        remote[offset:offset+len(local)]; returns at once."""
         self._start(local, remote, offset, read=False)
 
     def move_list(self, pairs: List[tuple], remote: RdmaBuffer, read: bool = True) -> None:
@@ -146,11 +175,11 @@ class QueuePair:
     def _start(self, local: Any, remote: RdmaBuffer, offset: int, read: bool) -> None:
         if remote.route != self.route:
             raise ValueError("this queue pair leads to another buffer's route: use request_queue_pair(remote)")
-        d = _local(local)
-        if read and d.readonly:
-            raise ValueError("a read needs local memory it may write (bytes is read-only)")
-        if offset < 0 or offset + d.size > remote.size():
-            raise ValueError(f"[{offset}, +{d.size}) is outside the remote buffer of {remote.size()} bytes")
+        pieces = lay_out(remote, local, offset, read)
+        if len(pieces) > 1:  # several local memories, or one across two of remote's: one transfer of a list
+            self.move_list(pieces, remote, read)
+            return
+        d, offset = pieces[0]
         with self._lock:
             self._register_locked(d)
             local_off = d.ptr - self._reg[0]

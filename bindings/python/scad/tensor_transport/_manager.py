@@ -71,8 +71,8 @@ _counters = _Counters()
 
 
 def _nbytes(local: Any) -> int:
-    """Bytes a read moves into its local memory: an array, or a list's [(array, offset)]."""
-    return sum(a.nbytes for a, _ in local) if isinstance(local, list) else local.nbytes
+    """Bytes a read moves into its local memory: an array, or a list of them."""
+    return sum(a.nbytes for a in local) if isinstance(local, list) else local.nbytes
 
 
 def _is_torch(x: Any) -> bool:
@@ -386,7 +386,7 @@ class ScadTensorTransport(_Base):
                 raise ValueError(f"target buffer {i} is read-only")
             if listed is not None:  # the list's next range, if the tensor has bytes
                 if local.nbytes:
-                    pieces.append((local, at))
+                    pieces.append(local)  # laid end to end: each lands on its own range
                     at += local.nbytes
                 continue
             if not text:
