@@ -66,6 +66,21 @@ def test_a_source_that_is_gone_is_an_error(actors):
     assert r["error"] == "ConnectionError", r
 
 
+def test_targets_that_do_not_match_the_tensors_one_by_one_are_refused():
+    t = ScadTensorTransport()
+    lent = [numpy.arange(4, dtype=numpy.int32), numpy.arange(12, dtype=numpy.int32)]  # 16 and 48 bytes
+    meta = t.extract_tensor_transport_metadata("sizes", lent)
+    try:
+        swapped = [numpy.zeros(12, dtype=numpy.int32), numpy.zeros(4, dtype=numpy.int32)]  # the same 64 bytes
+        with pytest.raises(ValueError, match="a target of 48 bytes for tensor 0"):
+            t.recv_multiple_tensors("sizes", meta, t.get_communicator_metadata(), target_buffers=swapped)
+        assert not swapped[0].any() and not swapped[1].any(), "nothing was read into them"
+        got = t.recv_multiple_tensors("sizes", meta, t.get_communicator_metadata())
+        assert [g.tolist() for g in got] == [a.tolist() for a in lent]
+    finally:
+        t.garbage_collect("sizes", meta)
+
+
 def test_the_interface_says_what_ray_asks():
     t = ScadTensorTransport()
     assert t.tensor_transport_backend() == "SCAD"

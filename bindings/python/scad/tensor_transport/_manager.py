@@ -76,12 +76,19 @@ def _nbytes(local: Any) -> int:
 
 
 def _is_torch(x: Any) -> bool:
-    return type(x).__module__.split(".")[0] == "torch"
+    module = type(x).__module__
+    return module == "torch" or module.startswith("torch.")
 
 
 def _memory(tensor: Any) -> numpy.ndarray:
     """The bytes of a CPU tensor or array as a flat uint8 numpy view: its own memory, never a copy
     (the view keeps the tensor's storage alive). Any dtype, torch's bfloat16 included."""
+    if type(tensor) is numpy.ndarray:  # the common case first: a few checks, one view
+        if tensor.dtype.hasobject:
+            raise TypeError(f"an array of dtype {tensor.dtype} holds Python objects, not data: it cannot move as memory")
+        if not tensor.flags.c_contiguous:
+            raise ValueError("an array must be C-contiguous to move in place (numpy.ascontiguousarray)")
+        return tensor if tensor.ndim == 1 and tensor.dtype == numpy.uint8 else tensor.reshape(-1).view(numpy.uint8)
     if _is_torch(tensor):
         if tensor.device.type != "cpu":
             raise NotImplementedError(f"tensors on {tensor.device} are not supported: libd's transports move host memory")
@@ -386,6 +393,10 @@ class ScadTensorTransport(_Base):
                 raise ValueError(f"target buffer {i} is read-only")
             if listed is not None:  # the list's next range, if the tensor has bytes
                 if local.nbytes:
+                    k = len(pieces)
+                    if listed.ranges is not None and (k >= len(listed.ranges) or listed.ranges[k] != local.nbytes):
+                        raise ValueError(f"a target of {local.nbytes} bytes for tensor {i}, lent as "
+                                         f"{listed.ranges[k] if k < len(listed.ranges) else 0}")
                     pieces.append(local)  # laid end to end: each lands on its own range
                     at += local.nbytes
                 continue
