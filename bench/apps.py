@@ -18,7 +18,7 @@ scad-server's peak threads and resident memory meanwhile.
 Charts (matplotlib): docs/img/apps-breakdown.png (movement and the rest, per application, size and
 storage) and docs/img/apps-width.png (per-instance cost against width).
 
-    bench/apps.py [--runs 5] [--quick] [--no-width] [--no-charts]
+    bench/apps.py [--runs 5] [--quick] [--no-width] [--no-charts] [--largest]
 """
 import argparse
 import json
@@ -46,6 +46,9 @@ SIZES = {
 QUICK = {"sort": ({"n": 1_000_000},), "query": ({"scale": 0.5},), "logreg": ({"rows": 20_000, "epochs": 2},),
          "elastic": ({"chunks": 16, "chunk_kib": 256},)}
 DATA_HEAVY = ("sort", "query")
+# --largest: the sort at the largest size its manifest takes, 1 GiB of keys; 2 runs (30 s each here).
+LARGEST = {"n": 134_217_728}
+LARGEST_RUNS = 2
 WIDTHS = (8, 128, 512)
 WIDTH_RUNS = 9  # runs of each width (after a warm-up one)
 
@@ -206,8 +209,11 @@ def main():
     ap.add_argument("--quick", action="store_true", help="one small size each (a smoke run)")
     ap.add_argument("--no-width", action="store_true")
     ap.add_argument("--no-charts", action="store_true")
+    ap.add_argument("--largest", action="store_true", help="also the sort of 1 GiB of keys (2 runs, minutes more)")
     args = ap.parse_args()
-    sizes = QUICK if args.quick else SIZES
+    sizes = dict(QUICK if args.quick else SIZES)
+    if args.largest:
+        sizes["sort"] = (*sizes["sort"], LARGEST)
     t_start = time.time()
     rows, checks = [], []
     with tempfile.TemporaryDirectory(prefix="scad-apps-") as tmp:
@@ -221,7 +227,7 @@ def main():
                   f"{'x wall':>6} {'x moving':>8}")
             for name, variants in sizes.items():
                 for params in variants:
-                    m = measure_app(p, redis, name, params, args.runs)
+                    m = measure_app(p, redis, name, params, LARGEST_RUNS if params is LARGEST else args.runs)
                     med = {s: (statistics.median(m[s]["wall"]), statistics.median(m[s]["moving"])) for s in m}
                     xw = med["redis"][0] / med["memory"][0]
                     xm = med["redis"][1] / med["memory"][1] if med["memory"][1] else float("inf")

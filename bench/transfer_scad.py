@@ -104,8 +104,12 @@ class Owner:
             self.manager = RdmaManager.get()
         t0 = perf()
         # Several memories: one buffer over the list, under one key (a buffer each, Monarch's
-        # own way, costs a key, a queue pair and a transfer per memory).
-        bufs = [self.manager.request_buffer(lent if len(lent) > 1 else lent[0])]
+        # own way, costs a key, a queue pair and a transfer per memory); a buffer each where the
+        # host has an RDMA device (a remote key reaches one memory there).
+        try:
+            bufs = [self.manager.request_buffer(lent if len(lent) > 1 else lent[0])]
+        except NotImplementedError:
+            bufs = [self.manager.request_buffer(a) for a in lent]
         self.peer.send({"cmd": "go", "records": [b.to_json() for b in bufs]})
         self.peer.recv_polling()  # Monarch has no completion signal: the peer says so
         for b in bufs:
@@ -199,10 +203,15 @@ class Active:
         from scad.rdma import RdmaBuffer, RdmaManager
         if self.manager is None:
             self.manager = RdmaManager.get(transport=self.transport, busy_poll_us=BUSY_POLL_US)
-        (buf,) = [RdmaBuffer.from_json(text) for text in msg["records"]]
-        local = self.local if len(self.local) > 1 else self.local[0]
-        await (buf.read_into(local) if self.op == "read" else buf.write_from(local))
-        buf.drop()  # a peer done with a buffer closes its queue pair to it
+        bufs = [RdmaBuffer.from_json(text) for text in msg["records"]]
+        if len(bufs) == 1:  # one buffer, over the list when there are several
+            local = self.local if len(self.local) > 1 else self.local[0]
+            await (bufs[0].read_into(local) if self.op == "read" else bufs[0].write_from(local))
+        else:  # a buffer each, moved at once
+            await asyncio.gather(*[(b.read_into(l) if self.op == "read" else b.write_from(l))
+                                   for b, l in zip(bufs, self.local)])
+        for b in bufs:
+            b.drop()  # a peer done with a buffer closes its queue pair to it
 
     async def tensor_go(self, msg):
         from scad.rdma import RdmaManager

@@ -13,6 +13,9 @@ def main(args, action):
     pieces = [st.get("buckets", i * parts + j, numpy.uint64, slots=parts * parts) for i in range(parts)]
     # bounds[i][k]: where my k-th fine range starts in piece i
     bounds = [[0, *numpy.cumsum(p["fine"][j]).tolist()] for p in partitions]
+    for i, (piece, b) in enumerate(zip(pieces, bounds)):
+        if len(piece) != b[-1]:
+            raise ValueError(f"partition {i}'s bucket {j} holds {len(piece)} keys, its counts say {b[-1]}")
     keys = numpy.empty(sum(int(b[-1]) for b in bounds), dtype=numpy.uint64)
     at = 0
     for k in range(len(bounds[0]) - 1):

@@ -19,6 +19,8 @@ def main(args, action):
         raise ValueError(f"parallelism {parts}: at most {1 << FINE_BITS} merge instances")
     st = open_state(action, args)
     keys = st.get("input", i, numpy.uint64, slots=parts)
+    if keys.size and int(keys.max()) >> 63:
+        raise ValueError("keys must be below 2^63 (the top bit names no fine range)")
     fine_ids = (keys >> numpy.uint64(63 - FINE_BITS)).astype(numpy.uint8)
     grouped = numpy.take(keys, numpy.argsort(fine_ids, kind="stable"))
     fine_counts = numpy.bincount(fine_ids, minlength=1 << FINE_BITS)

@@ -95,7 +95,7 @@ def test_a_buffer_over_a_list_is_its_memories_end_to_end_under_one_key(pair):
     ok(owner.call(cmd="array", size=64 * KiB, seed=5))
     slices = [[0, 4 * KiB], [8 * KiB, 16 * KiB], [20 * KiB, 21 * KiB]]  # gaps between them stay the owner's
     made = owner.call(cmd="buffers", slices=slices)
-    if "verbs" in IMPLS:  # the owner's server serves verbs on this host, where a remote key reaches one memory
+    if _has_rdma_device():  # the owner's server serves verbs on this host, where a remote key reaches one memory
         assert made["error"] == "NotImplementedError" and "over verbs" in made["message"], made
         return
     made = ok(made)
@@ -111,6 +111,9 @@ def test_a_buffer_over_a_list_is_its_memories_end_to_end_under_one_key(pair):
     assert ok(peer.call(cmd="read", size=4 * KiB, offset=2 * KiB, **buf))["digest"] == \
         ok(owner.call(cmd="digest", slices=[[2 * KiB, 4 * KiB], [8 * KiB, 10 * KiB]]))["digest"]
     gap = ok(owner.call(cmd="digest", start=4 * KiB, stop=8 * KiB))["digest"]
+    # One array written across the first two memories: cut where they meet.
+    wrote = ok(peer.call(cmd="write", size=6 * KiB, seed=12, offset=2 * KiB, **buf))["digest"]
+    assert ok(owner.call(cmd="digest", slices=[[2 * KiB, 4 * KiB], [8 * KiB, 12 * KiB]]))["digest"] == wrote
     wrote = ok(peer.call(cmd="write", sizes=[3 * KiB, 7 * KiB], seed=11, offset=KiB, **buf))["digest"]
     assert ok(owner.call(cmd="digest", slices=[[KiB, 4 * KiB], [8 * KiB, 15 * KiB]]))["digest"] == wrote
     assert ok(owner.call(cmd="digest", start=4 * KiB, stop=8 * KiB))["digest"] == gap, "the gap was not written"
@@ -121,16 +124,45 @@ def test_a_buffer_over_a_list_is_its_memories_end_to_end_under_one_key(pair):
     assert r["error"] in ("ConnectionError", "PermissionError"), r
 
 
+def test_transfers_are_cut_where_the_buffers_memories_meet():
+    from scad.rdma._queue_pair import lay_out
+    remote = RdmaBuffer(owner="o", hostname="h", host="127.0.0.1", port=1, path="", verbs=False, grant="g",
+                        secret="s", offset=0, size=13, whole=True, ranges=[4, 8, 1])
+    one = numpy.zeros(13, numpy.uint8)
+    assert [(d.size, at) for d, at in lay_out(remote, one, 0, True)] == [(4, 0), (8, 4), (1, 12)]
+    assert [(d.ptr - one.ctypes.data, d.size) for d, _ in lay_out(remote, one, 0, True)] == [(0, 4), (4, 8), (12, 1)]
+    two = [numpy.zeros(3, numpy.uint8), numpy.zeros(6, numpy.uint8)]
+    assert [(d.size, at) for d, at in lay_out(remote, two, 2, False)] == [(2, 2), (1, 4), (6, 5)]
+    assert [(d.size, at) for d, at in lay_out(remote, numpy.zeros(8, numpy.uint8), 4, True)] == [(8, 4)]
+    with pytest.raises(ValueError, match="outside"):
+        lay_out(remote, one, 1, True)
+    with pytest.raises(ValueError, match="read-only"):
+        lay_out(remote, bytes(4), 0, True)
+    assert len(lay_out(remote, bytes(4), 0, False)) == 1  # a source may be read-only
+    with pytest.raises(ValueError, match="1..1024 local memories"):
+        lay_out(remote, [bytearray(1)] * 1025, 0, False)
+
+
 def test_a_buffer_over_a_list_is_read_strictly():
     made = RdmaBuffer(owner="o", hostname="h", host="127.0.0.1", port=1, path="", verbs=False, grant="g",
                       secret="sesame", offset=0, size=3, whole=True, ranges=[1, 2])
     text = made.to_json()
     assert json.loads(text) == made.to_dict() and RdmaBuffer.from_json(text) == made
     assert made.range_ends() == (1, 3) and "sesame" not in repr(made)
-    for ranges in ([1, 1], [], [0, 3], [1.5, 1.5], "3", [1] * 1025):
-        raw = dict(made.to_dict(), ranges=ranges)  # size 3: none of these make it up
+    for ranges, size in (([1, 1], 3), ([], 3), ([0, 3], 3), ([1.5, 1.5], 3), ("3", 3), ([True, 2], 3),
+                         ([1] * 1025, 1025)):
+        raw = dict(made.to_dict(), ranges=ranges, size=size)
         with pytest.raises(ValueError):
             RdmaBuffer.from_json(json.dumps(raw))
+    with pytest.raises(ValueError):  # a list is a whole lent element
+        RdmaBuffer.from_json(json.dumps(dict(made.to_dict(), offset=1, size=3)))
+    for field in ("size", "offset", "port"):  # JSON's true is no integer here
+        with pytest.raises(ValueError):
+            RdmaBuffer.from_json(json.dumps(dict(made.to_dict(), **{field: True})))
+    with pytest.raises(ValueError):  # nor is a buffer made with ranges that do not make it up
+        RdmaBuffer(**{**{k: v for k, v in made.to_dict().items() if k != "version"}, "ranges": [1, 1]})
+    older = json.loads(made.to_json(with_ranges=False))  # what readers of version 1 take
+    assert older["version"] == 1 and "ranges" not in older and RdmaBuffer.from_json(json.dumps(older)).ranges is None
     one = dict(made.to_dict(), version=1)  # version 1 has no ranges
     with pytest.raises(ValueError):
         RdmaBuffer.from_json(json.dumps(one))

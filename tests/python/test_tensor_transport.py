@@ -79,6 +79,16 @@ def test_targets_that_do_not_match_the_tensors_one_by_one_are_refused():
         assert [g.tolist() for g in got] == [a.tolist() for a in lent]
     finally:
         t.garbage_collect("sizes", meta)
+    # An empty tensor among them: targets in the wrong order are refused though the non-empty
+    # ones would add up.
+    lent = [numpy.arange(4, dtype=numpy.int32), numpy.zeros(0, dtype=numpy.int32), numpy.arange(12, dtype=numpy.int32)]
+    meta = t.extract_tensor_transport_metadata("empty", lent)
+    try:
+        shifted = [numpy.zeros(4, dtype=numpy.int32), numpy.zeros(12, dtype=numpy.int32), numpy.zeros(0, dtype=numpy.int32)]
+        with pytest.raises(ValueError, match="a target of 48 bytes for tensor 1 of 0"):
+            t.recv_multiple_tensors("empty", meta, t.get_communicator_metadata(), target_buffers=shifted)
+    finally:
+        t.garbage_collect("empty", meta)
 
 
 def test_the_interface_says_what_ray_asks():

@@ -322,6 +322,26 @@ TEST(SharedShm, AGrantTheTableVouchesForStopsAtOnceWhenRevoked) {
   EXPECT_EQ(-EACCES, libd_transport_connect(o.holder("shm", g)));
 }
 
+// The grant that opened the session (AUTH) has a slot too: a revoke stops it at its next
+// transfer, not when the loop has read the server's DETACHED.
+TEST(SharedShm, TheGrantThatOpenedTheSessionStopsAtOnceWhenRevoked) {
+  std::vector<char> mem(4096);
+  test::fill_random(mem.data(), mem.size(), 5);
+  Owner o(mem);
+  for (int i = 0; i < 20; i++) {  // the old race lost often within a few tries
+    auto g = o.grant();
+    auto *t = o.holder("shm", g, "opener-" + std::to_string(i));
+    char *buf = nullptr;
+    ASSERT_EQ(0, libd_trdma_reg(t, 4096, reinterpret_cast<void **>(&buf)));
+    ASSERT_EQ(0, libd_trdma_read(t, 4096, 0, buf)) << libd_last_error();
+    EXPECT_EQ(0, memcmp(buf, mem.data(), 4096));
+    ASSERT_EQ(0, o.server->revoke(g.id));
+    EXPECT_EQ(-ECONNRESET, libd_trdma_read(t, 64, 0, buf)) << "try " << i;
+    EXPECT_NE(0, libd_trdma_write(t, 64, 0, buf)) << "try " << i;
+    ASSERT_EQ(0, libd_transport_terminate(t));
+  }
+}
+
 TEST(SharedShm, AHolderTheTableVouchedForIsStillHeardByTheOwner) {
   std::vector<char> mem(4096);
   Owner o(mem);

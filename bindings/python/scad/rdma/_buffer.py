@@ -35,14 +35,26 @@ def _owner_part(owner: str, hostname: str, host: str, port: int, path: str, verb
                        "verbs": verbs}, separators=(",", ":"))[1:-1]
 
 
+def _checked_ranges(ranges: Sequence[int], size: int, offset: int) -> Tuple[int, ...]:
+    """The sizes of a buffer over several memories, checked: 1..MAX_RANGES positive integers that
+    make up the whole buffer (such a buffer is a whole lent element: offset 0)."""
+    if (not isinstance(ranges, (list, tuple)) or not 1 <= len(ranges) <= MAX_RANGES
+            or any(type(n) is not int or n <= 0 for n in ranges)):
+        raise ValueError(f"RdmaBuffer: ranges must be 1..{MAX_RANGES} positive sizes")
+    if sum(ranges) != size or offset != 0:
+        raise ValueError("RdmaBuffer: the ranges do not make up the buffer")
+    return tuple(ranges)
+
+
 class RdmaBuffer:
     def __init__(self, *, owner: str, hostname: str, host: str, port: int, path: str, verbs: bool, grant: str,
                  secret: str, offset: int, size: int, whole: bool, ranges: Optional[Sequence[int]] = None) -> None:
         self.owner, self.hostname, self.host, self.port, self.path = owner, hostname, host, port, path
         self.verbs, self.grant, self._secret = verbs, grant, secret
         self.offset, self._size, self.whole = offset, size, whole
-        # The size of each memory of a buffer over several (None: one memory).
-        self.ranges: Optional[Tuple[int, ...]] = tuple(ranges) if ranges is not None else None
+        # The size of each memory of a buffer over several (None: one memory), and where each ends.
+        self.ranges: Optional[Tuple[int, ...]] = None if ranges is None else _checked_ranges(ranges, size, offset)
+        self._ends = (size,) if self.ranges is None else tuple(itertools.accumulate(self.ranges))
 
     def size(self) -> int:
         """Bytes in the slice."""
@@ -55,9 +67,7 @@ class RdmaBuffer:
 
     def range_ends(self) -> Tuple[int, ...]:
         """Where each of its memories ends, as offsets in the buffer (one entry for one memory)."""
-        if self.ranges is None:
-            return (self._size,)
-        return tuple(itertools.accumulate(self.ranges))
+        return self._ends
 
     async def read_into(self, dst: Any, offset: int = 0, timeout: Optional[float] = 3.0) -> None:
         """Copies this buffer's bytes [offset, offset+len(dst)) into dst (local memory: a numpy
@@ -89,12 +99,14 @@ class RdmaBuffer:
             out["ranges"] = list(self.ranges)
         return out
 
-    def to_json(self) -> str:
+    def to_json(self, with_ranges: bool = True) -> str:
+        """The record. with_ranges=False: a version-1 record, which readers of either version take,
+        for a reader that knows the memories' sizes otherwise (it then cuts its transfers there)."""
         # The same text as json.dumps(self.to_dict(), separators=(",", ":")), written out
         # directly: a buffer's record goes out with every transfer a peer is to make, and its
         # owner's part is the same every time.
         version, ranges = VERSION, ""
-        if self.ranges is not None:
+        if self.ranges is not None and with_ranges:
             version, ranges = LIST_VERSION, f',"ranges":[{",".join(str(int(n)) for n in self.ranges)}]'
         return (f'{{"version":{version},{_owner_part(self.owner, self.hostname, self.host, self.port, self.path, self.verbs)},'
                 f'"grant":{_str(self.grant)},"secret":{_str(self._secret)},"offset":{int(self.offset)},'
@@ -116,7 +128,7 @@ class RdmaBuffer:
             raise ValueError(f"RdmaBuffer: version {version} has exactly the fields {sorted(fields)}")
         get = raw.__getitem__
         for key, typ in _TYPES:
-            if not isinstance(get(key), typ):
+            if type(get(key)) is not typ:  # exactly: JSON's true is no port, offset or size
                 raise ValueError(f"RdmaBuffer: field {key!r} has the wrong type")
         for key in _CONFIG_FIELDS:  # they end up in a libd configuration string
             value = get(key)
@@ -124,14 +136,9 @@ class RdmaBuffer:
                 raise ValueError(f"RdmaBuffer: field {key!r} is malformed")
         if raw["offset"] < 0 or raw["size"] <= 0 or not raw["grant"] or not raw["secret"]:
             raise ValueError("RdmaBuffer: offset, size, grant or secret out of range")
-        if version == LIST_VERSION:
-            ranges = raw["ranges"]
-            if (type(ranges) is not list or not 1 <= len(ranges) <= MAX_RANGES
-                    or any(type(n) is not int or n <= 0 for n in ranges)):
-                raise ValueError(f"RdmaBuffer: ranges must be 1..{MAX_RANGES} positive sizes")
-            if sum(ranges) != raw["size"] or raw["offset"] != 0:
-                raise ValueError("RdmaBuffer: the ranges do not make up the buffer")
-        del raw["version"]
+        if version == LIST_VERSION and type(raw["ranges"]) is not list:
+            raise ValueError(f"RdmaBuffer: ranges must be 1..{MAX_RANGES} positive sizes")
+        del raw["version"]  # the ranges are checked as the buffer is made
         return cls(**raw)
 
     def __reduce__(self):

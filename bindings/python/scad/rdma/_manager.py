@@ -81,8 +81,8 @@ class RdmaManager:
 
         request_buffer([obj, ...]): one buffer over several memories (up to 1024), their bytes end
         to end under one key, which a peer reads or writes with one transfer (read_into a list);
-        whoever holds it reaches all of them. Not where this process serves verbs (a remote key
-        reaches one memory there): NotImplementedError."""
+        whoever holds it reaches all of them. Not where this process serves verbs, i.e. on a host
+        with an RDMA device (a remote key reaches one memory there): NotImplementedError."""
         if isinstance(memory, list):
             if size is not None or ttl is not None:
                 raise TypeError("request_buffer([...]) takes the memories alone")
@@ -129,8 +129,9 @@ class RdmaManager:
             srv = self._serve_locked()
             if self._endpoint["verbs"]:
                 if required:
-                    raise NotImplementedError("a buffer over several memories is not served over verbs (a remote "
-                                              "key reaches one memory there): request a buffer for each")
+                    raise NotImplementedError("a buffer over several memories is not offered where this process "
+                                              "serves verbs (the host has an RDMA device, and a remote key reaches "
+                                              "one memory there): request a buffer for each")
                 return None
             self._next += 1
             element = f"l{self._next}"

@@ -18,7 +18,7 @@ import numpy
 
 from ..connect import Descriptor
 from .._waiter import wait_ready
-from ._buffer import RdmaBuffer
+from ._buffer import MAX_RANGES, RdmaBuffer
 
 
 def _local(memory: Any) -> Descriptor:
@@ -48,8 +48,8 @@ def lay_out(remote: RdmaBuffer, memory: Any, offset: int, read: bool) -> List[tu
     from `offset` in remote, each piece cut where one of remote's memories ends (one transfer
     moves within one of them)."""
     descs = [_local(m) for m in memory] if isinstance(memory, list) else [_local(memory)]
-    if not descs:
-        raise ValueError("no local memory to move")
+    if not descs or len(descs) > MAX_RANGES:
+        raise ValueError(f"a transfer moves 1..{MAX_RANGES} local memories, not {len(descs)}")
     if read and any(d.readonly for d in descs):
         raise ValueError("a read needs local memory it may write (bytes is read-only)")
     total = sum(d.size for d in descs)
@@ -98,18 +98,33 @@ class QueuePair:
         if remote.route != self.route:
             raise ValueError("this queue pair leads to another buffer's route: use request_queue_pair(remote)")
         descs = [_local(m) for m, _ in pairs]
+        ends = remote.range_ends()
         entries = []
         for d, (_, offset) in zip(descs, pairs):
             if read and d.readonly:
                 raise ValueError("a read needs local memory it may write (bytes is read-only)")
             if offset < 0 or offset + d.size > remote.size():
                 raise ValueError(f"[{offset}, +{d.size}) is outside the remote buffer of {remote.size()} bytes")
+            if offset + d.size > ends[bisect.bisect_right(ends, offset)]:
+                raise ValueError(f"[{offset}, +{d.size}) crosses from one of the buffer's memories into the next "
+                                 "(give each its own entry)")
             entries.append((d.size, remote.offset + offset, d.ptr))
+        # What to register: each piece's own memory (a piece lay_out cut keeps it as its owner),
+        # once; the entries point into them.
+        regs = {}
+        for d in descs:
+            root = d.data if isinstance(d.data, Descriptor) and d.data.ptr <= d.ptr and \
+                d.ptr + d.size <= d.data.ptr + d.data.size else d
+            regs.setdefault((root.ptr, root.size), root)
+        if len(regs) > 1 and self.impl == "verbs":
+            raise NotImplementedError("over verbs one transfer moves one local memory (a queue pair registers one): "
+                                      "move each with its own transfer")
         with self._lock:
             if any(not op.done() for op in self._pending):
                 raise RuntimeError("transfers are still running on this queue pair: wait() first")
-            self._reg, self._keep = None, descs  # registered as a list: the next transfer registers anew
-            self._t.reg_ranges([(d.ptr, d.size) for d in descs], keep=descs)
+            keep = list(regs.values())
+            self._reg, self._keep = None, keep  # registered as a list: the next transfer registers anew
+            self._t.reg_ranges(list(regs), keep=keep)
             op = self._t.readv_async(entries) if read else self._t.writev_async(entries)
             self._pending.append(op)
 

@@ -75,6 +75,17 @@ def _nbytes(local: Any) -> int:
     return sum(a.nbytes for a in local) if isinstance(local, list) else local.nbytes
 
 
+def _nbytes_of(shape: Any, dtype: Any) -> int:
+    """The bytes of a tensor of this shape and dtype (numpy's or torch's)."""
+    count = 1
+    for n in shape:
+        count *= int(n)
+    if _is_torch(dtype):
+        import torch
+        return count * torch.empty((), dtype=dtype).element_size()
+    return count * numpy.dtype(dtype).itemsize
+
+
 def _is_torch(x: Any) -> bool:
     module = type(x).__module__
     return module == "torch" or module.startswith("torch.")
@@ -241,7 +252,10 @@ class ScadTensorTransport(_Base):
         _counters.add(lent_objects=1, lent_tensors=len(memories), lent_bytes=sum(m.nbytes for m in memories))
         meta = [(t.shape if _is_torch(t) else tuple(t.shape), t.dtype) for t in rdt_object]
         if listed is not None:
-            return ScadTransportMetadata(tensor_meta=meta, tensor_device="cpu", buffers=[], lent_list=listed.to_json())
+            # A version-1 record, which receivers of every version read: they know each tensor's
+            # bytes from tensor_meta, and cut the transfer there.
+            return ScadTransportMetadata(tensor_meta=meta, tensor_device="cpu", buffers=[],
+                                         lent_list=listed.to_json(with_ranges=False))
         return ScadTransportMetadata(tensor_meta=meta, tensor_device="cpu",
                                      buffers=[b.to_json() if b is not None else "" for b in buffers])
 
@@ -392,12 +406,11 @@ class ScadTensorTransport(_Base):
             if not local.flags.writeable:
                 raise ValueError(f"target buffer {i} is read-only")
             if listed is not None:  # the list's next range, if the tensor has bytes
+                lent = _nbytes_of(shape, dtype)
+                if local.nbytes != lent:
+                    raise ValueError(f"a target of {local.nbytes} bytes for tensor {i} of {lent}")
                 if local.nbytes:
-                    k = len(pieces)
-                    if listed.ranges is not None and (k >= len(listed.ranges) or listed.ranges[k] != local.nbytes):
-                        raise ValueError(f"a target of {local.nbytes} bytes for tensor {i}, lent as "
-                                         f"{listed.ranges[k] if k < len(listed.ranges) else 0}")
-                    pieces.append(local)  # laid end to end: each lands on its own range
+                    pieces.append(local)  # laid end to end: each on its own range of the list
                     at += local.nbytes
                 continue
             if not text:

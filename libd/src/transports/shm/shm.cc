@@ -212,14 +212,15 @@ class ShmSession : public FrameReader::Handler, public std::enable_shared_from_t
   // and not at all if it leaves without one: nothing wakes the owner's server for a holder whose
   // owner waits for no word (the slot, checked before each transfer, still cuts it off). The
   // price: a holder that dies before its word is not reported lost.
-  int attach_local(const std::string &grant_id, const std::string &secret, const std::string &aid, FailFn fn,
-                   uint32_t *handle, GrantBody *grant, Alive *alive, uint64_t *slot_addr, uint64_t *slot_seq,
-                   bool announce = true) {
+  // The grant's slot in the owner's table, if the table vouches for it now (live, stable, tagged
+  // with the grant's secret): 0 with the slot and its address, else -EAGAIN.
+  int vouched_slot(const std::string &grant_id, const std::string &secret, const std::string &aid, CmaSlot *out,
+                   uint64_t *slot_addr) {
     if (!table_) return -EAGAIN;
     int64_t slot = cma_slot_of(grant_id);
     if (slot < 0 || slot >= int64_t(slots_)) return -EAGAIN;
     uint64_t addr = table_ + uint64_t(slot) * sizeof(CmaSlot);
-    CmaSlot c;
+    CmaSlot &c = *out;
     uint64_t again = 0;
     // The slot, then its seq once more, in one system call (the kernel copies in order): a seq
     // that changed in between is a slot being rewritten while it was read.
@@ -237,6 +238,16 @@ class ShmSession : public FrameReader::Handler, public std::enable_shared_from_t
     bool ranges = c.ranges != 0;
     if (!matches(cma_tag(secret, grant_id, "*", ranges)) && !matches(cma_tag(secret, grant_id, aid, ranges)))
       return -EAGAIN;
+    *slot_addr = addr;
+    return 0;
+  }
+
+  int attach_local(const std::string &grant_id, const std::string &secret, const std::string &aid, FailFn fn,
+                   uint32_t *handle, GrantBody *grant, Alive *alive, uint64_t *slot_addr, uint64_t *slot_seq,
+                   bool announce = true) {
+    CmaSlot c;
+    uint64_t addr = 0;
+    if (vouched_slot(grant_id, secret, aid, &c, &addr)) return -EAGAIN;
     std::unique_lock<std::mutex> lk(mu_);
     if (closed_ || !handles_left_locked()) return -EAGAIN;
     uint32_t h = next_handle_++;
@@ -528,6 +539,7 @@ class ShmTransport : public Transport {
       if (rc == 0) {
         session_ = std::move(session);
         alive_ = std::move(alive);
+        follow_slot(grant_id, secret);
         return adopt_cma(g, false);
       }
       if (!session->closed() && !session->spent()) return rc;
@@ -538,7 +550,22 @@ class ShmTransport : public Transport {
     alive_ = session->add_user(0, on_fail);
     session_ = session;
     ShmSessions::get().put(path, session);
+    follow_slot(grant_id, secret);
     return adopt_cma(g, true);
+  }
+
+  // A grant the server admitted (AUTH, ATTACH) that has a slot in the owner's table: every
+  // transfer checks the slot too, as for one the table vouched for. The owner rewrites a slot as it
+  // ends the grant, before it returns; its DETACHED on the socket, which the loop reads, may come
+  // after this process's next transfer. (If the table does not vouch for it now, the grant
+  // ended already, or its slot is another's: DETACHED is on its way.)
+  void follow_slot(const std::string &grant_id, const std::string &secret) {
+    CmaSlot c;
+    uint64_t addr = 0;
+    if (session_->vouched_slot(grant_id, secret, aid(), &c, &addr) == 0) {
+      slot_addr_ = addr;
+      slot_seq_ = c.seq;
+    }
   }
 
   // The owner's process and where its lent memory is (for several ranges, their table, read from
