@@ -150,6 +150,7 @@ class ActiveOperation(OperationBase):
             if not ok:
                 raise TimeoutError(f"the transfers did not finish within {timeout} s (they go on)")
             self._drive(0)  # every transfer is done: tell the owner, end the operation
+            self._close_wait_fd()
         self._raise_if_failed()
 
     def cancel(self) -> None:

@@ -1,5 +1,6 @@
 """The kinds and states of an operation, with dynamo.nixl_connect's names and values, and how an
 operation of either side ends."""
+import os
 from enum import IntEnum
 
 from ._errors import OperationCancelledError
@@ -50,6 +51,15 @@ class OperationBase:
             self._why = why
             self._error = error
         self._release()
+
+    def _close_wait_fd(self) -> None:
+        """Closes the eventfd a wait made, once the operation has ended: its end let go of every
+        grant or transfer that wrote to it (revoked, unwatched), so nothing writes to it any more,
+        and an ended operation waits no more. (Kept until then: a wait that timed out waits again.)"""
+        fd = getattr(self, "_fd", -1)
+        if fd >= 0 and self._status in TERMINAL:
+            self._fd = -1
+            os.close(fd)
 
     def _raise_if_failed(self) -> None:
         if self._status is OperationStatus.CANCELLED:

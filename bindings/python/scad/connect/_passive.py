@@ -132,6 +132,7 @@ class PassiveOperation(OperationBase):
             self._fd, ok = await wait_ready(ended, self._connector.busy_poll_us, timeout, self._fd, arm)
             if not ok:
                 raise TimeoutError(f"the peer did not finish within {timeout} s (the operation goes on)")
+            self._close_wait_fd()
         self._raise_if_failed()
 
     def cancel(self) -> None:
