@@ -3,9 +3,9 @@ writes bucket j to slot (instance * parts + j) of `buckets`.
 
 Keys are below 2^63 and uniform. Each key's top FINE_BITS bits name its fine range; merge instance
 j takes the fine ranges f with (f * parts) >> FINE_BITS == j. A bucket is written grouped by fine
-range, and the result carries the count of every fine range, so that a merge instance sorts each
-fine range on its own: many small sorts that stay in cache, not one large one. The result carries
-the counts of each bucket's fine ranges, in key order."""
+range, and the result carries the counts of each bucket's fine ranges, in key order, so that a
+merge instance sorts each fine range on its own: many small sorts that stay in cache, not one
+large one."""
 import numpy
 
 from scad.state import carried, open_state

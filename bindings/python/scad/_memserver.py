@@ -9,6 +9,8 @@ import os
 import socket
 import tempfile
 
+MAX_RANGES = 1024  # libd's LIBD_MAX_RANGES: the most memories one lent element (expose_ranges) holds
+
 
 def has_rdma_device() -> bool:
     try:

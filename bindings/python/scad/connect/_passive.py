@@ -22,10 +22,10 @@ from typing import Any, Optional
 from ._descriptor import Descriptor, as_list
 from ._metadata import RdmaMetadata, SerializedDescriptor
 from ._operation_kind import TERMINAL as _TERMINAL, OperationBase, OperationKind, OperationStatus
+from .._memserver import MAX_RANGES
 from .._waiter import wait_ready
 
 log = logging.getLogger("scad.connect")
-_MAX_RANGES = 1024  # libd's LIBD_MAX_RANGES: the most ranges one lent element has
 
 
 
@@ -70,8 +70,8 @@ class PassiveOperation(OperationBase):
             for d in self._descs:
                 d.register_memory(connector)
             if len(self._descs) > 1 and not connector._endpoint["verbs"]:
-                # one element over the ranges, one grant (a list holds up to _MAX_RANGES)
-                lists = [self._descs[i:i + _MAX_RANGES] for i in range(0, len(self._descs), _MAX_RANGES)]
+                # one element over the ranges, one grant (a list holds up to MAX_RANGES)
+                lists = [self._descs[i:i + MAX_RANGES] for i in range(0, len(self._descs), MAX_RANGES)]
             else:
                 lists = [[d] for d in self._descs]
             for i, descs in enumerate(lists):

@@ -17,9 +17,10 @@ import json
 from json.encoder import encode_basestring
 from typing import Any, Optional, Sequence, Tuple
 
+from .._memserver import MAX_RANGES
+
 VERSION = 1  # a buffer over one memory
 LIST_VERSION = 2  # over several: the fields of version 1 and "ranges"
-MAX_RANGES = 1024  # libd's bound on the ranges of one lent element
 _FIELDS = frozenset({"version", "owner", "hostname", "host", "port", "path", "verbs", "grant", "secret", "offset",
                      "size", "whole"})
 _LIST_FIELDS = _FIELDS | {"ranges"}

@@ -16,7 +16,8 @@ from typing import Any, Dict, Optional
 from .. import _memserver
 from ..connect import Descriptor
 from .._waiter import wait_in_thread
-from ._buffer import MAX_RANGES, RdmaBuffer
+from .._memserver import MAX_RANGES
+from ._buffer import RdmaBuffer
 from ._queue_pair import QueuePair
 from ._regions import Region, RegionCache
 
@@ -110,12 +111,9 @@ class RdmaManager:
                 if not region.holders:
                     self._forget_locked(region)
                 raise
-            pairs = dict(p.split(",", 1) for p in config.split(";"))
-            self._cache.hold(region, pairs["grant"], d.data if d.data is not None else d)
-            ep = self._endpoint
-            return RdmaBuffer(owner=self.name, hostname=self.hostname, host=ep["host"], port=ep["port"], path=ep["path"],
-                              verbs=ep["verbs"], grant=pairs["grant"], secret=pairs["secret"], offset=offset,
-                              size=d.size, whole=(offset == 0 and d.size == region.size))
+            buf = self._buffer(config, offset=offset, size=d.size, whole=(offset == 0 and d.size == region.size))
+            self._cache.hold(region, buf.grant, d.data if d.data is not None else d)
+            return buf
 
     def _request_list(self, memories: list, required: bool = False) -> Optional[RdmaBuffer]:
         """One RdmaBuffer over several buffers of this process, lent as one element (libd's list
@@ -141,12 +139,18 @@ class RdmaManager:
             except BaseException:
                 srv.withdraw(element)
                 raise
-            pairs = dict(p.split(",", 1) for p in config.split(";"))
-            self._lists[pairs["grant"]] = (element, [d.data if d.data is not None else d for d in descs])
-            ep = self._endpoint
-            return RdmaBuffer(owner=self.name, hostname=self.hostname, host=ep["host"], port=ep["port"], path=ep["path"],
-                              verbs=ep["verbs"], grant=pairs["grant"], secret=pairs["secret"], offset=0,
-                              size=sum(d.size for d in descs), whole=True, ranges=[d.size for d in descs])
+            buf = self._buffer(config, offset=0, size=sum(d.size for d in descs), whole=True,
+                               ranges=[d.size for d in descs])
+            self._lists[buf.grant] = (element, [d.data if d.data is not None else d for d in descs])
+            return buf
+
+    def _buffer(self, config: str, **where: Any) -> RdmaBuffer:
+        """The handle on a grant this process's server made (its configuration string) and where
+        the grant lies (offset, size, whole, ranges)."""
+        pairs = dict(p.split(",", 1) for p in config.split(";"))
+        ep = self._endpoint
+        return RdmaBuffer(owner=self.name, hostname=self.hostname, host=ep["host"], port=ep["port"], path=ep["path"],
+                          verbs=ep["verbs"], grant=pairs["grant"], secret=pairs["secret"], **where)
 
     def regions(self) -> list:
         """(address, size, buffers) of every registered region: for diagnostics and tests."""

@@ -18,7 +18,8 @@ import numpy
 
 from ..connect import Descriptor
 from .._waiter import wait_ready
-from ._buffer import MAX_RANGES, RdmaBuffer
+from .._memserver import MAX_RANGES
+from ._buffer import RdmaBuffer
 
 
 def _local(memory: Any) -> Descriptor:
@@ -97,10 +98,9 @@ class QueuePair:
         ranges); the local buffers are registered together for it. Returns at once."""
         if remote.route != self.route:
             raise ValueError("this queue pair leads to another buffer's route: use request_queue_pair(remote)")
-        descs = [_local(m) for m, _ in pairs]
+        pieces = [(_local(m), offset) for m, offset in pairs]
         ends = remote.range_ends()
-        entries = []
-        for d, (_, offset) in zip(descs, pairs):
+        for d, offset in pieces:
             if read and d.readonly:
                 raise ValueError("a read needs local memory it may write (bytes is read-only)")
             if offset < 0 or offset + d.size > remote.size():
@@ -108,11 +108,15 @@ class QueuePair:
             if offset + d.size > ends[bisect.bisect_right(ends, offset)]:
                 raise ValueError(f"[{offset}, +{d.size}) crosses from one of the buffer's memories into the next "
                                  "(give each its own entry)")
-            entries.append((d.size, remote.offset + offset, d.ptr))
+        self._start_list(pieces, remote, read)
+
+    def _start_list(self, pieces: List[tuple], remote: RdmaBuffer, read: bool) -> None:
+        """One transfer of [(Descriptor, offset in remote)], checked already (move_list, lay_out)."""
+        entries = [(d.size, remote.offset + offset, d.ptr) for d, offset in pieces]
         # What to register: each piece's own memory (a piece lay_out cut keeps it as its owner),
         # once; the entries point into them.
         regs = {}
-        for d in descs:
+        for d, _ in pieces:
             root = d.data if isinstance(d.data, Descriptor) and d.data.ptr <= d.ptr and \
                 d.ptr + d.size <= d.data.ptr + d.data.size else d
             regs.setdefault((root.ptr, root.size), root)
@@ -192,7 +196,7 @@ class QueuePair:
             raise ValueError("this queue pair leads to another buffer's route: use request_queue_pair(remote)")
         pieces = lay_out(remote, local, offset, read)
         if len(pieces) > 1:  # several local memories, or one across two of remote's: one transfer of a list
-            self.move_list(pieces, remote, read)
+            self._start_list(pieces, remote, read)
             return
         d, offset = pieces[0]
         with self._lock:

@@ -70,9 +70,11 @@ class _Counters:
 _counters = _Counters()
 
 
-def _nbytes(local: Any) -> int:
-    """Bytes a read moves into its local memory: an array, or a list of them."""
-    return sum(a.nbytes for a in local) if isinstance(local, list) else local.nbytes
+def _count_received(reads: List[tuple]) -> None:
+    """Counts an object received by these reads, each into an array or a list of them."""
+    tensors = sum(len(local) if isinstance(local, list) else 1 for _, local in reads)
+    nbytes = sum(sum(a.nbytes for a in local) if isinstance(local, list) else local.nbytes for _, local in reads)
+    _counters.add(received_objects=1, received_tensors=tensors, received_bytes=nbytes)
 
 
 def _nbytes_of(shape: Any, dtype: Any) -> int:
@@ -333,7 +335,7 @@ class ScadTensorTransport(_Base):
         for buf, qp, _ in started:
             manager._mark_reached(buf)
             _counters.add(**{f"{qp.impl}_reads": 1})
-        _counters.add(received_objects=1, received_tensors=sum(len(l) if isinstance(l, list) else 1 for _, l in reads), received_bytes=sum(_nbytes(l) for _, l in reads))
+        _count_received(reads)
 
     def _claim(self, routes: List[tuple]) -> bool:
         """Takes every route for a direct receive if none is in use; else takes none."""
@@ -449,8 +451,7 @@ class ScadTensorTransport(_Base):
             raise
         finally:
             self._end(receive)
-        _counters.add(received_objects=1, received_tensors=sum(len(l) if isinstance(l, list) else 1 for _, l in reads),
-                      received_bytes=sum(_nbytes(local) for _, local in reads))
+        _count_received(reads)
 
     async def _read(self, receive: _Receive, buf: RdmaBuffer, local: numpy.ndarray, deadline: float) -> None:
         manager = RdmaManager.get()
