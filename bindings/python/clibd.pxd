@@ -1,6 +1,6 @@
 # The C API of libd (libd/include/libd.h), declared for Cython. Every call that can block or take
 # a lock is declared nogil, so the binding can release the GIL around it.
-from libc.stdint cimport uint64_t
+from libc.stdint cimport uint32_t, uint64_t
 
 cdef extern from "libd.h" nogil:
     ctypedef struct libd_action:
@@ -114,5 +114,6 @@ cdef extern from "libd.h" nogil:
                                       int timeout_ms)
     int libd_trdma_server_watch_notify(libd_transport *trans, const char *grant_id, int fd)
     int libd_trdma_server_unwatch_notify(libd_transport *trans, const char *grant_id, int fd)
+    int libd_trdma_server_progress(libd_transport *trans, uint32_t lease_us)
     int libd_trdma_notify(libd_transport *trans, uint64_t value, int status)
     int libd_trdma_notify_last(libd_transport *trans, uint64_t value, int status)

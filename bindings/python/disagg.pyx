@@ -25,7 +25,7 @@ from concurrent.futures import CancelledError
 from cpython.buffer cimport PyBUF_C_CONTIGUOUS, PyBuffer_FillInfo, PyBuffer_Release, PyObject_GetBuffer
 from posix.mman cimport munmap
 from cpython.exc cimport PyErr_CheckSignals
-from libc.stdint cimport uint64_t
+from libc.stdint cimport uint32_t, uint64_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport strlen
 
@@ -826,6 +826,18 @@ cdef class LibdTransportRDMAServer(LibdTransport):
             return
         bid = _b(grant_id)
         clibd.libd_trdma_server_unwatch_notify(self._t, bid, fd)
+
+    def progress(self, uint32_t lease_us=1000):
+        """Runs the server's loop once on this thread, without blocking, and leases it for
+        `lease_us` (the server's own thread stays parked meanwhile): for an owner that polls for a
+        holder's word, so that the holder's requests are served here and nothing is woken.
+        progress(0) gives the loop back; call it before sleeping. True when the loop ran here."""
+        cdef clibd.libd_transport *t = self._tr()
+        cdef int rc
+        with nogil:
+            rc = clibd.libd_trdma_server_progress(t, lease_us)
+        _check(rc, "progress")
+        return rc == 1
 
     def wait_notify(self, grant_id, timeout=None):
         """Waits for a holder of `grant_id` to say it finished: returns (value, status), status 0

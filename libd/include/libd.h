@@ -37,7 +37,7 @@ extern "C" {
 #endif
 
 #define LIBD_VERSION_MAJOR 1
-#define LIBD_VERSION_MINOR 4
+#define LIBD_VERSION_MINOR 5
 
 typedef struct libd_action libd_action;
 typedef struct libd_transport libd_transport;
@@ -349,6 +349,15 @@ int libd_trdma_notify(libd_transport *trans, uint64_t value, int status);
  * — on a shared connection (share,1) the grant is let go of in the same write, so the owner, woken
  * by the word, finds nobody holding it. The transport moves no more data afterwards (terminate it). */
 int libd_trdma_notify_last(libd_transport *trans, uint64_t value, int status);
+
+/* An owner that polls for a holder's word drives the server itself (since 1.5), as an application
+ * drives UCX's worker with ucp_worker_progress: each call runs the server's loop once, without
+ * blocking, on the calling thread, so a holder's requests and word are served there and no thread
+ * is woken for them. The call leases the loop for lease_us: the server's own thread stays parked
+ * until the lease lapses or lease_us 0 gives it back (do that before sleeping). Returns 1 when the
+ * loop ran here, 0 when it was only asked for (the first call of a lease: call again) or released;
+ * -ENOTCONN not serving; -EINVAL lease_us above 1000000. */
+int libd_trdma_server_progress(libd_transport *trans, uint32_t lease_us);
 
 #if defined(__GNUC__)
 #pragma GCC visibility pop

@@ -83,6 +83,8 @@ class Peer:
                 return {"error": type(e).__name__, "message": str(e)}
             return {"ok": True, "transport": self.op.impl}
         if cmd == "wait":
+            # An owner that polls drives its memory server while it waits (the server's loop, leased).
+            self.connector.busy_poll_us = float(msg.get("busy_poll_us", 0))
             try:
                 await self.op.wait_for_completion(timeout=msg.get("timeout"))
                 error, message = None, ""

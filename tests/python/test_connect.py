@@ -70,6 +70,44 @@ def test_read_a_list_of_descriptors(peers, impl, style):
     assert done["digests"] == owner["digests"], "the reader holds exactly the owner's bytes"
 
 
+@pytest.mark.parametrize("impl", IMPLS)
+def test_an_owner_that_polls_serves_its_peer_and_then_lets_its_server_go(peers, impl):
+    """The owner's wait, polling, serves the reader's requests itself (its server's loop leased).
+    Once it stops polling (its next command is a blocking read of its stdin here), its server's
+    own thread serves the next reader; a poll too short for the reader goes to sleep and gives
+    the server back, and the word still reaches it."""
+    passive, active = pair(peers, impl)
+    sizes = [64, 200_000]
+    for seed, poll_us, reader_first in ((1, 200_000, True), (2, 0, True), (3, 50, False)):
+        md = passive.call(cmd="create", kind="read", sizes=sizes, seed=seed)["metadata"]
+        if reader_first:  # the owner is not waiting: its server serves
+            assert active.call(cmd="begin", kind="read", metadata=md, sizes=sizes) == {"ok": True, "transport": impl}
+            done = active.call(cmd="wait", timeout=30)
+            owner = passive.call(cmd="wait", timeout=30, busy_poll_us=poll_us)
+        else:  # the owner waits first and polls, then sleeps
+            passive.send(cmd="wait", timeout=30, busy_poll_us=poll_us)
+            assert active.call(cmd="begin", kind="read", metadata=md, sizes=sizes) == {"ok": True, "transport": impl}
+            done = active.call(cmd="wait", timeout=30)
+            owner = passive.recv(90)
+        assert (done["status"], done["error"]) == ("COMPLETE", None), done["message"]
+        assert (owner["status"], owner["error"]) == ("COMPLETE", None), owner["message"]
+        assert done["digests"] == owner["digests"] == expected_digests(sizes, seed)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_a_polling_owner_serves_a_reader_that_comes_while_it_waits(peers, impl):
+    passive, active = pair(peers, impl)
+    sizes = [3, MiB]
+    for seed in range(4, 9):
+        md = passive.call(cmd="create", kind="read", sizes=sizes, seed=seed)["metadata"]
+        passive.send(cmd="wait", timeout=30, busy_poll_us=2_000_000)  # polls through the whole read
+        assert active.call(cmd="begin", kind="read", metadata=md, sizes=sizes) == {"ok": True, "transport": impl}
+        done = active.call(cmd="wait", timeout=30)
+        owner = passive.recv(90)
+        assert (done["status"], owner["status"]) == ("COMPLETE", "COMPLETE"), (done["message"], owner["message"])
+        assert done["digests"] == owner["digests"] == expected_digests(sizes, seed)
+
+
 @pytest.mark.parametrize("impl", ALL_IMPLS)
 def test_write_into_the_owners_memory(peers, impl):
     passive, active = pair(peers, impl)

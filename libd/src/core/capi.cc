@@ -366,6 +366,11 @@ int libd_trdma_server_wait_notify(libd_transport *t, const char *grant_id, uint6
   if (!grant_id || !value || !status) return set_error(-EINVAL, "wait_notify: NULL argument");
   return s->wait_notify(grant_id, value, status, timeout_ms);
 }
+int libd_trdma_server_progress(libd_transport *t, uint32_t lease_us) {
+  CHECK_S(t, "progress");
+  if (lease_us > 1000000) return set_error(-EINVAL, "progress: lease_us must be at most 1000000");
+  return s->progress(lease_us);
+}
 int libd_trdma_server_watch_notify(libd_transport *t, const char *grant_id, int fd) {
   CHECK_S(t, "watch_notify");
   if (!grant_id || fd < 0) return set_error(-EINVAL, "watch_notify: NULL grant or no descriptor");

@@ -49,6 +49,9 @@ class ServerBase : public Transport {
   // The owner's side of a holder's word (Transport::notify).
   virtual int wait_notify(const std::string &grant_id, uint64_t *value, int *status, int timeout_ms) = 0;
   virtual int watch_notify(const std::string &grant_id, int fd, bool add) = 0;
+  // A waiting owner drives the server's loop itself (IoLoop::progress); lease_us 0 gives it back.
+  // 1 the loop ran on the caller, 0 it was asked for (call again).
+  virtual int progress(uint32_t lease_us) = 0;
 };
 
 // The transport as a server, or null for a client transport.

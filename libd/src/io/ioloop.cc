@@ -3,33 +3,98 @@
 #include <sched.h>
 
 #include <chrono>
-#include <condition_variable>
+
+#include "core/error.h"
 
 namespace libd {
+
+namespace {
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+}  // namespace
 
 IoLoop::IoLoop() {
   uv_loop_init(&loop_);
   uv_async_init(&loop_, &wake_, [](uv_async_t *a) { static_cast<IoLoop *>(a->data)->drain(); });
   wake_.data = this;
-  thread_ = std::thread([this] {
-    // One pass blocks until something happens; then, when busy polling is on, passes that do not
-    // block follow for busy_poll_us, so that the next request, if it comes that soon, finds the
-    // thread awake (no wake-up, which costs tens of microseconds on a busy host).
-    while (uv_run(&loop_, UV_RUN_ONCE) != 0) {
-      uint32_t spin = busy_poll_us_.load(std::memory_order_relaxed);
-      if (spin == 0) continue;
-      auto end = std::chrono::steady_clock::now() + std::chrono::microseconds(spin);
-      bool alive = true;
-      while (alive && std::chrono::steady_clock::now() < end) {
-        alive = uv_run(&loop_, UV_RUN_NOWAIT) != 0;
-        sched_yield();
-      }
-      if (!alive) break;
+  thread_ = std::thread([this] { run_thread(); });
+}
+
+void IoLoop::run_thread() {
+  std::unique_lock<std::mutex> drive(drive_mu_);
+  driver_.store(std::this_thread::get_id(), std::memory_order_release);
+  // One pass blocks until something happens; then, when busy polling is on, passes that do not
+  // block follow for busy_poll_us, so that the next request, if it comes that soon, finds the
+  // thread awake (no wake-up, which costs tens of microseconds on a busy host).
+  for (;;) {
+    if (leased()) {
+      park(drive);
+      continue;
     }
-  });
+    park_asked_.store(false, std::memory_order_relaxed);
+    if (uv_run(&loop_, UV_RUN_ONCE) == 0) break;
+    uint32_t spin = busy_poll_us_.load(std::memory_order_relaxed);
+    if (spin == 0) continue;
+    auto end = std::chrono::steady_clock::now() + std::chrono::microseconds(spin);
+    bool alive = true;
+    while (alive && !leased() && std::chrono::steady_clock::now() < end) {
+      alive = uv_run(&loop_, UV_RUN_NOWAIT) != 0;
+      sched_yield();
+    }
+    if (!alive) break;
+  }
+  driver_.store(std::thread::id(), std::memory_order_release);
+}
+
+bool IoLoop::leased() const {
+  int64_t until = lease_until_ns_.load(std::memory_order_acquire);
+  return until != 0 && now_ns() < until;
+}
+
+void IoLoop::park(std::unique_lock<std::mutex> &drive) {
+  driver_.store(std::thread::id(), std::memory_order_release);
+  for (;;) {
+    int64_t until = lease_until_ns_.load(std::memory_order_acquire);
+    if (until == 0 || now_ns() >= until) break;
+    // Waiting releases drive_mu_: the lease holder runs the loop meanwhile.
+    parked_cv_.wait_until(drive, std::chrono::steady_clock::time_point(std::chrono::nanoseconds(until)));
+  }
+  driver_.store(std::this_thread::get_id(), std::memory_order_release);
+}
+
+bool IoLoop::progress(uint32_t lease_us) {
+  if (on_loop_thread()) return false;  // called back from the loop itself: it runs already
+  lease_until_ns_.store(now_ns() + int64_t(lease_us) * 1000, std::memory_order_release);
+  std::unique_lock<std::mutex> drive(drive_mu_, std::try_to_lock);
+  if (!drive.owns_lock()) {
+    // The loop's thread has it, probably asleep in epoll: ask it once to park.
+    if (!park_asked_.exchange(true, std::memory_order_relaxed)) uv_async_send(&wake_);
+    return false;
+  }
+  // Whatever the loop's callbacks record as an error is theirs, not the caller's.
+  std::string saved = last_error();
+  driver_.store(std::this_thread::get_id(), std::memory_order_release);
+  uv_run(&loop_, UV_RUN_NOWAIT);
+  driver_.store(std::thread::id(), std::memory_order_release);
+  drive.unlock();
+  if (saved != last_error()) set_error(0, std::move(saved));
+  return true;
+}
+
+void IoLoop::release() {
+  if (lease_until_ns_.exchange(0, std::memory_order_acq_rel) == 0) return;
+  // Parked, the loop's thread holds no lock: taking it here orders this with its wait. If it is
+  // running, it sees the lease gone at its next look.
+  std::unique_lock<std::mutex> drive(drive_mu_, std::try_to_lock);
+  if (!drive.owns_lock()) return;
+  drive.unlock();
+  parked_cv_.notify_one();
 }
 
 IoLoop::~IoLoop() {
+  release();
   post([this] {
     stopping_ = true;
     // Close every handle left (owners were expected to close theirs first).
@@ -55,6 +120,21 @@ void IoLoop::post(std::function<void()> fn) {
 
 void IoLoop::run_sync(const std::function<void()> &fn) {
   if (on_loop_thread()) { fn(); return; }
+  // During a lease the loop's thread is parked: rather than wait for the lease holder's next
+  // call, run it here as soon as nobody runs the loop (the loop's thread parking, or the holder
+  // between calls), after the work queued before it.
+  while (leased()) {
+    std::unique_lock<std::mutex> drive(drive_mu_, std::try_to_lock);
+    if (!drive.owns_lock()) {
+      std::this_thread::yield();
+      continue;
+    }
+    driver_.store(std::this_thread::get_id(), std::memory_order_release);
+    drain();
+    fn();
+    driver_.store(std::thread::id(), std::memory_order_release);
+    return;
+  }
   std::mutex m;
   std::condition_variable cv;
   bool done = false;

@@ -1,10 +1,17 @@
 // A libuv loop on its own thread. Other threads hand it work with post(); run_sync() also waits
 // for the work to finish. Clients share one loop per process (IoLoop::shared()); each memory
 // server runs its own.
+//
+// A thread that is waiting anyway (busy polling for a peer's word) may drive the loop itself with
+// progress(), as an application drives UCX's worker with ucp_worker_progress: a request that
+// arrives meanwhile is served on that thread, with no thread woken. The loop's own thread parks
+// while such a lease lasts and takes the loop back when the lease is released or lapses, so a
+// driver that stops calling (or dies in user code) delays the loop by one lease at most.
 #pragma once
 #include <uv.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -22,7 +29,8 @@ class IoLoop {
   static IoLoop &shared();
 
   uv_loop_t *loop() { return &loop_; }
-  bool on_loop_thread() const { return std::this_thread::get_id() == thread_.get_id(); }
+  // True on the thread running the loop now: its own, or a progress() caller inside the loop.
+  bool on_loop_thread() const { return driver_.load(std::memory_order_acquire) == std::this_thread::get_id(); }
   void post(std::function<void()> fn);
   // Runs fn on the loop and waits for it (inline when already on the loop thread).
   void run_sync(const std::function<void()> &fn);
@@ -30,8 +38,19 @@ class IoLoop {
   // progress mode, as UCX's and NIXL's busy-polling workers. 0 (the default): sleep at once.
   void set_busy_poll_us(uint32_t us) { busy_poll_us_.store(us, std::memory_order_relaxed); }
 
+  // Runs the loop once without blocking on the calling thread, and leases it for lease_us more:
+  // until then the loop's thread stays parked and requests wait for the caller's next call. The
+  // first call of a lease only asks the loop's thread to park (false: nothing was run; call
+  // again). Any thread may call; one runs the loop at a time.
+  bool progress(uint32_t lease_us);
+  // Ends the caller's lease: the loop's thread takes the loop back at once.
+  void release();
+
  private:
   void drain();
+  void run_thread();
+  bool leased() const;
+  void park(std::unique_lock<std::mutex> &drive);
 
   uv_loop_t loop_;
   uv_async_t wake_;
@@ -40,6 +59,12 @@ class IoLoop {
   std::vector<std::function<void()>> queue_;
   bool stopping_ = false;
   std::atomic<uint32_t> busy_poll_us_{0};
+
+  std::mutex drive_mu_;  // held by whichever thread runs the loop
+  std::condition_variable parked_cv_;  // the loop's thread, parked during a lease
+  std::atomic<std::thread::id> driver_{};
+  std::atomic<int64_t> lease_until_ns_{0};  // steady clock; 0: no lease
+  std::atomic<bool> park_asked_{false};
 };
 
 }  // namespace libd

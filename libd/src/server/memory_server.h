@@ -92,6 +92,14 @@ class MemoryServer {
   void set_capacity(uint64_t bytes) { capacity_ = bytes; }
   // The server's thread polls for this long after each wake-up before it sleeps (IoLoop).
   void set_busy_poll_us(uint32_t us) { loop_.set_busy_poll_us(us); }
+  // The caller's thread runs the server's loop once and leases it (IoLoop::progress); 0 releases.
+  int progress(uint32_t lease_us) {
+    if (lease_us == 0) {
+      loop_.release();
+      return 0;
+    }
+    return loop_.progress(lease_us) ? 1 : 0;
+  }
   uint64_t capacity() const { return capacity_; }
   uint64_t used_bytes();
 

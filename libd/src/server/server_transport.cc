@@ -126,6 +126,12 @@ class ServerTransport : public ServerBase {
     return srv->watch_notify(grant_id, fd, add);
   }
 
+  int progress(uint32_t lease_us) override {
+    auto srv = server();
+    if (!srv) return set_error(-ENOTCONN, "memory element '" + name() + "' is not serving");
+    return srv->progress(lease_us);
+  }
+
   int wait_notify(const std::string &grant_id, uint64_t *value, int *status, int timeout_ms) override {
     auto srv = server();
     if (!srv) return set_error(-ENOTCONN, "memory element '" + name() + "' is not serving");

@@ -94,6 +94,9 @@ class ActiveOperation(OperationBase):
         self._transports = []
         self._ops = []
         where = f"{_where(self.impl, md.host, md.port, md.path)};timeout_ms,{int(connector.timeout * 1000)}"
+        if self.impl == "tcp" and connector.busy_poll_us > 0:
+            # The owner's verdict below is read off the socket by this thread, polling as long.
+            where += f";busy_poll_us,{int(connector.busy_poll_us)}"
         read = self._kind is OperationKind.READ
         try:
             for i, (remote, pairs) in enumerate(_by_grant(self._descs, md.descriptors)):

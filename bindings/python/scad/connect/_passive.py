@@ -25,6 +25,10 @@ from ._operation_kind import TERMINAL as _TERMINAL, OperationBase, OperationKind
 from .._memserver import MAX_RANGES
 from .._waiter import wait_ready
 
+# How long the server's loop stays with a polling wait after its last look (libd's progress lease):
+# past it, the server's own thread takes the loop back even if the waiter never said so.
+_LEASE_US = 1000
+
 log = logging.getLogger("scad.connect")
 
 
@@ -118,11 +122,20 @@ class PassiveOperation(OperationBase):
         finished, TimeoutError if the operation expired, OperationCancelledError if either side
         cancelled it."""
         if self._status not in _TERMINAL:
+            # While it polls, this thread serves the peer's requests and word itself (the
+            # server's loop, leased): nothing has to be woken for them. Given back before sleeping;
+            # kept after the operation (the next one's wait takes it on), it lapses within _LEASE_US.
+            drive = self._connector.busy_poll_us > 0
+
             def ended() -> bool:
+                if drive:
+                    self._server.progress(_LEASE_US)
                 self._collect(timeout=0)  # takes whatever the peer said
                 return self._status in _TERMINAL
 
             def arm(fd: int) -> None:
+                if drive:
+                    self._server.progress(0)
                 for grant in list(self._pending):
                     try:
                         self._server.watch_notify(grant, fd)

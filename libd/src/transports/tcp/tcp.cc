@@ -114,7 +114,7 @@ class TcpTransport : public Transport {
   int do_settle(Deadline deadline) override {
     if (!unsettled_ || !conn_) return 0;
     proto::GrantBody grant;
-    int rc = conn_->verdict(handle_, deadline, &grant);
+    int rc = conn_->verdict(handle_, deadline, &grant, spin_us_);
     unsettled_ = false;
     if (rc == 0) set_remote(grant.offset, grant.length, grant.rights);
     return rc;

@@ -253,7 +253,7 @@ int TcpConn::attach_async(const TcpCredentials &creds, FailFn on_fail, uint32_t 
   return 0;
 }
 
-int TcpConn::verdict(uint32_t h, Deadline deadline, GrantBody *grant) {
+int TcpConn::verdict(uint32_t h, Deadline deadline, GrantBody *grant, uint32_t spin_us) {
   Lock lk(mu_);
   auto it = attaches_.find(h);
   if (it == attaches_.end() || !it->second.async) return 0;  // settled before
@@ -264,7 +264,7 @@ int TcpConn::verdict(uint32_t h, Deadline deadline, GrantBody *grant) {
     // Read the answer here rather than wait for the loop to hand it over (one thread woken, not
     // two); the loop, if it was reading, takes over again after.
     if (reader_ != Reader::Leader) {
-      in_time = lead_locked(lk, [&] { return a.done; }, deadline);
+      in_time = lead_locked(lk, [&] { return a.done; }, deadline, spin_us);
       continue;
     }
     in_time = !(cv_.wait_until(lk, deadline.at()) == std::cv_status::timeout && !a.done && !closed_);

@@ -74,7 +74,8 @@ class TcpConn : public proto::FrameReader::Handler, public OpDriver, public std:
   // once (the server takes them in order). verdict() waits for the answer; a refusal ends the
   // attachment (its requests fail with the refusal) whether or not anyone asks.
   int attach_async(const TcpCredentials &creds, FailFn on_fail, uint32_t *handle);
-  int verdict(uint32_t handle, Deadline deadline, proto::GrantBody *grant);
+  // spin_us: as run()'s, when this thread reads the answer itself.
+  int verdict(uint32_t handle, Deadline deadline, proto::GrantBody *grant, uint32_t spin_us = 0);
   void add_user(uint32_t handle, FailFn on_fail);
   // Lets an attachment go: its operations still running end with -ECONNABORTED (on return the
   // connection no longer touches their buffers), and the server is told (DETACH).

@@ -1,0 +1,205 @@
+// A thread that waits anyway may drive a server's loop itself (IoLoop::progress,
+// libd_trdma_server_progress): while its lease lasts the loop's own thread is parked, work is done
+// on the driver's thread, and the loop's thread takes back when the lease is released or lapses.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <future>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "harness.h"
+#include "io/ioloop.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+// Calls progress until the loop ran on this thread (the first call of a lease only asks for it).
+bool take_loop(libd::IoLoop &loop, uint32_t lease_us) {
+  auto end = Clock::now() + std::chrono::seconds(10);
+  while (Clock::now() < end)
+    if (loop.progress(lease_us)) return true;
+  return false;
+}
+
+// Posts fn's thread id check: which thread ran it.
+std::future<std::thread::id> ran_on(libd::IoLoop &loop) {
+  auto done = std::make_shared<std::promise<std::thread::id>>();
+  auto fut = done->get_future();
+  loop.post([done, &loop] {
+    EXPECT_TRUE(loop.on_loop_thread()) << "the thread running posted work is the loop's, for as long as it runs it";
+    done->set_value(std::this_thread::get_id());
+  });
+  return fut;
+}
+
+}  // namespace
+
+TEST(LoopLease, TheLeaseHolderRunsTheLoopsWork) {
+  libd::IoLoop loop;
+  ASSERT_TRUE(take_loop(loop, 60'000'000));
+  auto where = ran_on(loop);
+  auto end = Clock::now() + std::chrono::seconds(10);
+  while (where.wait_for(milliseconds(0)) != std::future_status::ready && Clock::now() < end) loop.progress(60'000'000);
+  ASSERT_EQ(std::future_status::ready, where.wait_for(milliseconds(0)));
+  EXPECT_EQ(std::this_thread::get_id(), where.get()) << "run by the progress() caller, not the parked thread";
+  EXPECT_FALSE(loop.on_loop_thread()) << "between calls the caller does not run the loop";
+  loop.release();
+}
+
+TEST(LoopLease, ReleasingGivesTheLoopBackAtOnce) {
+  libd::IoLoop loop;
+  ASSERT_TRUE(take_loop(loop, 60'000'000));  // a minute: only release() can end it in time
+  loop.release();
+  auto where = ran_on(loop);
+  ASSERT_EQ(std::future_status::ready, where.wait_for(std::chrono::seconds(10))) << "the loop's thread stayed parked";
+  EXPECT_NE(std::this_thread::get_id(), where.get());
+}
+
+TEST(LoopLease, ALapsedLeaseGivesTheLoopBack) {
+  libd::IoLoop loop;
+  ASSERT_TRUE(take_loop(loop, 20'000));  // the caller then stops calling, as a driver gone elsewhere
+  auto where = ran_on(loop);
+  ASSERT_EQ(std::future_status::ready, where.wait_for(std::chrono::seconds(10))) << "the loop's thread stayed parked";
+  EXPECT_NE(std::this_thread::get_id(), where.get());
+}
+
+TEST(LoopLease, RunSyncDuringALeaseDoesNotWaitForTheHolder) {
+  libd::IoLoop loop;
+  ASSERT_TRUE(take_loop(loop, 60'000'000));
+  std::vector<int> order;
+  loop.post([&] { order.push_back(1); });  // queued before: runs first
+  auto other = std::async(std::launch::async, [&] {
+    loop.run_sync([&] { order.push_back(2); });
+    return std::this_thread::get_id();
+  });
+  ASSERT_EQ(std::future_status::ready, other.wait_for(std::chrono::seconds(10)))
+      << "run_sync waited for a lease holder that is not calling";
+  EXPECT_EQ((std::vector<int>{1, 2}), order);
+  loop.release();
+}
+
+TEST(LoopLease, ALoopDestroyedDuringALeaseStops) {
+  auto loop = std::make_unique<libd::IoLoop>();
+  ASSERT_TRUE(take_loop(*loop, 60'000'000));
+  auto gone = std::async(std::launch::async, [&] { loop.reset(); });
+  EXPECT_EQ(std::future_status::ready, gone.wait_for(std::chrono::seconds(10))) << "the destructor waited for the lease";
+}
+
+TEST(LoopLease, ProgressFromTheLoopItselfDoesNothing) {
+  libd::IoLoop loop;
+  std::promise<bool> got;
+  loop.post([&] { got.set_value(loop.progress(1000)); });
+  EXPECT_FALSE(got.get_future().get());
+}
+
+// ---- through the C API: an owner driving its memory server ----
+
+namespace {
+
+struct Owner {
+  test::ActionPtr owner, holder;
+  libd_transport *srv = nullptr, *t = nullptr;
+  std::vector<char> mem = std::vector<char>(4096, 'x');
+};
+
+void make(Owner &o) {
+  o.owner = test::make_action("owner");
+  std::string durl = "srv;tcp_server;size,0;path," + test::unique_socket_path("lease");
+  ASSERT_EQ(0, libd_action_add_transport(o.owner.get(), durl.c_str())) << libd_last_error();
+  o.srv = libd_action_get_transport(o.owner.get(), "srv");
+  ASSERT_EQ(0, libd_trdma_server_serve(o.srv)) << libd_last_error();
+  ASSERT_EQ(0, libd_trdma_server_expose(o.srv, "buf", o.mem.data(), o.mem.size())) << libd_last_error();
+  libd_grant_spec spec = {"buf", "holder", 0, 0, 3, 0};
+  char config[2048];
+  ASSERT_GT(libd_trdma_server_grant_ex(o.srv, &spec, config, sizeof config), 0) << libd_last_error();
+  o.holder = test::make_action("holder");
+  std::string hdurl = std::string("m;tcp;") + config + ";timeout_ms,20000";
+  ASSERT_EQ(0, libd_action_add_transport(o.holder.get(), hdurl.c_str())) << libd_last_error();
+  o.t = libd_action_get_transport(o.holder.get(), "m");
+}
+
+// Reads 5 bytes on another thread; the future holds the read's result and how long it took.
+std::future<std::pair<int, milliseconds>> read_later(Owner &o, char *buf) {
+  return std::async(std::launch::async, [&o, buf] {
+    auto t0 = Clock::now();
+    int rc = libd_trdma_read(o.t, 5, 0, buf);
+    return std::make_pair(rc, std::chrono::duration_cast<milliseconds>(Clock::now() - t0));
+  });
+}
+
+bool take_server(libd_transport *srv, uint32_t lease_us) {
+  auto end = Clock::now() + std::chrono::seconds(10);
+  while (Clock::now() < end) {
+    int rc = libd_trdma_server_progress(srv, lease_us);
+    EXPECT_GE(rc, 0) << libd_last_error();
+    if (rc == 1) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+TEST(ServerProgress, AnOwnerThatDrivesItsServerServesTheHolder) {
+  Owner o;
+  ASSERT_NO_FATAL_FAILURE(make(o));
+  char *buf = nullptr;
+  ASSERT_EQ(0, libd_trdma_reg(o.t, 64, reinterpret_cast<void **>(&buf)));
+  ASSERT_EQ(0, libd_transport_connect(o.t)) << libd_last_error();
+  memcpy(o.mem.data(), "hello", 5);
+  ASSERT_TRUE(take_server(o.srv, 1'000'000));  // the server's own thread parks for up to a second
+  auto read = read_later(o, buf);
+  auto end = Clock::now() + std::chrono::seconds(10);
+  while (read.wait_for(milliseconds(0)) != std::future_status::ready && Clock::now() < end)
+    libd_trdma_server_progress(o.srv, 1'000'000);
+  auto [rc, took] = read.get();
+  EXPECT_EQ(0, rc) << libd_last_error();
+  EXPECT_EQ("hello", std::string(buf, 5));
+  EXPECT_LT(took.count(), 500) << "served by the driving thread, not after the lease lapsed";
+  EXPECT_EQ(0, libd_trdma_server_progress(o.srv, 0));
+}
+
+TEST(ServerProgress, AHeldLeaseDelaysTheHolderUntilItLapses) {
+  Owner o;
+  ASSERT_NO_FATAL_FAILURE(make(o));
+  char *buf = nullptr;
+  ASSERT_EQ(0, libd_trdma_reg(o.t, 64, reinterpret_cast<void **>(&buf)));
+  ASSERT_EQ(0, libd_transport_connect(o.t)) << libd_last_error();
+  auto t0 = Clock::now();
+  ASSERT_TRUE(take_server(o.srv, 400'000));  // then the owner stops calling
+  auto read = read_later(o, buf);
+  auto [rc, took] = read.get();
+  EXPECT_EQ(0, rc) << libd_last_error() << ": the server's thread takes the loop back when the lease lapses";
+  EXPECT_GE(std::chrono::duration_cast<milliseconds>(Clock::now() - t0).count(), 390)
+      << "the parked server answered before the lease lapsed";
+}
+
+TEST(ServerProgress, ReleasingLetsTheServersThreadServe) {
+  Owner o;
+  ASSERT_NO_FATAL_FAILURE(make(o));
+  char *buf = nullptr;
+  ASSERT_EQ(0, libd_trdma_reg(o.t, 64, reinterpret_cast<void **>(&buf)));
+  ASSERT_EQ(0, libd_transport_connect(o.t)) << libd_last_error();
+  ASSERT_TRUE(take_server(o.srv, 1'000'000));
+  ASSERT_EQ(0, libd_trdma_server_progress(o.srv, 0));
+  auto [rc, took] = read_later(o, buf).get();
+  EXPECT_EQ(0, rc) << libd_last_error();
+  EXPECT_LT(took.count(), 500) << "the server's thread stayed parked after the release";
+}
+
+TEST(ServerProgress, TheLeaseIsCheckedAndOnlyServersHaveOne) {
+  Owner o;
+  ASSERT_NO_FATAL_FAILURE(make(o));
+  EXPECT_EQ(-EINVAL, libd_trdma_server_progress(o.srv, 1'000'001));
+  EXPECT_NE(std::string(libd_last_error()).find("lease_us"), std::string::npos) << libd_last_error();
+  EXPECT_EQ(-EOPNOTSUPP, libd_trdma_server_progress(o.t, 1000)) << "a client transport has no server to drive";
+  auto idle = test::make_action("idle");
+  ASSERT_EQ(0, libd_action_add_transport(idle.get(), ("s;tcp_server;size,0;path," + test::unique_socket_path("idle")).c_str()));
+  EXPECT_EQ(-ENOTCONN, libd_trdma_server_progress(libd_action_get_transport(idle.get(), "s"), 1000))
+      << "not serving yet";
+}
