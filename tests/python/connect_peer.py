@@ -23,10 +23,12 @@ import json
 import os
 import signal
 import sys
+import time
 
 import numpy
 
 from scad.connect import Connector, Descriptor, RdmaMetadata
+from scad.connect import _passive
 
 
 def no_huge_pages():
@@ -85,12 +87,15 @@ class Peer:
         if cmd == "wait":
             # An owner that polls drives its memory server while it waits (the server's loop, leased).
             self.connector.busy_poll_us = float(msg.get("busy_poll_us", 0))
+            if "lease_us" in msg:
+                _passive._LEASE_US = int(msg["lease_us"])
             try:
                 await self.op.wait_for_completion(timeout=msg.get("timeout"))
                 error, message = None, ""
             except Exception as e:
                 error, message = type(e).__name__, str(e)
-            return {"status": self.op.status.name, "error": error, "message": message, "digests": digests(self.bufs)}
+            return {"status": self.op.status.name, "error": error, "message": message, "digests": digests(self.bufs),
+                    "at": time.monotonic()}
         if cmd == "cancel":
             self.op.cancel()
             return {"status": self.op.status.name}

@@ -95,6 +95,21 @@ def test_an_owner_that_polls_serves_its_peer_and_then_lets_its_server_go(peers, 
 
 
 @pytest.mark.parametrize("impl", IMPLS)
+def test_an_owner_whose_poll_ran_out_hears_the_word_at_once(peers, impl):
+    """A wait that stops polling and sleeps gives its server's loop back first: the word that
+    comes later reaches it without waiting for the lease (a second here) to lapse."""
+    passive, active = pair(peers, impl)
+    for seed in (1, 2, 3):
+        md = passive.call(cmd="create", kind="read", sizes=[64], seed=seed)["metadata"]
+        passive.send(cmd="wait", timeout=30, busy_poll_us=100, lease_us=1_000_000)
+        assert active.call(cmd="begin", kind="read", metadata=md, sizes=[64]) == {"ok": True, "transport": impl}
+        done = active.call(cmd="wait", timeout=30)
+        owner = passive.recv(90)
+        assert (done["status"], owner["status"]) == ("COMPLETE", "COMPLETE"), (done["message"], owner["message"])
+        assert owner["at"] - done["at"] < 0.5, "the owner's server stayed parked after its wait went to sleep"
+
+
+@pytest.mark.parametrize("impl", IMPLS)
 def test_a_polling_owner_serves_a_reader_that_comes_while_it_waits(peers, impl):
     passive, active = pair(peers, impl)
     sizes = [3, MiB]

@@ -125,16 +125,17 @@ class PassiveOperation(OperationBase):
             # While it polls, this thread serves the peer's requests and word itself (the
             # server's loop, leased): nothing has to be woken for them. Given back before sleeping;
             # kept after the operation (the next one's wait takes it on), it lapses within _LEASE_US.
-            drive = self._connector.busy_poll_us > 0
+            drive = [self._connector.busy_poll_us > 0]
 
             def ended() -> bool:
-                if drive:
+                if drive[0]:
                     self._server.progress(_LEASE_US)
                 self._collect(timeout=0)  # takes whatever the peer said
                 return self._status in _TERMINAL
 
             def arm(fd: int) -> None:
-                if drive:
+                if drive[0]:  # the looks after this one are the sleeper's: the server's thread serves
+                    drive[0] = False
                     self._server.progress(0)
                 for grant in list(self._pending):
                     try:
