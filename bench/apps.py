@@ -18,7 +18,7 @@ scad-server's peak threads and resident memory meanwhile.
 Charts (matplotlib): docs/img/apps-breakdown.png (movement and the rest, per application, size and
 storage) and docs/img/apps-width.png (per-instance cost against width).
 
-    bench/apps.py [--runs 5] [--quick] [--no-width] [--no-charts] [--largest]
+    bench/apps.py [--runs 5] [--quick] [--no-width] [--no-charts] [--largest] [--apps sort,query,...]
 """
 import argparse
 import json
@@ -210,9 +210,14 @@ def main():
     ap.add_argument("--no-width", action="store_true")
     ap.add_argument("--no-charts", action="store_true")
     ap.add_argument("--largest", action="store_true", help="also the sort of 1 GiB of keys (2 runs, minutes more)")
+    ap.add_argument("--apps", default=",".join(SIZES), help="which applications (comma-separated)")
     args = ap.parse_args()
-    sizes = dict(QUICK if args.quick else SIZES)
-    if args.largest:
+    wanted = args.apps.split(",")
+    unknown = [a for a in wanted if a not in SIZES]
+    if unknown:
+        ap.error(f"unknown application(s) {', '.join(unknown)}: choose from {', '.join(SIZES)}")
+    sizes = {name: variants for name, variants in (QUICK if args.quick else SIZES).items() if name in wanted}
+    if args.largest and "sort" in sizes:
         sizes["sort"] = (*sizes["sort"], LARGEST)
     t_start = time.time()
     rows, checks = [], []
