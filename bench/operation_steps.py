@@ -51,8 +51,10 @@ def peer(transport, runs, chan):
         d = md.descriptors[0]
         impl = connector._choose_transport(md)
         action = LibdAction(connector.name)
+        # As scad.connect's active side: over tcp it polls its socket for the owner's verdict.
+        spin = f"busy_poll_us,{int(BUSY_POLL_US)};" if impl == "tcp" else ""
         action.add_transport(f"d0;{impl};{_memserver.where(impl, md.host, md.port, md.path)};timeout_ms,30000;"
-                             f"grant,{d.grant};secret,{d.secret}")
+                             f"{spin}grant,{d.grant};secret,{d.secret}")
         tr = action.get_transport("d0", "rdma")
         tr.reg_memory(local.ptr, local.size, keep=local)
         t.append(perf())
