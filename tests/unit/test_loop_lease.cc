@@ -61,6 +61,20 @@ TEST(LoopLease, ReleasingGivesTheLoopBackAtOnce) {
   EXPECT_NE(std::this_thread::get_id(), where.get());
 }
 
+// The release may come while the loop's thread is still on its way to park (between its look at
+// the lease and its wait): it must not sleep out the lease then.
+TEST(LoopLease, AReleaseRightAfterTheAskIsNotLost) {
+  libd::IoLoop loop;
+  for (int round = 0; round < 300; round++) {
+    loop.progress(60'000'000);  // asks the loop's thread to park, a minute
+    if (round % 3 == 1) std::this_thread::yield();
+    loop.release();
+    auto where = ran_on(loop);
+    ASSERT_EQ(std::future_status::ready, where.wait_for(std::chrono::seconds(10)))
+        << "round " << round << ": the loop's thread slept through the release";
+  }
+}
+
 TEST(LoopLease, ALapsedLeaseGivesTheLoopBack) {
   libd::IoLoop loop;
   ASSERT_TRUE(take_loop(loop, 20'000));  // the caller then stops calling, as a driver gone elsewhere

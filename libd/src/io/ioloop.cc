@@ -55,14 +55,32 @@ bool IoLoop::leased() const {
 
 void IoLoop::park(std::unique_lock<std::mutex> &drive) {
   driver_.store(std::thread::id(), std::memory_order_release);
-  for (;;) {
-    int64_t until = lease_until_ns_.load(std::memory_order_acquire);
-    if (until == 0 || now_ns() >= until) break;
-    // Waiting releases drive_mu_: the lease holder runs the loop meanwhile.
-    parked_cv_.wait_until(drive, std::chrono::steady_clock::time_point(std::chrono::nanoseconds(until)));
+  drive.unlock();  // the lease holder runs the loop meanwhile
+  {
+    // A mutex of its own, which release() takes before it signals: a release that comes between
+    // a look at the lease and the wait is not lost (drive_mu_ may be held by a lease holder).
+    std::unique_lock<std::mutex> parked(park_mu_);
+    for (;;) {
+      int64_t until = lease_until_ns_.load(std::memory_order_acquire);
+      if (until == 0 || now_ns() >= until) break;
+      parked_cv_.wait_until(parked, std::chrono::steady_clock::time_point(std::chrono::nanoseconds(until)));
+    }
   }
+  drive.lock();
   driver_.store(std::this_thread::get_id(), std::memory_order_release);
 }
+
+// The calling thread runs the loop (it holds drive_mu_) for as long as this lives: it is the
+// loop's thread meanwhile, and what the loop's work records as an error is not the caller's.
+struct IoLoop::Driving {
+  IoLoop &loop;
+  std::string saved = last_error();
+  explicit Driving(IoLoop &l) : loop(l) { loop.driver_.store(std::this_thread::get_id(), std::memory_order_release); }
+  ~Driving() {
+    loop.driver_.store(std::thread::id(), std::memory_order_release);
+    if (saved != last_error()) set_error(0, std::move(saved));
+  }
+};
 
 bool IoLoop::progress(uint32_t lease_us) {
   if (on_loop_thread()) return false;  // called back from the loop itself: it runs already
@@ -73,23 +91,18 @@ bool IoLoop::progress(uint32_t lease_us) {
     if (!park_asked_.exchange(true, std::memory_order_relaxed)) uv_async_send(&wake_);
     return false;
   }
-  // Whatever the loop's callbacks record as an error is theirs, not the caller's.
-  std::string saved = last_error();
-  driver_.store(std::this_thread::get_id(), std::memory_order_release);
-  uv_run(&loop_, UV_RUN_NOWAIT);
-  driver_.store(std::thread::id(), std::memory_order_release);
-  drive.unlock();
-  if (saved != last_error()) set_error(0, std::move(saved));
+  {
+    Driving here(*this);
+    uv_run(&loop_, UV_RUN_NOWAIT);
+  }
   return true;
 }
 
 void IoLoop::release() {
   if (lease_until_ns_.exchange(0, std::memory_order_acq_rel) == 0) return;
-  // Parked, the loop's thread holds no lock: taking it here orders this with its wait. If it is
-  // running, it sees the lease gone at its next look.
-  std::unique_lock<std::mutex> drive(drive_mu_, std::try_to_lock);
-  if (!drive.owns_lock()) return;
-  drive.unlock();
+  // The parked thread looks at the lease holding park_mu_ and waits releasing it: once this
+  // has had it, the thread either sees the lease gone or is waiting, and the signal wakes it.
+  { std::lock_guard<std::mutex> parked(park_mu_); }
   parked_cv_.notify_one();
 }
 
@@ -126,13 +139,17 @@ void IoLoop::run_sync(const std::function<void()> &fn) {
   while (leased()) {
     std::unique_lock<std::mutex> drive(drive_mu_, std::try_to_lock);
     if (!drive.owns_lock()) {
+      // The loop's thread may not have heard it is to park (asleep in epoll): tell it.
+      if (!park_asked_.exchange(true, std::memory_order_relaxed)) uv_async_send(&wake_);
       std::this_thread::yield();
       continue;
     }
-    driver_.store(std::this_thread::get_id(), std::memory_order_release);
+    Driving here(*this);
     drain();
     fn();
-    driver_.store(std::thread::id(), std::memory_order_release);
+    // A pass of the loop after it, as on the loop's thread: the close callbacks of handles closed
+    // until now run before this returns (a server's stop() counts on it).
+    uv_run(&loop_, UV_RUN_NOWAIT);
     return;
   }
   std::mutex m;

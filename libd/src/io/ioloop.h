@@ -60,7 +60,9 @@ class IoLoop {
   bool stopping_ = false;
   std::atomic<uint32_t> busy_poll_us_{0};
 
+  struct Driving;
   std::mutex drive_mu_;  // held by whichever thread runs the loop
+  std::mutex park_mu_;   // orders release() with the parked thread's look at the lease
   std::condition_variable parked_cv_;  // the loop's thread, parked during a lease
   std::atomic<std::thread::id> driver_{};
   std::atomic<int64_t> lease_until_ns_{0};  // steady clock; 0: no lease

@@ -621,6 +621,7 @@ std::string MemoryServer::client_config(const Grant &g) const {
 }
 
 void MemoryServer::stop() {
+  loop_.release();  // a lease an owner's polling thread holds: the loop's own thread stops it
   loop_.run_sync([&] {
     {
       std::lock_guard<std::mutex> lk(mu_);  // grant() reads it under mu_

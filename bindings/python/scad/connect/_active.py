@@ -96,7 +96,7 @@ class ActiveOperation(OperationBase):
         where = f"{_where(self.impl, md.host, md.port, md.path)};timeout_ms,{int(connector.timeout * 1000)}"
         if self.impl == "tcp" and connector.busy_poll_us > 0:
             # The owner's verdict below is read off the socket by this thread, polling as long.
-            where += f";busy_poll_us,{int(connector.busy_poll_us)}"
+            where += f";busy_poll_us,{min(int(connector.busy_poll_us), 1_000_000)}"  # libd's most
         read = self._kind is OperationKind.READ
         try:
             for i, (remote, pairs) in enumerate(_by_grant(self._descs, md.descriptors)):

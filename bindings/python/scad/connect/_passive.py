@@ -126,17 +126,27 @@ class PassiveOperation(OperationBase):
             # server's loop, leased): nothing has to be woken for them. Given back before sleeping;
             # kept after the operation (the next one's wait takes it on), it lapses within _LEASE_US.
             drive = [self._connector.busy_poll_us > 0]
+            ran = [False]  # whether this wait ran the loop (not only asked for it)
+
+            def give_back() -> None:
+                drive[0] = False
+                try:
+                    self._server.progress(0)
+                except ConnectionError:
+                    pass  # the connector's server stopped: nothing to give back
 
             def ended() -> bool:
                 if drive[0]:
-                    self._server.progress(_LEASE_US)
+                    try:
+                        ran[0] = self._server.progress(_LEASE_US) or ran[0]
+                    except ConnectionError:
+                        drive[0] = False  # the server stopped: the look below says what that means
                 self._collect(timeout=0)  # takes whatever the peer said
                 return self._status in _TERMINAL
 
             def arm(fd: int) -> None:
                 if drive[0]:  # the looks after this one are the sleeper's: the server's thread serves
-                    drive[0] = False
-                    self._server.progress(0)
+                    give_back()
                 for grant in list(self._pending):
                     try:
                         self._server.watch_notify(grant, fd)
@@ -144,6 +154,8 @@ class PassiveOperation(OperationBase):
                         pass  # ended already: the next look says how
 
             self._fd, ok = await wait_ready(ended, self._connector.busy_poll_us, timeout, self._fd, arm)
+            if drive[0] and not ran[0]:
+                give_back()  # the word was there at the first look: the loop was only asked for
             if not ok:
                 raise TimeoutError(f"the peer did not finish within {timeout} s (the operation goes on)")
             self._close_wait_fd()
