@@ -120,6 +120,7 @@ struct Owner {
   test::ActionPtr owner, holder;
   libd_transport *srv = nullptr, *t = nullptr;
   std::vector<char> mem = std::vector<char>(4096, 'x');
+  char *buf = nullptr;  // the holder's registered memory
 };
 
 void make(Owner &o) {
@@ -136,13 +137,15 @@ void make(Owner &o) {
   std::string hdurl = std::string("m;tcp;") + config + ";timeout_ms,20000";
   ASSERT_EQ(0, libd_action_add_transport(o.holder.get(), hdurl.c_str())) << libd_last_error();
   o.t = libd_action_get_transport(o.holder.get(), "m");
+  ASSERT_EQ(0, libd_trdma_reg(o.t, 64, reinterpret_cast<void **>(&o.buf)));
+  ASSERT_EQ(0, libd_transport_connect(o.t)) << libd_last_error();  // connected before any lease
 }
 
-// Reads 5 bytes on another thread; the future holds the read's result and how long it took.
-std::future<std::pair<int, milliseconds>> read_later(Owner &o, char *buf) {
-  return std::async(std::launch::async, [&o, buf] {
+// Reads 5 bytes into o.buf on another thread; the future holds the read's result and how long it took.
+std::future<std::pair<int, milliseconds>> read_later(Owner &o) {
+  return std::async(std::launch::async, [&o] {
     auto t0 = Clock::now();
-    int rc = libd_trdma_read(o.t, 5, 0, buf);
+    int rc = libd_trdma_read(o.t, 5, 0, o.buf);
     return std::make_pair(rc, std::chrono::duration_cast<milliseconds>(Clock::now() - t0));
   });
 }
@@ -162,18 +165,15 @@ bool take_server(libd_transport *srv, uint32_t lease_us) {
 TEST(ServerProgress, AnOwnerThatDrivesItsServerServesTheHolder) {
   Owner o;
   ASSERT_NO_FATAL_FAILURE(make(o));
-  char *buf = nullptr;
-  ASSERT_EQ(0, libd_trdma_reg(o.t, 64, reinterpret_cast<void **>(&buf)));
-  ASSERT_EQ(0, libd_transport_connect(o.t)) << libd_last_error();
   memcpy(o.mem.data(), "hello", 5);
   ASSERT_TRUE(take_server(o.srv, 1'000'000));  // the server's own thread parks for up to a second
-  auto read = read_later(o, buf);
+  auto read = read_later(o);
   auto end = Clock::now() + std::chrono::seconds(10);
   while (read.wait_for(milliseconds(0)) != std::future_status::ready && Clock::now() < end)
     libd_trdma_server_progress(o.srv, 1'000'000);
   auto [rc, took] = read.get();
   EXPECT_EQ(0, rc) << libd_last_error();
-  EXPECT_EQ("hello", std::string(buf, 5));
+  EXPECT_EQ("hello", std::string(o.buf, 5));
   EXPECT_LT(took.count(), 500) << "served by the driving thread, not after the lease lapsed";
   EXPECT_EQ(0, libd_trdma_server_progress(o.srv, 0));
 }
@@ -181,12 +181,9 @@ TEST(ServerProgress, AnOwnerThatDrivesItsServerServesTheHolder) {
 TEST(ServerProgress, AHeldLeaseDelaysTheHolderUntilItLapses) {
   Owner o;
   ASSERT_NO_FATAL_FAILURE(make(o));
-  char *buf = nullptr;
-  ASSERT_EQ(0, libd_trdma_reg(o.t, 64, reinterpret_cast<void **>(&buf)));
-  ASSERT_EQ(0, libd_transport_connect(o.t)) << libd_last_error();
   auto t0 = Clock::now();
   ASSERT_TRUE(take_server(o.srv, 400'000));  // then the owner stops calling
-  auto read = read_later(o, buf);
+  auto read = read_later(o);
   auto [rc, took] = read.get();
   EXPECT_EQ(0, rc) << libd_last_error() << ": the server's thread takes the loop back when the lease lapses";
   EXPECT_GE(std::chrono::duration_cast<milliseconds>(Clock::now() - t0).count(), 390)
@@ -196,12 +193,9 @@ TEST(ServerProgress, AHeldLeaseDelaysTheHolderUntilItLapses) {
 TEST(ServerProgress, ReleasingLetsTheServersThreadServe) {
   Owner o;
   ASSERT_NO_FATAL_FAILURE(make(o));
-  char *buf = nullptr;
-  ASSERT_EQ(0, libd_trdma_reg(o.t, 64, reinterpret_cast<void **>(&buf)));
-  ASSERT_EQ(0, libd_transport_connect(o.t)) << libd_last_error();
   ASSERT_TRUE(take_server(o.srv, 1'000'000));
   ASSERT_EQ(0, libd_trdma_server_progress(o.srv, 0));
-  auto [rc, took] = read_later(o, buf).get();
+  auto [rc, took] = read_later(o).get();
   EXPECT_EQ(0, rc) << libd_last_error();
   EXPECT_LT(took.count(), 500) << "the server's thread stayed parked after the release";
 }

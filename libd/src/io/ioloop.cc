@@ -82,13 +82,17 @@ struct IoLoop::Driving {
   }
 };
 
+void IoLoop::ask_to_park() {
+  // The loop's thread holds the loop, probably asleep in epoll: wake it once per lease; it parks.
+  if (!park_asked_.exchange(true, std::memory_order_relaxed)) uv_async_send(&wake_);
+}
+
 bool IoLoop::progress(uint32_t lease_us) {
   if (on_loop_thread()) return false;  // called back from the loop itself: it runs already
   lease_until_ns_.store(now_ns() + int64_t(lease_us) * 1000, std::memory_order_release);
   std::unique_lock<std::mutex> drive(drive_mu_, std::try_to_lock);
   if (!drive.owns_lock()) {
-    // The loop's thread has it, probably asleep in epoll: ask it once to park.
-    if (!park_asked_.exchange(true, std::memory_order_relaxed)) uv_async_send(&wake_);
+    ask_to_park();
     return false;
   }
   {
@@ -139,8 +143,7 @@ void IoLoop::run_sync(const std::function<void()> &fn) {
   while (leased()) {
     std::unique_lock<std::mutex> drive(drive_mu_, std::try_to_lock);
     if (!drive.owns_lock()) {
-      // The loop's thread may not have heard it is to park (asleep in epoll): tell it.
-      if (!park_asked_.exchange(true, std::memory_order_relaxed)) uv_async_send(&wake_);
+      ask_to_park();
       std::this_thread::yield();
       continue;
     }

@@ -51,6 +51,7 @@ class IoLoop {
   void run_thread();
   bool leased() const;
   void park(std::unique_lock<std::mutex> &drive);
+  void ask_to_park();
 
   uv_loop_t loop_;
   uv_async_t wake_;
