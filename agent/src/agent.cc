@@ -8,11 +8,13 @@
 #include <cctype>
 #include <cerrno>
 #include <cstring>
+#include <functional>
 #include <fstream>
 #include <iostream>
 #include <chrono>
 #include <sstream>
 
+#include "action_env.h"
 #include "launcher_reply.h"
 #include "worker_pool.h"
 #include "safe_json.h"
@@ -208,6 +210,18 @@ std::string Agent::unpack_root(const std::string &key, std::string *why) {
   return root;
 }
 
+// What tells apart the warm processes of one code by their manifest's environment: "" without
+// one, else a digest of its names and values (values stay out of the pool's keys).
+static std::string environment_key(const std::map<std::string, std::string> &env) {
+  std::string all;
+  for (auto &[k, v] : env)
+    if (!is_platform_env(k)) all += k + '=' + v + '\0';
+  if (all.empty()) return "";
+  char hex[24];
+  snprintf(hex, sizeof hex, "#env:%016zx", std::hash<std::string>{}(all));
+  return hex;
+}
+
 // The code the launcher places (code_folder.py), unless its process has it in place already: a
 // warm process ran this very code, and a zip of megabytes need not travel down its pipe again.
 static void with_code(json *launcher, const ComputeSpec &spec, const std::string &start) {
@@ -281,8 +295,10 @@ ComputeOutcome Agent::run_compute(const ComputeSpec &spec) {
     o.error = {{"type", "CodeError"}, {"message", code_why}};
     return o;
   }
-  // One process per action: the code file names the application version, plus the function.
-  auto w = workers_->acquire(code + "#" + spec.main, &o.start, spec.network);
+  // One process per action: the code file names the application version, plus the function and
+  // the manifest's environment (a library reads some variables once, at import, and a warm
+  // process keeps what it imported).
+  auto w = workers_->acquire(code + "#" + spec.main + environment_key(spec.env), &o.start, spec.network);
   auto t0 = std::chrono::steady_clock::now();
   std::string stamp = now_iso();
   if (!w) {

@@ -2,6 +2,7 @@
 
 #include "agent_metrics.h"
 
+#include "action_env.h"
 #include "secrets.h"
 #include "safe_json.h"
 
@@ -37,10 +38,13 @@ ComputeSpec spec_from_json(const json &j) {
   s.log_bytes = j.value("log_bytes", uint64_t(10) << 20);
   s.tenant = j.value("tenant", "");
   s.network = j.value("network", true);
-  // Only OpenWhisk's variables, as text: a spec cannot set PATH or LD_PRELOAD for the launcher.
+  // OpenWhisk's variables and what a manifest may set (the same rules as the scheduler's), as
+  // text; anything else is dropped, so a spec carries nothing a valid manifest could not.
   if (j.contains("env") && j["env"].is_object())
     for (auto &[k, v] : j["env"].items())
-      if (k.rfind("__OW_", 0) == 0 && v.is_string()) s.env[k] = v.get<std::string>();
+      if (v.is_string() && (is_platform_env(k) || env_name_problem(k).empty()) &&
+          env_value_problem(v.get<std::string>()).empty())
+        s.env[k] = v.get<std::string>();
   return s;
 }
 

@@ -525,6 +525,7 @@ ComputeOutcome Engine::run_instance(const std::shared_ptr<Activation> &act, cons
     for (auto &tg : spec.transports) act->wiring[spec.aid + ":" + tg.durl] = host_id;
   }
   spec.env = ow_env(act, now_ms() + d.timeout_ms);  // as an action's: the instance's own deadline
+  spec.env.insert(d.env.begin(), d.env.end());      // the manifest's (never an __OW_ name: validated)
   outcome = host(h)->run_compute(spec);
   if (metrics_) metrics_->transports_used(outcome.transports);
   if (!outcome.ok) instance_failed(act, spec.aid, outcome);

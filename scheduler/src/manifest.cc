@@ -4,6 +4,7 @@
 
 #include <functional>
 
+#include "action_env.h"
 #include "flags.h"
 #include "safe_json.h"
 
@@ -127,6 +128,42 @@ bool read_size(const json &v, uint64_t *out) {
   return v.is_string() && parse_byte_size(v.get<std::string>(), out);
 }
 
+// `environment:` of a compute element: a mapping of variable names to text. A problem names the
+// variable, never its value.
+void read_environment(const json &v, const std::string &where, std::map<std::string, std::string> *env,
+                      std::vector<std::string> *p) {
+  if (!v.is_object()) {
+    p->push_back(where + ": 'environment' must map variable names to text");
+    return;
+  }
+  if (v.size() > kMaxEnvVariables)
+    p->push_back(where + ": 'environment' holds " + std::to_string(v.size()) + " variables; at most " +
+                 std::to_string(kMaxEnvVariables));
+  std::size_t bytes = 0;
+  for (auto &[name, value] : v.items()) {
+    std::string shown = name.size() > 64 ? name.substr(0, 64) + "..." : name;
+    std::string what = where + ", environment variable '" + shown + "': ";
+    if (auto why = env_name_problem(name); !why.empty()) {
+      p->push_back(what + why);
+      continue;
+    }
+    if (!value.is_string()) {
+      p->push_back(what + "the value must be text (quote it in YAML)");
+      continue;
+    }
+    const std::string text = value.get<std::string>();
+    if (auto why = env_value_problem(text); !why.empty()) {
+      p->push_back(what + why);
+      continue;
+    }
+    bytes += name.size() + text.size();
+    (*env)[name] = text;
+  }
+  if (bytes > kMaxEnvBytes)
+    p->push_back(where + ": 'environment' holds " + std::to_string(bytes) + " bytes of names and values; at most " +
+                 std::to_string(kMaxEnvBytes));
+}
+
 }  // namespace
 
 bool manifest_to_json(const std::string &text, json *out, std::string *why) {
@@ -166,7 +203,7 @@ std::vector<std::string> validate_manifest(const json &doc, const std::set<std::
   static const std::set<std::string> memory_fields = {"kind", "size", "description"};
   static const std::set<std::string> compute_fields = {"kind", "code", "main", "cpu", "memory", "parallelism",
                                                        "transports", "dependents", "timeout", "description",
-                                                       "network"};
+                                                       "network", "environment"};
   for (auto &[name, e] : doc["elements"].items()) {
     std::string where = "element '" + name + "'";
     if (!is_ident(name)) p.push_back(where + ": the name must be letters, digits, '_', '.', '-'");
@@ -224,6 +261,7 @@ std::vector<std::string> validate_manifest(const json &doc, const std::set<std::
         if (!e["network"].is_boolean()) p.push_back(where + ": 'network' must be true or false");
         else d.network = e["network"].get<bool>();
       }
+      if (e.contains("environment")) read_environment(e["environment"], where, &d.env, &p);
       if (e.contains("transports")) {
         if (!e["transports"].is_object()) {
           p.push_back(where + ": 'transports' must map transport names to {element, rights}");

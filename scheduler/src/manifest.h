@@ -30,6 +30,7 @@ struct ElementDecl {
   int parallelism = 1;
   int64_t timeout_ms = 60000;
   bool network = true;  // false: a network namespace of its own (memory on its own host, over shm)
+  std::map<std::string, std::string> env;  // `environment:` variables set for its processes
   std::map<std::string, TransportDecl> transports;  // name given to get_transport -> target
   std::vector<std::string> dependents;
 };

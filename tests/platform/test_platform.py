@@ -69,7 +69,11 @@ def test_bad_manifests_list_every_problem_and_deploy_nothing(platform):
     problems = "\n".join(body["problems"])
     for expected in ["size 2 TiB cannot be met", "unknown element 'nowhere'", "unknown dependent 'ghost'",
                      "code file 'missing.py' is missing", "'parallelism' must be an integer",
-                     "unknown field 'colour'", "dependents form a cycle"]:
+                     "unknown field 'colour'", "dependents form a cycle",
+                     "environment variable '__OW_API_KEY': __OW_ names are the platform's",
+                     "environment variable 'SCAD_X': SCAD_ names are the runtime's own",
+                     "environment variable '9LIVES': a name must start with a letter",
+                     "environment variable 'COUNT': the value must be text"]:
         assert expected in problems, problems
     assert platform.call("GET", "/api/v1/namespaces/_/apps/bad")[0] == 404
     status, body = platform.call("PUT", "/api/v1/namespaces/_/apps/x", {"manifest": "name: [unclosed", "files": {}})
@@ -228,6 +232,23 @@ def test_warm_processes_serve_only_their_own_action(platform):
     platform.invoke("crash")
     status, again = platform.invoke("crash")
     assert "warm" not in starts(again), "a crashed process is not reused"
+
+
+def test_each_element_runs_with_its_own_environment_also_warm(platform):
+    assert platform.deploy(APPS / "envs")[0] == 200
+    processes = set()
+    for run in range(3):  # the later runs on warm processes
+        status, rec = platform.invoke("envs")
+        assert status == 200, rec
+        got = rec["response"]["result"]
+        assert got["first"] | {"process": ""} == {"at_import": "first", "now": "first", "empty": "", "process": ""}
+        assert got["second"] | {"process": ""} == {"at_import": "second", "now": "second", "empty": None, "process": ""}
+        # The second element starts once the first is done, its process idle: never given it.
+        assert got["first"]["process"] != got["second"]["process"]
+        processes |= {got["first"]["process"], got["second"]["process"]}
+        if run:
+            assert starts(rec).get("warm", 0) >= 1, starts(rec)
+    assert len(processes) < 6, "warm processes served the later runs"
 
 
 def test_a_wide_fan_out_of_short_instances_runs_on_the_processes_it_has(platform):

@@ -176,3 +176,21 @@ def test_code_that_does_not_load_is_an_init_failure(tmp_path):
     (tmp_path / "raises.py").write_text("def main(a):\n    raise ValueError('in main')\n")
     out = launch({"aid": "s", "code": str(tmp_path / "raises.py"), "args": {}})
     assert out["error"]["type"] == "ValueError" and "init" not in out["error"]  # main's own: an application error
+
+
+def test_a_runs_environment_is_set_before_its_code_loads_and_undone_after(tmp_path, monkeypatch):
+    (tmp_path / "show_env.py").write_text(
+        "import os\nAT_IMPORT = os.environ.get('SCAD_TEST_MODE')\n"
+        "def main(args, action):\n"
+        "    return {'at_import': AT_IMPORT, 'now': os.environ.get('SCAD_TEST_MODE'), 'home': os.environ.get('HOME')}\n")
+    monkeypatch.setenv("HOME", "/the/launchers/home")
+    monkeypatch.delenv("SCAD_TEST_MODE", raising=False)
+    run = {"aid": "env-run", "code": str(tmp_path / "show_env.py"), "main": "main", "args": {},
+           "env": {"SCAD_TEST_MODE": "fast", "HOME": "/elsewhere", "bad name": "x", "NUL": "a\0b", "NUMBER": 3}}
+    out = run_action(run)
+    assert out["ok"], out.get("error")
+    assert out["result"] == {"at_import": "fast", "now": "fast", "home": "/elsewhere"}
+    # The process's own variables are back as they were; what it did not have is gone again.
+    import os
+    assert os.environ["HOME"] == "/the/launchers/home" and "SCAD_TEST_MODE" not in os.environ
+    assert "bad name" not in os.environ and "NUL" not in os.environ and "NUMBER" not in os.environ

@@ -261,6 +261,32 @@ TEST(Manifest, LimitsAreClamped) {
   EXPECT_NE(all.find("rights must be r, w or rw"), std::string::npos) << all;
 }
 
+TEST(Manifest, AnEnvironmentIsBoundedAndLeavesThePlatformsNamesAlone) {
+  auto problems_of = [](const json &environment) {
+    json doc = {{"name", "x"}, {"elements", {{"a", {{"kind", "compute"}, {"code", "a.py"}, {"environment", environment}}}}}};
+    std::string all;
+    for (auto &p : validate_manifest(doc, {"a.py"}, Capacity{}, nullptr)) all += p + "\n";
+    return all;
+  };
+  EXPECT_EQ(problems_of({{"NPY_DISABLE_CPU_FEATURES", "AVX512F"}, {"_x9", ""}}), "");
+  EXPECT_NE(problems_of(json::array()).find("must map variable names to text"), std::string::npos);
+  EXPECT_NE(problems_of({{"A-B", "x"}}).find("letters, digits and '_'"), std::string::npos);
+  EXPECT_NE(problems_of({{"__OW_NAMESPACE", "x"}}).find("platform's"), std::string::npos);
+  EXPECT_NE(problems_of({{"A", std::string("a\0b", 3)}}).find("NUL"), std::string::npos);
+  json many = json::object();
+  for (int i = 0; i < 65; i++) many["V" + std::to_string(i)] = "x";
+  EXPECT_NE(problems_of(many).find("at most 64"), std::string::npos);
+  std::string secret = "s3cr3t-" + std::string(5000, 'x');
+  std::string big = problems_of({{"BIG", secret}});
+  EXPECT_NE(big.find("at most 4096"), std::string::npos) << big;
+  EXPECT_EQ(big.find("s3cr3t"), std::string::npos) << "a problem never shows a value";
+  ComputeSpec s = spec_from_json({{"aid", "a"}, {"code", "c"}, {"code_key", "k"}, {"code_files", json::object()},
+                                  {"env", {{"__OW_NAMESPACE", "ns"}, {"MODE", "fast"}, {"SCAD_RUNTIME_URL", "x"},
+                                           {"A B", "x"}, {"N", 3}, {"Z", std::string("a\0b", 3)}}}});
+  EXPECT_EQ(s.env, (std::map<std::string, std::string>{{"__OW_NAMESPACE", "ns"}, {"MODE", "fast"}}))
+      << "the agent takes no variable a manifest could not set";
+}
+
 TEST(DaemonFlags, NumbersAreCheckedNotThrown) {
   double v = 0;
   EXPECT_TRUE(flag_number("3233", 0, 65535, true, &v));

@@ -7,7 +7,8 @@ As a program (what the host agent starts):
 where spec is {"aid", "code", "main", "args", "transports": [{"durl", "config"}], "options",
 "runtime_url", "runtime_token", "env"}. The user's output goes to stderr, each line it printed to
 stdout marked with STDOUT_MARK (the agent logs those as stdout); stdout carries exactly one JSON
-line: the result. "env" holds OpenWhisk's __OW_* variables, set for the run only. On the
+line: the result. "env" holds OpenWhisk's __OW_* variables and the manifest's `environment`,
+set before the code is loaded (a library that reads one at import sees it) and for the run only. On the
 platform the code comes in the spec too ("code_key" with "files", or a zip action's "zip" and
 "binary": code_folder.py says where it goes).
 
@@ -25,6 +26,7 @@ import io
 import json
 import os
 import queue
+import re
 import sys
 import threading
 import time
@@ -169,12 +171,17 @@ class _MarkedBytes(io.RawIOBase):
         self._text._err.buffer.flush()
 
 
-def _ow_env(spec):
-    """The run's __OW_* variables (only those names, only text)."""
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _run_env(spec):
+    """The run's variables: names of letters, digits and '_', text values (the agent checked the
+    rest: which names a manifest may set)."""
     env = spec.get("env")
     if not isinstance(env, dict):
         return {}
-    return {k: v for k, v in env.items() if isinstance(k, str) and k.startswith("__OW_") and isinstance(v, str)}
+    return {k: v for k, v in env.items()
+            if isinstance(k, str) and _ENV_NAME.fullmatch(k) and isinstance(v, str) and "\0" not in v}
 
 
 def run_action(spec, keep_module=False):
@@ -185,7 +192,8 @@ def run_action(spec, keep_module=False):
     action = None
     t0 = time.monotonic()
     timing = {}
-    env = _ow_env(spec)
+    env = _run_env(spec)
+    before = {k: os.environ.get(k) for k in env}
     loading = True  # what fails while true is the code's (an init failure), not main's
     try:
         os.environ.update(env)
@@ -228,8 +236,11 @@ def run_action(spec, keep_module=False):
                 reply["error"]["traceback"] = _text(str(e))
     finally:
         # A warm process runs the next activation too: its id, deadline and key must not stay.
-        for k in env:
-            os.environ.pop(k, None)
+        for k, v in before.items():  # the process's own value, where a manifest's replaced it
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
         with _current_lock:
             _current.update(aid=None, action=None)
         transports, transfers = transport_usage(action) if action is not None else ({}, [])
