@@ -83,8 +83,8 @@ int Agent::start(std::string *why) {
   return 0;
 }
 
-int Agent::create_element(const std::string &id, uint64_t size, std::string *why) {
-  return pool_.add_element(id, size, why);
+int Agent::create_element(const std::string &id, uint64_t size, bool prefetch, std::string *why) {
+  return pool_.add_element(id, size, prefetch, why);
 }
 
 void Agent::remove_element(const std::string &id) { pool_.remove_element(id); }

@@ -96,7 +96,7 @@ class Agent {
   const AgentOptions &options() const { return opts_; }
 
   // Memory pool. -ENOSPC with a reason when the pool cannot hold it.
-  int create_element(const std::string &id, uint64_t size, std::string *why);
+  int create_element(const std::string &id, uint64_t size, bool prefetch, std::string *why);
   void remove_element(const std::string &id);
   uint64_t pool_used() { return pool_.used_bytes(); }
   // A grant on an element for one client over `impl`: "shm" (a client on this host), "verbs" (on

@@ -107,9 +107,10 @@ void install_agent_routes(httplib::Server &srv, Agent &agent, const std::string 
     json b;
     if (!authorized(req, res) || !body_of(req, res, &b)) return;
     std::string why;
-    if (!b.contains("id") || !b["id"].is_string() || !b.contains("size") || !b["size"].is_number_unsigned())
-      return fail(res, 400, "needs {\"id\": NAME, \"size\": BYTES}");
-    if (agent.create_element(b["id"], b["size"], &why)) return fail(res, 409, why);
+    if (!b.contains("id") || !b["id"].is_string() || !b.contains("size") || !b["size"].is_number_unsigned() ||
+        (b.contains("prefetch") && !b["prefetch"].is_boolean()))
+      return fail(res, 400, "needs {\"id\": NAME, \"size\": BYTES[, \"prefetch\": true|false]}");
+    if (agent.create_element(b["id"], b["size"], b.value("prefetch", false), &why)) return fail(res, 409, why);
     res.status = 201;
   });
   srv.Delete("/agent/v1/elements/([^/]+)", [&, authorized](const httplib::Request &req, httplib::Response &res) {

@@ -97,10 +97,16 @@ int ElementHost::start(const ElementHostOptions &opts, std::string *why) {
   return 0;
 }
 
-int ElementHost::add_element(const std::string &id, uint64_t size, std::string *why) {
+int ElementHost::add_element(const std::string &id, uint64_t size, bool prefetch, std::string *why) {
   int rc = libd_trdma_server_add_element(server_, id.c_str(), size);
-  if (rc) *why = libd_last_error();
-  return rc;
+  if (rc) {
+    *why = libd_last_error();
+    return rc;
+  }
+  // Only advice: an element whose pages could not be asked for still works, a page at a time.
+  if (prefetch && libd_trdma_server_prefetch(server_, id.c_str()) != 0)
+    std::cerr << "scad agent: element " << id << " serves without its pages had ahead: " << libd_last_error() << "\n";
+  return 0;
 }
 
 void ElementHost::remove_element(const std::string &id) { libd_trdma_server_withdraw(server_, id.c_str()); }

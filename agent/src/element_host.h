@@ -31,7 +31,8 @@ class ElementHost {
   // and says why on stderr; a device asked for by name must work. 0 or -errno with *why.
   int start(const ElementHostOptions &opts, std::string *why);
 
-  int add_element(const std::string &id, uint64_t size, std::string *why);
+  // prefetch: the element's pages had in the background (libd_trdma_server_prefetch).
+  int add_element(const std::string &id, uint64_t size, bool prefetch, std::string *why);
   void remove_element(const std::string &id);
   // A grant on `element` for `client` with LIBD_RIGHT_* rights: its configuration and its id.
   int grant(const std::string &element, const std::string &client, unsigned rights, std::string *config,

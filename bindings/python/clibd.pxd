@@ -115,5 +115,6 @@ cdef extern from "libd.h" nogil:
     int libd_trdma_server_watch_notify(libd_transport *trans, const char *grant_id, int fd)
     int libd_trdma_server_unwatch_notify(libd_transport *trans, const char *grant_id, int fd)
     int libd_trdma_server_progress(libd_transport *trans, uint32_t lease_us)
+    int libd_trdma_server_prefetch(libd_transport *trans, const char *element)
     int libd_trdma_notify(libd_transport *trans, uint64_t value, int status)
     int libd_trdma_notify_last(libd_transport *trans, uint64_t value, int status)

@@ -827,6 +827,13 @@ cdef class LibdTransportRDMAServer(LibdTransport):
         bid = _b(grant_id)
         clibd.libd_trdma_server_unwatch_notify(self._t, bid, fd)
 
+    def prefetch(self, element=None):
+        """Has the pages of `element` (None: this transport's own element) allocated in the
+        background, for an owner about to fill it; returns at once. NotImplementedError for lent
+        memory (its pages are the lender's), KeyError for no such element."""
+        bel = _b(self.name if element is None else element)
+        _check(clibd.libd_trdma_server_prefetch(self._tr(), bel), "prefetch")
+
     def progress(self, uint32_t lease_us=1000):
         """Runs the server's loop once on this thread, without blocking, and leases it for
         `lease_us` (the server's own thread stays parked meanwhile): for an owner that polls for a

@@ -37,7 +37,7 @@ extern "C" {
 #endif
 
 #define LIBD_VERSION_MAJOR 1
-#define LIBD_VERSION_MINOR 5
+#define LIBD_VERSION_MINOR 6
 
 typedef struct libd_action libd_action;
 typedef struct libd_transport libd_transport;
@@ -312,6 +312,16 @@ int libd_trdma_server_wait_notify(libd_transport *trans, const char *grant_id, u
  * removes it. -ENOTCONN not serving; -EEXIST name taken; -EINVAL size 0 or a bad name;
  * -ENOSPC past the capacity; -ENOMEM the memory could not be had. */
 int libd_trdma_server_add_element(libd_transport *trans, const char *element, uint64_t size);
+
+/* Asks for an element's pages ahead of its writers (since 1.6), as ibv_advise_mr's PREFETCH_WRITE
+ * advice does for an on-demand-paging region: a thread of the server's allocates them (zero-filled,
+ * as the element's memory always is), a few MiB at a time from the start, while the caller goes
+ * on; a page already written is left as it is. A large first write into new memory otherwise
+ * pays for every page as it goes (2.5-2.8 GB/s against 4.5-4.9 for a rewrite on the VM this was
+ * measured on). The pages count against nothing more than the element's size already does; they
+ * are the server's from then on, written or not. Returns at once: 0 asked; -ENOENT no such
+ * element; -EOPNOTSUPP lent memory (its pages are the lender's); -ENOTCONN not serving. */
+int libd_trdma_server_prefetch(libd_transport *trans, const char *element);
 
 typedef struct libd_server_attr {
     uint64_t used_bytes;     /* bytes of the elements added (lent memory is not counted) */

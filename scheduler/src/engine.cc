@@ -309,7 +309,7 @@ bool Engine::create_app_memory(const std::shared_ptr<Activation> &act, std::stri
   for (auto &[name, d] : act->manifest.elements) {
     if (d.kind != "memory") continue;
     PlacedMemory placed;
-    if (create_memory(act->ns, act->id + "-" + name, d.size, -1, &placed, why)) {
+    if (create_memory(act->ns, act->id + "-" + name, d.size, d.prefetch, -1, &placed, why)) {
       *why = "cannot place memory element '" + name + "': " + *why;
       return false;
     }

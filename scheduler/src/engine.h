@@ -152,7 +152,7 @@ class Engine {
   // created, with nothing left behind when either fails; granted to a client over the transport
   // between the two hosts; released (its grants die with it) with its bytes given back to the
   // namespace's quota.
-  int create_memory(const std::string &ns, const std::string &id, uint64_t size, int near, PlacedMemory *out,
+  int create_memory(const std::string &ns, const std::string &id, uint64_t size, bool prefetch, int near, PlacedMemory *out,
                     std::string *why);
   int grant_memory(const PlacedMemory &mem, const std::string &client, unsigned rights, const std::string &trans_name,
                    int client_host, TransportGrant *out, std::string *why);

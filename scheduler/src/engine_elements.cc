@@ -5,11 +5,11 @@
 
 namespace scad {
 
-int Engine::create_memory(const std::string &ns, const std::string &id, uint64_t size, int near, PlacedMemory *out,
-                          std::string *why) {
+int Engine::create_memory(const std::string &ns, const std::string &id, uint64_t size, bool prefetch, int near,
+                          PlacedMemory *out, std::string *why) {
   int h = place_memory(ns, size, near, why);
   if (h < 0) return -ENOSPC;
-  if (int rc = host(h)->create_element(id, size, why)) {
+  if (int rc = host(h)->create_element(id, size, prefetch, why)) {
     unplace_memory(ns, h, size);
     return rc;
   }

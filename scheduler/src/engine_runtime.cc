@@ -40,6 +40,11 @@ EngineError Engine::runtime_invoke(const std::string &token, const std::string &
       return refuse(Refusal::kInvalid, "props.size must be a positive number of bytes or a size such as 1GiB");
     }
   }
+  bool prefetch = it->second.prefetch;  // the template's, unless the caller says otherwise
+  if (props.contains("prefetch")) {
+    if (!props["prefetch"].is_boolean()) return refuse(Refusal::kInvalid, "props.prefetch must be true or false");
+    prefetch = props["prefetch"].get<bool>();
+  }
   std::string key = aid + "/" + name;
   std::string id = c.act->id + "-rt" + std::to_string(++counter_) + "-" + name, why;
   {
@@ -49,7 +54,7 @@ EngineError Engine::runtime_invoke(const std::string &token, const std::string &
     }
   }
   PlacedMemory placed;
-  if (create_memory(c.act->ns, id, size, c.host, &placed, &why)) {
+  if (create_memory(c.act->ns, id, size, prefetch, c.host, &placed, &why)) {
     return refuse(Refusal::kConflict, "cannot place a memory element of " + std::to_string(size) + " bytes: " + why);
   }
   TransportGrant g;

@@ -20,7 +20,7 @@ class HostAgent {
   virtual std::string id() const = 0;
   virtual double cpus() const = 0;
   virtual uint64_t pool_bytes() const = 0;
-  virtual int create_element(const std::string &id, uint64_t size, std::string *why) = 0;
+  virtual int create_element(const std::string &id, uint64_t size, bool prefetch, std::string *why) = 0;
   virtual void remove_element(const std::string &id) = 0;
   // A grant for `client` over `impl` (shm, tcp or verbs: Engine::transport_between chooses).
   virtual int grant(const std::string &element, const std::string &client, unsigned rights,
@@ -47,8 +47,8 @@ class LocalHost : public HostAgent {
   std::string id() const override { return a_.options().host_id; }
   double cpus() const override { return a_.options().cpus; }
   uint64_t pool_bytes() const override { return a_.options().pool_bytes; }
-  int create_element(const std::string &id, uint64_t size, std::string *why) override {
-    return a_.create_element(id, size, why);
+  int create_element(const std::string &id, uint64_t size, bool prefetch, std::string *why) override {
+    return a_.create_element(id, size, prefetch, why);
   }
   void remove_element(const std::string &id) override { a_.remove_element(id); }
   int grant(const std::string &element, const std::string &client, unsigned rights, const std::string &trans_name,

@@ -200,7 +200,7 @@ std::vector<std::string> validate_manifest(const json &doc, const std::set<std::
     return p;
   }
 
-  static const std::set<std::string> memory_fields = {"kind", "size", "description"};
+  static const std::set<std::string> memory_fields = {"kind", "size", "description", "prefetch"};
   static const std::set<std::string> compute_fields = {"kind", "code", "main", "cpu", "memory", "parallelism",
                                                        "transports", "dependents", "timeout", "description",
                                                        "network", "environment"};
@@ -224,6 +224,8 @@ std::vector<std::string> validate_manifest(const json &doc, const std::set<std::
       else if (cap.memory_pool && d.size > cap.memory_pool)
         p.push_back(where + ": size " + human(d.size) + " cannot be met: the largest host's memory pool holds " +
                     human(cap.memory_pool));
+      if (e.contains("prefetch") && !e["prefetch"].is_boolean()) p.push_back(where + ": 'prefetch' must be true or false");
+      else d.prefetch = e.value("prefetch", false);
     } else {
       if (!e.contains("code") || !e["code"].is_string())
         p.push_back(where + ": 'code' must name the file with its main function");

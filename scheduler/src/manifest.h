@@ -24,6 +24,7 @@ struct ElementDecl {
   std::string name;
   std::string kind;  // memory | compute
   uint64_t size = 0;                       // memory
+  bool prefetch = false;                   // memory: its pages had ahead of its writers
   std::string code, main = "main";         // compute
   double cpu = 1;
   uint64_t memory = 256ull << 20;

@@ -35,8 +35,10 @@ static std::string error_of(const httplib::Result &res, const std::string &url) 
   return error ? valid_utf8(*error) : "agent answered HTTP " + std::to_string(res->status);
 }
 
-int RemoteHost::create_element(const std::string &id, uint64_t size, std::string *why) {
-  auto res = client(url_, token_, 30)->Post("/agent/v1/elements", dump_json(json{{"id", id}, {"size", size}}), "application/json");
+int RemoteHost::create_element(const std::string &id, uint64_t size, bool prefetch, std::string *why) {
+  json body = {{"id", id}, {"size", size}};
+  if (prefetch) body["prefetch"] = true;  // an agent of an earlier version takes the element without it
+  auto res = client(url_, token_, 30)->Post("/agent/v1/elements", dump_json(body), "application/json");
   if (res && res->status == 201) return 0;
   *why = error_of(res, url_);
   return -1;

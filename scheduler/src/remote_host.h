@@ -25,7 +25,7 @@ class RemoteHost : public HostAgent {
   void set_isolation(json j) { isolation_ = std::move(j); }
   void heartbeat();
 
-  int create_element(const std::string &id, uint64_t size, std::string *why) override;
+  int create_element(const std::string &id, uint64_t size, bool prefetch, std::string *why) override;
   void remove_element(const std::string &id) override;
   int grant(const std::string &element, const std::string &client, unsigned rights, const std::string &trans_name,
             const std::string &impl, TransportGrant *out, std::string *why) override;

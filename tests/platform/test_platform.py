@@ -61,6 +61,11 @@ def test_invoke_and_release_from_inside_an_action(platform):
     status, rec = platform.invoke("grow", {"size": 4 << 20})
     assert status == 200, rec
     assert rec["response"]["result"] == {"read_back": "grown", "size": 4 << 20, "after_release": "refused"}
+    # Its pages had ahead (a writer racing the prefetch loses nothing), and a bad ask refused.
+    status, rec = platform.invoke("grow", {"size": 64 << 20, "prefetch": True})
+    assert status == 200 and rec["response"]["result"]["read_back"] == "grown", rec
+    status, rec = platform.invoke("grow", {"size": 1 << 20, "prefetch": "yes"})
+    assert "props.prefetch must be true or false" in json.dumps(rec["response"]), rec
 
 
 def test_bad_manifests_list_every_problem_and_deploy_nothing(platform):
@@ -73,7 +78,8 @@ def test_bad_manifests_list_every_problem_and_deploy_nothing(platform):
                      "environment variable '__OW_API_KEY': __OW_ names are the platform's",
                      "environment variable 'SCAD_X': SCAD_ names are the runtime's own",
                      "environment variable '9LIVES': a name must start with a letter",
-                     "environment variable 'COUNT': the value must be text"]:
+                     "environment variable 'COUNT': the value must be text",
+                     "element 'ahead': 'prefetch' must be true or false"]:
         assert expected in problems, problems
     assert platform.call("GET", "/api/v1/namespaces/_/apps/bad")[0] == 404
     status, body = platform.call("PUT", "/api/v1/namespaces/_/apps/x", {"manifest": "name: [unclosed", "files": {}})

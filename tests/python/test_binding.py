@@ -1,5 +1,6 @@
 """The Python action API (disagg) against real memory elements (libd-memd processes)."""
 import asyncio
+import ctypes
 import gc
 import os
 import threading
@@ -299,9 +300,17 @@ def test_a_memory_element_written_in_python():
         t.reg(64)
         t.buf[0:3] = b"abc"
         t.write(3, 10)
+        srv.prefetch()  # its own element's pages had in the background: what is written stays
         t.read(3, 10, 32)
         assert bytes(t.buf[32:35]) == b"abc"
         assert t.remote() == (1 << 20, "rw")
+    with pytest.raises(KeyError, match="no element 'nowhere'"):
+        srv.prefetch("nowhere")
+    lent = bytearray(4096)
+    srv.expose("lent", ctypes.addressof((ctypes.c_char * len(lent)).from_buffer(lent)), len(lent))
+    with pytest.raises(NotImplementedError, match="lent memory"):
+        srv.prefetch("lent")
+    srv.withdraw("lent")
     srv.stop()
     assert done.wait(5)
     th.join()

@@ -346,6 +346,11 @@ int libd_trdma_server_add_element(libd_transport *t, const char *element, uint64
   if (!element || !*element) return set_error(-EINVAL, "add_element: element name required");
   return s->add_element(element, size);
 }
+int libd_trdma_server_prefetch(libd_transport *t, const char *element) {
+  CHECK_S(t, "prefetch");
+  if (!element || !*element) return set_error(-EINVAL, "prefetch: element name required");
+  return s->prefetch(element);
+}
 int libd_trdma_server_query(libd_transport *t, libd_server_attr *attr) {
   CHECK_S(t, "query");
   if (!attr) return set_error(-EINVAL, "query: NULL attr");

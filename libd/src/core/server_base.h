@@ -39,6 +39,7 @@ class ServerBase : public Transport {
   virtual int expose_ranges(const std::string &element, const libd_range *ranges, int n) = 0;
   virtual int withdraw(const std::string &element) = 0;
   virtual int add_element(const std::string &element, uint64_t size) = 0;
+  virtual int prefetch(const std::string &element) = 0;  // its pages allocated in the background
   struct ServerSummary {
     uint64_t used_bytes = 0, capacity = UINT64_MAX, connections = 0;
     bool verbs = false;

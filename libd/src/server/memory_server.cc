@@ -177,7 +177,10 @@ int MemoryServer::remove_element(const std::string &name) {
   std::unordered_set<std::string> gone;
   {
     std::lock_guard<std::mutex> lk(mu_);
-    if (!elements_.erase(name)) return set_error(-ENOENT, "no element '" + name + "'");
+    auto it = elements_.find(name);
+    if (it == elements_.end()) return set_error(-ENOENT, "no element '" + name + "'");
+    it->second->withdrawn->store(true, std::memory_order_release);
+    elements_.erase(it);
     for (auto &[id, g] : grants_)
       if (g.element == name) gone.insert(id);
     for (const auto &id : gone) {
@@ -193,6 +196,28 @@ int MemoryServer::remove_element(const std::string &name) {
   // By the grants dropped, not by the element's name: a cut the loop runs later must not reach an
   // element of the same name added meanwhile, nor its holders.
   cut_holders([gone = std::move(gone)](const Grant &g) { return gone.count(g.id) > 0; }, -ECANCELED, sync, async);
+  return 0;
+}
+
+int MemoryServer::prefetch_element(const std::string &name) {
+  int fd;
+  uint64_t size;
+  std::shared_ptr<const std::atomic<bool>> withdrawn;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = elements_.find(name);
+    if (it == elements_.end()) return set_error(-ENOENT, "prefetch: no element '" + name + "'");
+    const Element &e = *it->second;
+    if (e.lent || e.memfd < 0)
+      return set_error(-EOPNOTSUPP, "prefetch: element '" + name + "' is lent memory: its pages are the lender's");
+    // A descriptor of the prefetcher's own: the element may be withdrawn (and its memfd closed)
+    // while a chunk is being allocated.
+    fd = fcntl(e.memfd, F_DUPFD_CLOEXEC, 0);
+    if (fd < 0) return set_error(-errno, std::string("prefetch: dup: ") + strerror(errno));
+    size = e.size;
+    withdrawn = e.withdrawn;
+  }
+  prefetcher_.add(fd, size, std::move(withdrawn));
   return 0;
 }
 
@@ -621,6 +646,7 @@ std::string MemoryServer::client_config(const Grant &g) const {
 }
 
 void MemoryServer::stop() {
+  prefetcher_.stop();
   loop_.release();  // a lease an owner's polling thread holds: the loop's own thread stops it
   loop_.run_sync([&] {
     {

@@ -32,6 +32,7 @@
 #include "core/params.h"
 #include "proto/auth.h"
 #include "io/ioloop.h"
+#include "server/page_prefetcher.h"
 
 namespace libd {
 
@@ -46,6 +47,8 @@ struct Element {
   int memfd = -1;
   char *base = nullptr;  // one contiguous run (nullptr when lent as several ranges)
   bool lent = false;     // the caller's memory: never unmapped here
+  // Set when the element is withdrawn: a prefetch of its pages (PagePrefetcher) stops there.
+  std::shared_ptr<std::atomic<bool>> withdrawn = std::make_shared<std::atomic<bool>>(false);
   // Lent as several ranges (add_lent_ranges): their table, in order; the element's offsets run
   // through them (range i starts where range i-1 ends: starts[i]). Peers on this host read the
   // table itself from this process, so it never changes while the element lives.
@@ -89,6 +92,10 @@ class MemoryServer {
   // nothing between them). Up to proto::kMaxLentRanges; each of size > 0. -EEXIST, -EINVAL.
   int add_lent_ranges(const std::string &name, const std::vector<proto::CmaRange> &ranges);
   int remove_element(const std::string &name);  // revokes its grants and closes their connections
+  // Has the element's pages allocated, in the background (PagePrefetcher); returns at once.
+  // -ENOENT no such element; -EOPNOTSUPP lent memory (its pages are the lender's).
+  int prefetch_element(const std::string &name);
+  PagePrefetcher &prefetcher() { return prefetcher_; }
   void set_capacity(uint64_t bytes) { capacity_ = bytes; }
   // The server's thread polls for this long after each wake-up before it sleeps (IoLoop).
   void set_busy_poll_us(uint32_t us) { loop_.set_busy_poll_us(us); }
@@ -224,6 +231,7 @@ class MemoryServer {
 
   std::unique_ptr<VerbsServer> verbs_;  // outlives every connection (closed in stop())
   IoLoop loop_;
+  PagePrefetcher prefetcher_;
   std::mutex mu_;
   std::map<std::string, std::shared_ptr<Element>> elements_;
   std::map<std::string, Grant> grants_;

@@ -109,6 +109,12 @@ class ServerTransport : public ServerBase {
     return srv->add_element(element, size);
   }
 
+  int prefetch(const std::string &element) override {
+    std::shared_ptr<MemoryServer> srv;
+    if (int rc = serving(&srv)) return rc;
+    return srv->prefetch_element(element);
+  }
+
   int query(ServerSummary *out) override {
     std::shared_ptr<MemoryServer> srv;
     if (int rc = serving(&srv)) return rc;

@@ -1,5 +1,8 @@
 def main(args, action):
-    t = action.runtime.invoke('scratch_tmpl', 'scratch', {'size': args.get('size', 8 << 20)})
+    props = {'size': args.get('size', 8 << 20)}
+    if 'prefetch' in args:
+        props['prefetch'] = args['prefetch']
+    t = action.runtime.invoke('scratch_tmpl', 'scratch', props)
     t.reg(4096)
     t.buf[0:5] = b'grown'
     t.write(5, args.get('size', 8 << 20) - 5)
