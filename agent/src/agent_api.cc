@@ -38,8 +38,8 @@ ComputeSpec spec_from_json(const json &j) {
   s.log_bytes = j.value("log_bytes", uint64_t(10) << 20);
   s.tenant = j.value("tenant", "");
   s.network = j.value("network", true);
-  // OpenWhisk's variables and what a manifest may set (the same rules as the scheduler's), as
-  // text; anything else is dropped, so a spec carries nothing a valid manifest could not.
+  // OpenWhisk's variables and names a manifest may set (the scheduler's rules for names and
+  // values; the scheduler alone bounds their number and size), as text; anything else is dropped.
   if (j.contains("env") && j["env"].is_object())
     for (auto &[k, v] : j["env"].items())
       if (v.is_string() && (is_platform_env(k) || env_name_problem(k).empty()) &&

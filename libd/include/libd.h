@@ -315,12 +315,13 @@ int libd_trdma_server_add_element(libd_transport *trans, const char *element, ui
 
 /* Asks for an element's pages ahead of its writers (since 1.6), as ibv_advise_mr's PREFETCH_WRITE
  * advice does for an on-demand-paging region: a thread of the server's allocates them (zero-filled,
- * as the element's memory always is), a few MiB at a time from the start, while the caller goes
+ * as the element's memory always is), a MiB at a time from the start, while the caller goes
  * on; a page already written is left as it is. A large first write into new memory otherwise
  * pays for every page as it goes (2.5-2.8 GB/s against 4.5-4.9 for a rewrite on the VM this was
  * measured on). The pages count against nothing more than the element's size already does; they
- * are the server's from then on, written or not. Returns at once: 0 asked; -ENOENT no such
- * element; -EOPNOTSUPP lent memory (its pages are the lender's); -ENOTCONN not serving. */
+ * are the server's from then on, written or not, until the element is withdrawn. Returns at once:
+ * 0 asked; -ENOENT no such element; -EOPNOTSUPP lent memory (its pages are the lender's); -EINVAL
+ * no name; -EAGAIN no thread could be started; -ENOTCONN not serving. */
 int libd_trdma_server_prefetch(libd_transport *trans, const char *element);
 
 typedef struct libd_server_attr {

@@ -300,7 +300,7 @@ def test_a_memory_element_written_in_python():
         t.reg(64)
         t.buf[0:3] = b"abc"
         t.write(3, 10)
-        srv.prefetch()  # its own element's pages had in the background: what is written stays
+        srv.prefetch()  # its own element's pages asked for, in the background
         t.read(3, 10, 32)
         assert bytes(t.buf[32:35]) == b"abc"
         assert t.remote() == (1 << 20, "rw")

@@ -1,6 +1,6 @@
 // An element's pages had ahead of its writers (PagePrefetcher, libd_trdma_server_prefetch): all of
-// them allocated, what was written before kept, a withdrawn element left alone, and the C API's
-// refusals.
+// them allocated, what was written before kept, a withdrawn element dropped wherever it waits,
+// stop with work queued, and the C API's refusals.
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -40,7 +40,7 @@ TEST(PagePrefetcher, AllocatesEveryPageAndKeepsWhatWasWritten) {
   ASSERT_EQ(ssize_t(sizeof text), pwrite(fd, text, sizeof text, off_t(libd::PagePrefetcher::kChunk + 7)));
   EXPECT_LT(allocated(fd), size);
   libd::PagePrefetcher p;
-  p.add(dup(fd), size, std::make_shared<std::atomic<bool>>(false));
+  ASSERT_EQ(0, p.add(dup(fd), size, std::make_shared<std::atomic<bool>>(false)));
   p.wait_idle();
   EXPECT_GE(allocated(fd), size);
   EXPECT_EQ(3 * libd::PagePrefetcher::kChunk + 12345, p.allocated_bytes());
@@ -53,36 +53,40 @@ TEST(PagePrefetcher, AllocatesEveryPageAndKeepsWhatWasWritten) {
   close(fd);
 }
 
-TEST(PagePrefetcher, AWithdrawnElementIsLeftAlone) {
-  const uint64_t size = 8 * libd::PagePrefetcher::kChunk;
-  int fd = new_memfd(size);
+TEST(PagePrefetcher, AWithdrawnElementIsDroppedWhereverItWaits) {
+  const uint64_t chunk = libd::PagePrefetcher::kChunk;
+  int first = new_memfd(2 * chunk), queued = new_memfd(8 * chunk), last = new_memfd(chunk);
   libd::PagePrefetcher p;
-  auto withdrawn = std::make_shared<std::atomic<bool>>(true);
-  p.add(dup(fd), size, withdrawn);
-  int other = new_memfd(libd::PagePrefetcher::kChunk);
-  p.add(dup(other), libd::PagePrefetcher::kChunk, std::make_shared<std::atomic<bool>>(false));
+  p.hold(true);  // the order of work fixed: nothing runs until the withdrawal is in
+  ASSERT_EQ(0, p.add(dup(first), 2 * chunk, std::make_shared<std::atomic<bool>>(false)));
+  auto withdrawn = std::make_shared<std::atomic<bool>>(false);
+  ASSERT_EQ(0, p.add(dup(queued), 8 * chunk, withdrawn));
+  ASSERT_EQ(0, p.add(dup(last), chunk, std::make_shared<std::atomic<bool>>(false)));
+  withdrawn->store(true);  // withdrawn behind another element's request
+  p.hold(false);
   p.wait_idle();
-  EXPECT_EQ(0u, allocated(fd));
-  EXPECT_EQ(libd::PagePrefetcher::kChunk, p.allocated_bytes()) << "the next request was served";
-  close(fd);
-  close(other);
+  EXPECT_EQ(0u, allocated(queued));
+  EXPECT_GE(allocated(first), 2 * chunk);
+  EXPECT_GE(allocated(last), chunk);
+  EXPECT_EQ(3 * chunk, p.allocated_bytes()) << "the requests around it were served";
+  close(first);
+  close(queued);
+  close(last);
 }
 
-TEST(PagePrefetcher, StopEndsWithRequestsPending) {
+TEST(PagePrefetcher, StopDropsWhatIsQueuedAndRefusesMore) {
   libd::PagePrefetcher p;
-  const uint64_t size = 64 * libd::PagePrefetcher::kChunk;
+  const uint64_t size = 4 * libd::PagePrefetcher::kChunk;
   int fd = new_memfd(size);
-  for (int i = 0; i < 4; i++) p.add(dup(fd), size, std::make_shared<std::atomic<bool>>(false));
-  p.stop();  // returns after at most the chunk in progress, the rest dropped
-  uint64_t after_stop = p.allocated_bytes();
-  p.wait_idle();  // does not wait for what was dropped
-  int late = new_memfd(size);
-  p.add(dup(late), size, std::make_shared<std::atomic<bool>>(false));  // refused: closed, not run
-  p.stop();  // a second stop is harmless (and would join a thread the late add had started)
-  EXPECT_EQ(after_stop, p.allocated_bytes());
-  EXPECT_EQ(0u, allocated(late));
+  p.hold(true);
+  for (int i = 0; i < 4; i++) ASSERT_EQ(0, p.add(dup(fd), size, std::make_shared<std::atomic<bool>>(false)));
+  p.stop();  // with four requests queued and none begun
+  p.wait_idle();
+  EXPECT_EQ(0u, p.allocated_bytes());
+  EXPECT_EQ(0u, allocated(fd));
+  EXPECT_EQ(-ESHUTDOWN, p.add(dup(fd), size, std::make_shared<std::atomic<bool>>(false)));
+  p.stop();  // a second stop is harmless
   close(fd);
-  close(late);
 }
 
 TEST(ServerPrefetch, TheCApiPrefetchesOwnElementsOnly) {
@@ -95,6 +99,9 @@ TEST(ServerPrefetch, TheCApiPrefetchesOwnElementsOnly) {
   ASSERT_EQ(0, libd_trdma_server_add_element(server, "big", 16 << 20)) << libd_last_error();
   EXPECT_EQ(0, libd_trdma_server_prefetch(server, "big")) << libd_last_error();
   EXPECT_EQ(0, libd_trdma_server_prefetch(server, "big")) << "asking twice is harmless";
+  libd_server_attr attr;
+  ASSERT_EQ(0, libd_trdma_server_query(server, &attr));
+  EXPECT_EQ(uint64_t(16) << 20, attr.used_bytes) << "prefetch takes no more than the element's size";
   EXPECT_EQ(-ENOENT, libd_trdma_server_prefetch(server, "nowhere"));
   EXPECT_NE(std::string(libd_last_error()).find("no element 'nowhere'"), std::string::npos) << libd_last_error();
   EXPECT_EQ(-EINVAL, libd_trdma_server_prefetch(server, ""));

@@ -217,7 +217,8 @@ int MemoryServer::prefetch_element(const std::string &name) {
     size = e.size;
     withdrawn = e.withdrawn;
   }
-  prefetcher_.add(fd, size, std::move(withdrawn));
+  if (int rc = prefetcher_.add(fd, size, std::move(withdrawn)))
+    return set_error(rc, rc == -EAGAIN ? "prefetch: no thread could be started for it" : "prefetch: the server is stopping");
   return 0;
 }
 

@@ -7,7 +7,7 @@
 // It faults them in through a mapping of its own (MADV_POPULATE_WRITE), which leaves a page that
 // exists as it is and takes no lock a writer's pwrite waits for: fallocate holds the file's lock
 // for its whole range, and writers racing it stalled for milliseconds.
-// A withdrawn element is left at its next chunk; requests are served oldest first.
+// A withdrawn element is dropped at the next chunk; requests are served oldest first.
 #pragma once
 
 #include <atomic>
@@ -29,12 +29,16 @@ class PagePrefetcher {
   PagePrefetcher &operator=(const PagePrefetcher &) = delete;
   ~PagePrefetcher() { stop(); }
 
-  // Takes `fd` (a descriptor of its own: closed when the job ends) and allocates [0, size) of it
-  // unless `withdrawn` turns true first. After stop() the descriptor is closed at once.
-  void add(int fd, uint64_t size, std::shared_ptr<const std::atomic<bool>> withdrawn);
-  // Ends the thread after its current chunk; later adds are refused (their descriptor closed).
+  // Takes `fd` (a descriptor of its own: closed when the job ends) and has the pages of [0, size)
+  // of it unless `withdrawn` turns true first: a withdrawn job is dropped (its descriptor closed)
+  // at the next chunk, wherever it is in the queue. 0, or -ESHUTDOWN after stop() and -EAGAIN when
+  // no thread could be started (the descriptor closed either way).
+  int add(int fd, uint64_t size, std::shared_ptr<const std::atomic<bool>> withdrawn);
+  // Holds the thread before its next chunk (true) or lets it go on (false).
+  void hold(bool held);
+  // Ends the thread after its current chunk and drops what is queued; later adds are refused.
   void stop();
-  // Waits until no request is left (tests, and a caller that wants the pages before it writes).
+  // Waits until no request is left (or stop()).
   void wait_idle();
   uint64_t allocated_bytes() const { return allocated_.load(std::memory_order_relaxed); }
 
@@ -47,11 +51,12 @@ class PagePrefetcher {
     void end();  // unmaps and closes
   };
   void run();
+  void drop_withdrawn_locked();  // ends the jobs withdrawn or done
 
-  std::mutex mu_;
+  std::mutex mu_, stop_mu_;
   std::condition_variable work_cv_, idle_cv_;
   std::deque<Job> jobs_;
-  bool busy_ = false, stopping_ = false;
+  bool busy_ = false, stopping_ = false, held_ = false;
   std::thread thread_;
   std::atomic<uint64_t> allocated_{0};
 };
