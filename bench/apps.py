@@ -7,9 +7,9 @@ For every application, size and storage: the invocation's wall time (client side
 invoke) and the time its stages spent moving state (the sum over stages and instances of the
 seconds inside scad.state's put/get, which the applications return). Medians of --runs runs after
 one warm-up run, the two storages taking turns; each run's state is gone before the next starts
-(the memory elements end with their activation; Redis is flushed after its run, untimed). Ratios: Redis' time over ours (above 1: memory
-elements are faster). Targets: data movement >= 5x faster, and >= 2x end to end for the data-heavy
-applications (sort, query).
+(the memory elements end with their activation; Redis is flushed after its run, untimed).
+Ratios: Redis' time over ours (above 1: memory elements are faster). Targets: data movement >= 5x
+faster, and >= 2x end to end for the data-heavy applications (sort, query).
 
 Width: a fan-out of 8, 128 and 512 trivial Python instances (a platform with --quotas
 instances=1024), 9 runs each after a warm-up (or --runs, if more); the per-instance cost is the
@@ -98,12 +98,11 @@ def measure_app(p, redis, name, params, runs):
     for r in range(runs + 1):  # the first warms the processes
         for storage, got in out.items():
             extra = {} if storage == "memory" else {"storage": "redis", "redis": redis.url}
-            if storage == "redis":
-                redis.flush()
             wall, got["result"] = invoke(p, name, dict(params, **extra, run=f"{name}-{r}"))
             if storage == "redis":
-                # Its state goes when its run ends, as the memory elements go with theirs: a
-                # gigabyte left in Redis' heap during the next run changes what that run is given.
+                # Its state goes when its run ends (so every run starts with Redis empty), as the
+                # memory elements go with theirs: a gigabyte left in Redis' heap during the next
+                # run changes what that run is given.
                 redis.flush()
             if r:
                 got["wall"].append(wall)

@@ -95,7 +95,6 @@ class MemoryServer {
   // Has the element's pages allocated, in the background (PagePrefetcher); returns at once.
   // -ENOENT no such element; -EOPNOTSUPP lent memory (its pages are the lender's).
   int prefetch_element(const std::string &name);
-  PagePrefetcher &prefetcher() { return prefetcher_; }
   void set_capacity(uint64_t bytes) { capacity_ = bytes; }
   // The server's thread polls for this long after each wake-up before it sleeps (IoLoop).
   void set_busy_poll_us(uint32_t us) { loop_.set_busy_poll_us(us); }

@@ -76,7 +76,7 @@ void PagePrefetcher::run() {
   for (;;) {
     work_cv_.wait(lk, [&] { return stopping_ || (!held_ && !jobs_.empty()); });
     if (stopping_) return;
-    drop_withdrawn_locked();
+    drop_withdrawn_locked();  // before every chunk: what was withdrawn or finished meanwhile
     if (jobs_.empty()) {
       idle_cv_.notify_all();
       continue;
@@ -106,8 +106,6 @@ void PagePrefetcher::run() {
       // pages as before, one fault at a time, and meets any shortage there with its own error.
       job.done = job.size;
     }
-    drop_withdrawn_locked();  // this one too, once done
-    if (jobs_.empty()) idle_cv_.notify_all();
   }
 }
 
