@@ -79,7 +79,7 @@ int Agent::start(std::string *why) {
   }
   workers_ = std::make_unique<WorkerPool>(WorkerOptions{opts_.python, opts_.pythonpath, opts_.home, sandbox_,
                                                         opts_.prewarm, opts_.max_warm, opts_.keep_alive_ms,
-                                                        opts_.warm_wait_ms});
+                                                        opts_.warm_wait_ms, opts_.fork_server == "auto"});
   return 0;
 }
 

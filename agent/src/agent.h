@@ -40,6 +40,9 @@ struct AgentOptions {
   // The sandbox compute processes run in (sandbox.h): "auto" (bubblewrap where it works), "on"
   // (refuse to start without it) or "off".
   std::string sandbox = "auto";
+  // Processes with network forked by a fork server with the launcher imported (zygote.h):
+  // "auto" (in a sandbox) or "off" (each starts an interpreter of its own).
+  std::string fork_server = "auto";
 };
 
 struct TransportGrant {

@@ -25,7 +25,9 @@ void add_agent_flags(Flags &f, AgentOptions *o) {
                 return true;
               })
       .choice("--cgroup", {"auto", "off"}, "cgroup v2 limits on compute processes", &o->cgroup)
-      .choice("--sandbox", {"auto", "on", "off"}, "bubblewrap sandbox of compute processes", &o->sandbox);
+      .choice("--sandbox", {"auto", "on", "off"}, "bubblewrap sandbox of compute processes", &o->sandbox)
+      .choice("--fork-server", {"auto", "off"}, "fork sandboxed compute processes from one with the launcher "
+              "imported (auto) or start each afresh (off)", &o->fork_server);
 }
 
 }  // namespace scad

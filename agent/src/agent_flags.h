@@ -6,7 +6,7 @@
 namespace scad {
 
 // --python, --pythonpath, --pool, --cpus, --prewarm, --max-warm, --keep-alive, --verbs, --cgroup,
-// --sandbox, into *o.
+// --sandbox, --fork-server, into *o.
 void add_agent_flags(Flags &flags, AgentOptions *o);
 
 }  // namespace scad

@@ -130,6 +130,15 @@ std::unique_ptr<Sandbox> Sandbox::open(const std::string &mode, const std::strin
     a.insert(a.end(), {"--ro-bind", b, b});
   }
 
+  // The fork server's (zygote.h): the same view, in the agent's pid namespace (its children make
+  // their own) and able to make each child's namespaces and mounts, which the child then gives up.
+  for (size_t i = 0; i < a.size(); ++i)
+    if (a[i] == "--unshare-pid") {
+      s->zygote_args_.insert(s->zygote_args_.end(), a.begin(), a.begin() + long(i));
+      s->zygote_args_.insert(s->zygote_args_.end(), a.begin() + long(i) + 1, a.end());
+    }
+  for (const char *x : {"--cap-add", "CAP_SYS_ADMIN", "--cap-add", "CAP_SETPCAP"}) s->zygote_args_.push_back(x);
+
   // Does it work here (user namespaces allowed, the kernel's features present)?
   std::vector<std::string> probe = s->args_;
   probe.insert(probe.end(), {"--", "/bin/true"});
@@ -143,6 +152,13 @@ std::unique_ptr<Sandbox> Sandbox::open(const std::string &mode, const std::strin
 std::vector<std::string> Sandbox::command(const std::vector<std::string> &argv, bool network) const {
   std::vector<std::string> out = args_;
   if (!network) out.push_back("--unshare-net");
+  out.push_back("--");
+  out.insert(out.end(), argv.begin(), argv.end());
+  return out;
+}
+
+std::vector<std::string> Sandbox::zygote_command(const std::vector<std::string> &argv) const {
+  std::vector<std::string> out = zygote_args_;
   out.push_back("--");
   out.insert(out.end(), argv.begin(), argv.end());
   return out;

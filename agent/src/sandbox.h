@@ -31,13 +31,16 @@ class Sandbox {
   // The command line that runs argv inside a fresh sandbox; without `network`, in a network
   // namespace of its own too (only loopback: the memory pool's socket still works, tcp does not).
   std::vector<std::string> command(const std::vector<std::string> &argv, bool network = true) const;
+  // The command line of the fork server (zygote.h), which makes each child's sandbox itself: the
+  // same view, but in this pid namespace and with CAP_SYS_ADMIN and CAP_SETPCAP kept.
+  std::vector<std::string> zygote_command(const std::vector<std::string> &argv) const;
   // Whether the launcher switches to the tenant's uid (the agent runs as root).
   bool switches_uid() const { return as_root_; }
 
  private:
   Sandbox() = default;
   std::string bwrap_;
-  std::vector<std::string> args_;
+  std::vector<std::string> args_, zygote_args_;
   bool as_root_ = false;
 };
 

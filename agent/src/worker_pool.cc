@@ -1,17 +1,20 @@
 #include "worker_pool.h"
 
 #include "sandbox.h"
+#include "zygote.h"
 
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cassert>
 #include <cerrno>
+#include <cstdio>
 #include <vector>
 
 extern char **environ;
@@ -22,16 +25,57 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 constexpr size_t kWaitersPerProcess = 4;  // callers that may queue for each running process of an action
+// The longest a request to the fork server waits for its answer (its first waits for its imports).
+constexpr int64_t kZygoteAnswerMs = 10000;
 }  // namespace
 
 Worker::~Worker() {
   for (int fd : {in, out, err})
     if (fd >= 0) close(fd);
   if (pid > 0) {
-    kill(pid, SIGKILL);
-    waitpid(pid, nullptr, 0);
+    kill_now();
+    int code, sig;
+    reap(&code, &sig);
     if (on_exit) on_exit(pid);
   }
+  for (int fd : {pidfd, status})
+    if (fd >= 0) close(fd);
+}
+
+void Worker::kill_now() {
+  if (pidfd >= 0)
+    syscall(SYS_pidfd_send_signal, pidfd, SIGKILL, nullptr, 0);
+  else if (pid > 0)
+    kill(pid, SIGKILL);
+}
+
+bool Worker::reap(int *exit_code, int *signal, std::string *why) {
+  *exit_code = -1;
+  *signal = 0;
+  if (status < 0) {
+    int st = 0;
+    if (waitpid(pid, &st, 0) != pid) return false;
+    if (WIFEXITED(st)) *exit_code = WEXITSTATUS(st);
+    if (WIFSIGNALED(st)) *signal = WTERMSIG(st);
+    return true;
+  }
+  // The status pipe closes when the process's init ends; its last line says how the process did.
+  std::string text;
+  char buf[512];
+  fcntl(status, F_SETFL, fcntl(status, F_GETFL) & ~O_NONBLOCK);
+  for (ssize_t n; (n = read(status, buf, sizeof buf)) != 0;) {
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    if (text.size() < 65536) text.append(buf, size_t(n));
+  }
+  if (!parse_zygote_status(text, exit_code, signal)) *signal = SIGKILL;  // the init itself was killed
+  if (why) {
+    auto at = text.find("error ");
+    if (at != std::string::npos) *why = text.substr(at + 6, text.find('\n', at) - at - 6);
+  }
+  return true;
 }
 
 WorkerPool::WorkerPool(WorkerOptions o) : o_(std::move(o)) {
@@ -47,7 +91,45 @@ WorkerPool::~WorkerPool() {
   maintainer_.join();
 }
 
+std::unique_ptr<Worker> WorkerPool::fork_from_zygote() {
+  if (!zygote_) return nullptr;
+  int in[2], out[2], err[2];
+  if (pipe2(in, O_CLOEXEC) || pipe2(out, O_CLOEXEC) || pipe2(err, O_CLOEXEC)) return nullptr;
+  auto w = std::make_unique<Worker>();
+  Zygote::Child child;
+  std::string why;
+  bool forked = zygote_->fork(in[0], out[1], err[1], kZygoteAnswerMs, &child, &why);
+  close(in[0]);
+  close(out[1]);
+  close(err[1]);
+  w->in = in[1];
+  w->out = out[0];
+  w->err = err[0];
+  if (!forked) {
+    // Kept, not ended: the processes it made die with it. It is asked for nothing more.
+    fprintf(stderr, "scad agent: the fork server failed (%s): compute processes start afresh\n", why.c_str());
+    retired_zygote_ = std::move(zygote_);
+    return nullptr;
+  }
+  w->pid = child.pid;
+  w->pidfd = child.pidfd;
+  w->status = child.status;
+  fcntl(w->out, F_SETFL, O_NONBLOCK);
+  fcntl(w->err, F_SETFL, O_NONBLOCK);
+  return w;
+}
+
+std::vector<std::string> WorkerPool::process_env() const {
+  // HOME is the sandbox's private /tmp; unconfined, the agent's state folder as before.
+  return {"PYTHONPATH=" + o_.pythonpath, "PATH=/usr/local/bin:/usr/bin:/bin",
+          "HOME=" + (o_.sandbox ? std::string("/tmp") : o_.home), "PYTHONUNBUFFERED=1"};
+}
+
 std::unique_ptr<Worker> WorkerPool::spawn(bool network) {
+  std::vector<std::string> env = process_env();
+  // Without network a process is started afresh, in a network namespace of its own.
+  if (o_.sandbox && o_.zygote && network)
+    if (auto w = fork_from_zygote()) return w;
   int in[2], out[2], err[2];
   if (pipe2(in, O_CLOEXEC) || pipe2(out, O_CLOEXEC) || pipe2(err, O_CLOEXEC)) return nullptr;
   posix_spawn_file_actions_t fa;
@@ -55,9 +137,6 @@ std::unique_ptr<Worker> WorkerPool::spawn(bool network) {
   posix_spawn_file_actions_adddup2(&fa, in[0], 0);
   posix_spawn_file_actions_adddup2(&fa, out[1], 1);
   posix_spawn_file_actions_adddup2(&fa, err[1], 2);
-  // HOME is the sandbox's private /tmp; unconfined, the agent's state folder as before.
-  std::vector<std::string> env = {"PYTHONPATH=" + o_.pythonpath, "PATH=/usr/local/bin:/usr/bin:/bin",
-                                  "HOME=" + (o_.sandbox ? std::string("/tmp") : o_.home), "PYTHONUNBUFFERED=1"};
   std::vector<char *> cenv;
   for (auto &e : env) cenv.push_back(e.data());
   cenv.push_back(nullptr);
@@ -241,6 +320,12 @@ void WorkerPool::release(std::unique_ptr<Worker> w, bool healthy) {
 }
 
 void WorkerPool::maintain() {
+  // The fork server imports while the pool fills, so the first process it forks does not wait.
+  if (o_.sandbox && o_.zygote) {
+    std::string why;
+    zygote_ = Zygote::start(o_.sandbox->zygote_command({o_.python, "-m", "scad.zygote"}), process_env(), &why);
+    if (!zygote_) fprintf(stderr, "scad agent: no fork server (%s): compute processes start afresh\n", why.c_str());
+  }
   std::unique_lock<std::mutex> lk(mu_);
   // A caller waiting for a cold start goes before topping up the pre-warmed pool.
   auto serve_requests = [&] {
@@ -289,6 +374,9 @@ void WorkerPool::maintain() {
   spawn_requests_.clear();
   fresh_.clear();
   warm_.clear();
+  lk.unlock();
+  zygote_.reset();
+  retired_zygote_.reset();
 }
 
 bool WorkerPool::send(Worker &w, const std::string &line) {
@@ -348,7 +436,7 @@ WorkerRun WorkerPool::run(Worker &w, const std::string &line, int64_t timeout_ms
       have_reply = true;
     } else if (!have_reply && w.pending.size() > kMaxReplyBytes) {
       r.reply_too_long = r.died = true;
-      kill(w.pid, SIGKILL);
+      w.kill_now();
       break;
     }
     // The run's output ends with the marker on stderr: the result alone is not the end of it.
@@ -372,15 +460,15 @@ WorkerRun WorkerPool::run(Worker &w, const std::string &line, int64_t timeout_ms
     }
   }
   if (r.died || r.timed_out) {
-    if (r.timed_out) kill(w.pid, SIGKILL);
+    if (r.timed_out) w.kill_now();
     ssize_t n;
     while ((n = read(w.err, buf, sizeof buf)) > 0) take_output(buf, size_t(n));
-    int status = 0;
-    if (waitpid(w.pid, &status, 0) == w.pid) {
-      if (WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
-      if (WIFSIGNALED(status)) r.signal = WTERMSIG(status);
+    std::string why;
+    if (w.reap(&r.exit_code, &r.signal, &why)) {
+      // A process the fork server could not set up says why (never user code: it had not run).
+      if (!why.empty()) r.stderr_text += "scad agent: the process could not be set up: " + why + "\n";
       // bubblewrap exits with 128 + the signal that ended the sandboxed process, as shells do.
-      if (o_.sandbox && r.exit_code > 128 && r.exit_code < 128 + 65) {
+      if (o_.sandbox && w.status < 0 && r.exit_code > 128 && r.exit_code < 128 + 65) {
         r.signal = r.exit_code - 128;
         r.exit_code = -1;
       }

@@ -27,10 +27,12 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace scad {
 
 class Sandbox;
+class Zygote;
 
 struct WorkerOptions {
   std::string python, pythonpath, home;
@@ -39,11 +41,17 @@ struct WorkerOptions {
   int max_warm = 16;              // idle processes kept for their action
   int64_t keep_alive_ms = 60000;  // how long an idle warm process is kept
   int64_t warm_wait_ms = 500;     // the longest a caller waits for a running process of its action (0: never)
+  // In a sandbox, processes with network are forked by a fork server (zygote.h) that has the
+  // launcher imported, instead of each starting an interpreter of its own.
+  bool zygote = true;
 };
 
 struct Worker {
   pid_t pid = -1;
   int in = -1, out = -1, err = -1;
+  // A process the fork server made is not the agent's child: it is signalled through its pidfd
+  // and says how it ended on its status pipe.
+  int pidfd = -1, status = -1;
   std::mutex in_mu;  // the run's spec and peer notices are written to `in` from different threads
   std::string key;   // the action it may serve again ("" while pre-warmed)
   std::string pending;  // stdout bytes after the last full line
@@ -53,6 +61,10 @@ struct Worker {
   bool started_cold = false;  // started for this run: its length includes the interpreter's start
   std::shared_ptr<void> busy;  // while acquired: counted among its action's running processes
   ~Worker();
+  void kill_now();  // SIGKILL: the process, and in a sandbox every process it started
+  // Waits for the process to end: false if that cannot be known (it was reaped already). A
+  // process the fork server could not set up says why in *why.
+  bool reap(int *exit_code, int *signal, std::string *why = nullptr);
 };
 
 struct WorkerRun {
@@ -89,6 +101,8 @@ class WorkerPool {
 
  private:
   std::unique_ptr<Worker> spawn(bool network = true);
+  std::unique_ptr<Worker> fork_from_zygote();  // null: spawn afresh
+  std::vector<std::string> process_env() const;
   // Every process is started by the maintainer thread, which lives as long as the pool: a sandbox
   // dies with the thread that started it (bubblewrap's --die-with-parent is PR_SET_PDEATHSIG,
   // which follows the parent thread), and a caller's thread may end while its process stays warm.
@@ -120,6 +134,8 @@ class WorkerPool {
     std::deque<std::unique_ptr<Worker> *> waiters;  // callers waiting for a released process, first come first
   };
   std::map<std::string, PerAction> actions_;
+  std::unique_ptr<Zygote> zygote_;  // the maintainer thread's alone (it dies with the thread that started it)
+  std::unique_ptr<Zygote> retired_zygote_;  // one that failed a request: its processes live on
   std::thread maintainer_;
 };
 
