@@ -42,6 +42,11 @@ Worker::~Worker() {
     if (fd >= 0) close(fd);
 }
 
+bool Worker::alive() const {
+  struct pollfd p = {out, POLLIN, 0};
+  return out >= 0 && (poll(&p, 1, 0) == 0 || !(p.revents & (POLLHUP | POLLERR)));
+}
+
 void Worker::kill_now() {
   if (pidfd >= 0)
     syscall(SYS_pidfd_send_signal, pidfd, SIGKILL, nullptr, 0);
@@ -201,20 +206,29 @@ bool WorkerPool::worth_waiting_locked(const std::string &key) const {
 std::unique_ptr<Worker> WorkerPool::acquire(const std::string &plain_key, std::string *how, bool network) {
   std::string key = network ? plain_key : plain_key + " (no network)";
   std::unique_ptr<Worker> w;
+  std::vector<std::unique_ptr<Worker>> dead;  // ended after the lock
   {
     std::unique_lock<std::mutex> lk(mu_);
+    // An idle process that died meanwhile (killed, or gone with the fork server that made it) is
+    // passed over, and ended after the lock.
     auto take_idle = [&](bool prewarmed_too) {
-      auto it = warm_.find(key);
-      if (it != warm_.end()) {
+      for (auto it = warm_.find(key); it != warm_.end() && it->first == key; it = warm_.find(key)) {
         w = std::move(it->second);
         warm_.erase(it);
         *how = "warm";
-      } else if (prewarmed_too && network && !fresh_.empty()) {
+        if (w->alive()) break;
+        dead.push_back(std::move(w));
+      }
+      while (!w && prewarmed_too && network && !fresh_.empty()) {
         w = std::move(fresh_.front());
         fresh_.pop_front();
+        cv_.notify_all();  // top up
+        if (!w->alive()) {
+          dead.push_back(std::move(w));
+          continue;
+        }
         w->key = key;
         *how = "prewarmed";
-        cv_.notify_all();  // top up
       }
       return w != nullptr;
     };

@@ -61,6 +61,7 @@ struct Worker {
   bool started_cold = false;  // started for this run: its length includes the interpreter's start
   std::shared_ptr<void> busy;  // while acquired: counted among its action's running processes
   ~Worker();
+  bool alive() const;  // its result pipe is still open: idle, it has not died
   void kill_now();  // SIGKILL: the process, and in a sandbox every process it started
   // Waits for the process to end: false if that cannot be known (it was reaped already). A
   // process the fork server could not set up says why in *why.
