@@ -11,6 +11,8 @@
 // CAP_SETGID), writes the action's code read-only into /code, and switches to the tenant's own
 // unprivileged uid (tenant_uid) before it runs any user code; processes of different namespaces
 // never share a uid, and none has the agent's.
+// Processes with network are forked by the fork server (zygote.h), which runs in a sandbox of
+// this view (zygote_command) and makes each child's namespaces and mounts as bubblewrap would.
 #pragma once
 #include <cstdint>
 #include <memory>

@@ -1,7 +1,8 @@
 // Warm and pre-warmed compute processes, as OpenWhisk keeps containers: a process that ran an
 // action stays for the same action (same code file, i.e. same application version, and function)
-// for a keep-alive period; a small number of started interpreters (disagg and scad imported) wait
-// for any action, so a cold start does not pay interpreter start-up. Both bounded. A process is
+// for a keep-alive period; a small number of started processes (disagg and scad imported) wait
+// for any action, so a cold start does not pay a process's start. In a sandbox, processes with
+// network are forked by the fork server (zygote.h) rather than each starting an interpreter. Both bounded. A process is
 // never shared between different actions, and one that crashed or timed out is never reused.
 //
 // A wide fan-out asks for many processes of one action at once. Where processes of that action
