@@ -47,6 +47,18 @@ bool Worker::alive() const {
   return out >= 0 && (poll(&p, 1, 0) == 0 || !(p.revents & (POLLHUP | POLLERR)));
 }
 
+bool Worker::ends_by(std::chrono::steady_clock::time_point deadline) const {
+  if (status < 0) return true;  // bubblewrap holds the pipes until the sandbox ends
+  for (;;) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    struct pollfd p = {status, POLLIN, 0};
+    int ready = poll(&p, 1, int(std::clamp<int64_t>(left, 0, 1000)));
+    if (ready > 0) return true;
+    if (ready < 0 && errno != EINTR) return true;  // nothing to wait on: reap() finds out
+    if (ready == 0 && left <= 0) return false;
+  }
+}
+
 void Worker::kill_now() {
   if (pidfd >= 0)
     syscall(SYS_pidfd_send_signal, pidfd, SIGKILL, nullptr, 0);
@@ -98,8 +110,12 @@ WorkerPool::~WorkerPool() {
 
 std::unique_ptr<Worker> WorkerPool::fork_from_zygote() {
   if (!zygote_) return nullptr;
-  int in[2], out[2], err[2];
-  if (pipe2(in, O_CLOEXEC) || pipe2(out, O_CLOEXEC) || pipe2(err, O_CLOEXEC)) return nullptr;
+  int in[2] = {-1, -1}, out[2] = {-1, -1}, err[2] = {-1, -1};
+  if (pipe2(in, O_CLOEXEC) || pipe2(out, O_CLOEXEC) || pipe2(err, O_CLOEXEC)) {
+    for (int fd : {in[0], in[1], out[0], out[1], err[0], err[1]})
+      if (fd >= 0) close(fd);
+    return nullptr;
+  }
   auto w = std::make_unique<Worker>();
   Zygote::Child child;
   std::string why;
@@ -133,7 +149,7 @@ std::vector<std::string> WorkerPool::process_env() const {
 std::unique_ptr<Worker> WorkerPool::spawn(bool network) {
   std::vector<std::string> env = process_env();
   // Without network a process is started afresh, in a network namespace of its own.
-  if (o_.sandbox && o_.zygote && network)
+  if (zygote_ && network)
     if (auto w = fork_from_zygote()) return w;
   int in[2], out[2], err[2];
   if (pipe2(in, O_CLOEXEC) || pipe2(out, O_CLOEXEC) || pipe2(err, O_CLOEXEC)) return nullptr;
@@ -335,7 +351,8 @@ void WorkerPool::release(std::unique_ptr<Worker> w, bool healthy) {
 
 void WorkerPool::maintain() {
   // The fork server imports while the pool fills, so the first process it forks does not wait.
-  if (o_.sandbox && o_.zygote) {
+  // Only for an agent that runs as root (scad/zygote.py says why).
+  if (o_.sandbox && o_.zygote && o_.sandbox->switches_uid()) {
     std::string why;
     zygote_ = Zygote::start(o_.sandbox->zygote_command({o_.python, "-m", "scad.zygote"}), process_env(), &why);
     if (!zygote_) fprintf(stderr, "scad agent: no fork server (%s): compute processes start afresh\n", why.c_str());
@@ -474,6 +491,9 @@ WorkerRun WorkerPool::run(Worker &w, const std::string &line, int64_t timeout_ms
     }
   }
   if (r.died || r.timed_out) {
+    // A forked process's pipes are its own alone: closing them is not ending (user code may close
+    // fd 1 and 2 and go on). It is waited for until its deadline, then ended as timed out.
+    if (r.died && !r.timed_out && !w.ends_by(deadline)) r.timed_out = true;
     if (r.timed_out) w.kill_now();
     ssize_t n;
     while ((n = read(w.err, buf, sizeof buf)) > 0) take_output(buf, size_t(n));

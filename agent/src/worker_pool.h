@@ -1,8 +1,8 @@
 // Warm and pre-warmed compute processes, as OpenWhisk keeps containers: a process that ran an
 // action stays for the same action (same code file, i.e. same application version, and function)
 // for a keep-alive period; a small number of started processes (disagg and scad imported) wait
-// for any action, so a cold start does not pay a process's start. In a sandbox, processes with
-// network are forked by the fork server (zygote.h) rather than each starting an interpreter. Both bounded. A process is
+// for any action, so a cold start does not pay a process's start. In a sandbox (the agent root),
+// processes with network are forked by the fork server (zygote.h), not each started afresh. Both bounded. A process is
 // never shared between different actions, and one that crashed or timed out is never reused.
 //
 // A wide fan-out asks for many processes of one action at once. Where processes of that action
@@ -42,8 +42,8 @@ struct WorkerOptions {
   int max_warm = 16;              // idle processes kept for their action
   int64_t keep_alive_ms = 60000;  // how long an idle warm process is kept
   int64_t warm_wait_ms = 500;     // the longest a caller waits for a running process of its action (0: never)
-  // In a sandbox, processes with network are forked by a fork server (zygote.h) that has the
-  // launcher imported, instead of each starting an interpreter of its own.
+  // In a sandbox, with the agent running as root, processes with network are forked by a fork
+  // server (zygote.h) that has the launcher imported, instead of each starting an interpreter.
   bool zygote = true;
 };
 
@@ -63,6 +63,8 @@ struct Worker {
   std::shared_ptr<void> busy;  // while acquired: counted among its action's running processes
   ~Worker();
   bool alive() const;  // its result pipe is still open: idle, it has not died
+  // Whether the process (its pipes closed) ends by the deadline; one that does not is still up.
+  bool ends_by(std::chrono::steady_clock::time_point deadline) const;
   void kill_now();  // SIGKILL: the process, and in a sandbox every process it started
   // Waits for the process to end: false if that cannot be known (it was reaped already). A
   // process the fork server could not set up says why in *why.

@@ -8,7 +8,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <sys/syscall.h>
+
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <sstream>
 
@@ -126,10 +130,38 @@ bool Zygote::fork(int in, int out, int err, int64_t timeout_ms, Child *child, st
     return fail(text.rfind("error ", 0) == 0 ? "the fork server: " + text.substr(6)
                                              : "the fork server answered '" + text.substr(0, 200) + "'");
   }
+  // Ready once its sandbox is made: a child that could not make it says why, and none is handed out.
+  std::string said;
+  std::string failed = wait_ready(status[0], timeout_ms, &said);
+  if (!failed.empty()) {
+    syscall(SYS_pidfd_send_signal, pidfd, SIGKILL, nullptr, 0);
+    close(pidfd);
+    return fail(failed);
+  }
   child->pid = pid_t(pid);
   child->pidfd = pidfd;
   child->status = status[0];
   return true;
+}
+
+std::string Zygote::wait_ready(int status, int64_t timeout_ms, std::string *said) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  char buf[4096];
+  while (said->find('\n') == std::string::npos) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    struct pollfd p = {status, POLLIN, 0};
+    int ready = poll(&p, 1, int(std::max<int64_t>(0, left.count())));
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready <= 0) return "a forked process was not ready within " + std::to_string(timeout_ms) + " ms";
+    ssize_t n = read(status, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return "a forked process ended before it was ready";
+    said->append(buf, size_t(n));
+  }
+  std::string line = said->substr(0, said->find('\n'));
+  if (line == "ready") return "";
+  if (line.rfind("error ", 0) == 0) return "a forked process could not be set up: " + line.substr(6, 1000);
+  return "a forked process said '" + line.substr(0, 200) + "'";
 }
 
 bool parse_zygote_status(const std::string &text, int *exit_code, int *signal) {

@@ -3,7 +3,8 @@
 // milliseconds, where starting an interpreter and importing the launcher takes about fifty. Each
 // child makes the pid, mount, ipc, uts and cgroup namespaces and the /proc, /tmp and /code that
 // bubblewrap makes for a process started afresh, and keeps no more capabilities than such a
-// process has. Processes without network are still started afresh (bubblewrap's --unshare-net).
+// process has. Used when the agent runs as root; processes without network are still started
+// afresh (bubblewrap's --unshare-net).
 #pragma once
 #include <sys/types.h>
 
@@ -20,21 +21,24 @@ class Zygote {
   // stdout /dev/null, stderr the agent's. nullptr with *why if it cannot be started.
   static std::unique_ptr<Zygote> start(const std::vector<std::string> &command, const std::vector<std::string> &env,
                                        std::string *why);
-  ~Zygote();  // ends the fork server (its children live on: each dies with its own pipes)
+  ~Zygote();  // ends the fork server, and with it every process it forked
 
   struct Child {
     pid_t pid = -1;   // in this pid namespace
     int pidfd = -1;   // signals it safely, whatever its pid is given to later
-    int status = -1;  // read end of the pipe that says how it ended (status_line())
+    int status = -1;  // read end of the pipe that says how it ended (parse_zygote_status)
   };
-  // A compute process with these as its stdin, stdout and stderr (the caller keeps its copies).
-  // Waits at most timeout_ms for the answer (the first may wait for the fork server's imports).
-  // false with *why; the fork server is then of no further use (a request it did not answer may
-  // still be answered: the next would read that answer).
+  // A compute process with these as its stdin, stdout and stderr (the caller keeps its copies),
+  // its sandbox made. Waits at most timeout_ms for the answer and as long for the process to be
+  // ready (the first may wait for the fork server's imports). false with *why; the fork server
+  // is then of no further use (a request it did not answer may still be answered, and the next
+  // would read that answer; a child that could not make its sandbox means none will).
   bool fork(int in, int out, int err, int64_t timeout_ms, Child *child, std::string *why);
 
  private:
   Zygote() = default;
+  // Reads the status pipe up to its first line: "" for "ready", else what went wrong.
+  static std::string wait_ready(int status, int64_t timeout_ms, std::string *said);
   pid_t pid_ = -1;  // bubblewrap's
   int control_ = -1;
   std::mutex mu_;

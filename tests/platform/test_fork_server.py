@@ -12,7 +12,8 @@ import pytest
 
 from scadtest import Platform
 
-pytestmark = pytest.mark.skipif(not shutil.which("bwrap"), reason="bubblewrap is not installed")
+pytestmark = [pytest.mark.skipif(not shutil.which("bwrap"), reason="bubblewrap is not installed"),
+              pytest.mark.skipif(os.geteuid() != 0, reason="the fork server serves an agent running as root")]
 
 ACTIONS = "/api/v1/namespaces/_/actions"
 
@@ -21,19 +22,16 @@ import os
 
 def main(args):
     status = dict(line.split(":", 1) for line in open("/proc/self/status").read().splitlines() if ":" in line)
-    try:
-        with open("/proc/sys/kernel/hostname", "w") as f:
-            f.write("x")
-        knobs = "writable"
-    except OSError as e:
-        knobs = type(e).__name__
+    knobs = "read-only" if os.statvfs("/proc/sys").f_flag & os.ST_RDONLY else "writable"
     with open("/tmp/mark-" + args["tag"], "w") as f:
         f.write("x")
     return {"init": open("/proc/1/cmdline", "rb").read().replace(b"\\0", b" ").decode(),
             "pid": os.getpid(), "pids": sorted(p for p in os.listdir("/proc") if p.isdigit()),
             "caps": {k: int(status[k].strip(), 16) for k in ("CapEff", "CapPrm", "CapInh", "CapAmb", "CapBnd")},
             "no_new_privs": status["NoNewPrivs"].strip(), "uid": os.getuid(), "knobs": knobs,
-            "tmp": sorted(os.listdir("/tmp"))}
+            "tmp": sorted(os.listdir("/tmp")),
+            "ns": {n: os.readlink("/proc/self/ns/" + n) for n in ("pid", "mnt", "ipc", "uts", "cgroup")},
+            "pts": sorted(os.listdir("/dev/pts"))}
 '''
 
 
@@ -57,7 +55,7 @@ def test_a_forked_process_has_a_sandbox_of_its_own(cold):
     one = one["response"]["result"]
     # The process (pid 2) under the fork server's init (pid 1): nothing else is visible.
     assert "scad.zygote" in one["init"] and one["pid"] == 2 and one["pids"] == ["1", "2"], one
-    assert one["no_new_privs"] == "1" and one["knobs"] != "writable", one
+    assert one["no_new_privs"] == "1" and one["knobs"] == "read-only", one
     if os.geteuid() == 0:
         # Root gave everything up with its uid; what is left could never come back (bounding set).
         assert one["uid"] >= 1 << 30, one
@@ -69,14 +67,18 @@ def test_a_forked_process_has_a_sandbox_of_its_own(cold):
     assert status == 200, two
     two = two["response"]["result"]
     assert two["pids"] == ["1", "2"] and "mark-one" not in two["tmp"] and "mark-two" in two["tmp"], two
+    # Namespaces of its own, not the other's (nor the fork server's, shared by both if they were).
+    assert all(one["ns"][n] != two["ns"][n] for n in one["ns"]), (one["ns"], two["ns"])
+    assert one["pts"] == two["pts"] == ["ptmx"], (one["pts"], two["pts"])  # a devpts each, no one's terminals
     status, again = cold.call("POST", f"{ACTIONS}/one", {"tag": "again"}, params="?blocking=true")
     assert status == 200 and "mark-one" in again["response"]["result"]["tmp"], "a warm process keeps its /tmp"
 
 
 EXITS = '''
-import os, signal
+import os, signal, sys
 
 def main(args):
+    print("init:", open("/proc/1/cmdline", "rb").read().replace(b"\\0", b" ").decode(), file=sys.stderr, flush=True)
     if args["how"] == "exit":
         os._exit(3)
     os.kill(os.getpid(), signal.SIGABRT)
@@ -86,8 +88,30 @@ def main(args):
 def test_how_a_forked_process_ended_is_reported(cold):
     status, rec = run(cold, "exits", {"how": "exit"}, code=EXITS)
     assert status == 502 and "exited with status 3 without a result" in rec["response"]["result"]["error"], rec
+    assert any("scad.zygote" in line for line in rec["logs"]), rec["logs"]
     status, rec = run(cold, "aborts", {"how": "abort"}, code=EXITS)
     assert status == 502 and "killed by signal 6" in rec["response"]["result"]["error"], rec
+    assert any("scad.zygote" in line for line in rec["logs"]), rec["logs"]
+
+
+CLOSES = '''
+import os, time
+
+def main(args):
+    os.close(1)
+    os.close(2)
+    time.sleep(3600)
+'''
+
+
+def test_a_process_that_closes_its_output_still_ends_at_its_timeout(cold):
+    # Its pipes close but the process goes on: it is ended at its time limit, as any other.
+    status, body = cold.call("PUT", f"{ACTIONS}/closes", {"exec": {"kind": "python:3", "code": CLOSES},
+                                                        "limits": {"timeout": 2000}})
+    assert status == 200, body
+    status, rec = cold.call("POST", f"{ACTIONS}/closes", {}, params="?blocking=true")
+    assert status == 502 and "time limits of 2000 milliseconds" in rec["response"]["result"]["error"], rec
+    assert run(cold, "after", {"tag": "after"})[0] == 200
 
 
 def children_of():
@@ -133,7 +157,7 @@ def test_without_the_fork_server_processes_start_afresh(cold, tmp_path):
     status, rec = run(cold, "after", {"tag": "after"})
     assert status == 200, rec
     result = rec["response"]["result"]
-    assert "bwrap" in result["init"] and result["pids"] == ["1", "2"] and result["knobs"] != "writable", result
+    assert "bwrap" in result["init"] and result["pids"] == ["1", "2"], result
     status, rec = cold.call("POST", f"{ACTIONS}/before", {"tag": "again"}, params="?blocking=true")
     assert status == 200 and "mark-before" not in rec["response"]["result"]["tmp"], "a process of the gone fork server"
 

@@ -9,7 +9,8 @@ for a process started afresh, then serves runs as `python -m scad.launcher --ser
     zygote (in bubblewrap: the system and the runtime read-only, no other tenant's anything)
       └─ init: pid 1 of a new pid namespace, with new mount, ipc, uts and cgroup namespaces;
          a fresh /proc (its /sys, /sysrq-trigger, /irq and /bus read-only, as bubblewrap's),
-         /tmp and /code (tmpfs); reaps what the run leaves behind, says how the process ended
+         /tmp and /code (tmpfs), /dev/pts (a devpts of its own); reaps what the run leaves
+         behind, says how the process ended
           └─ the launcher: pid 2, a session of its own; of the capabilities only CAP_SETUID and
              CAP_SETGID (when the agent is root), which it gives up with root for the tenant's uid
              before any user code runs, as a launcher started afresh does
@@ -24,17 +25,23 @@ The protocol, on a SOCK_SEQPACKET socket at fd 3 (the agent's end is its only ot
                    stderr, and the write end of its status pipe
   zygote -> agent: b"pid N" with a pidfd of the process (signals it safely, whatever its pid
                    becomes later), or b"error WHY"
-The status pipe's last line, written by the init when the launcher has ended, is "exit N" or
-"signal N"; then it closes (the agent's exit status of a process that is not its child).
+On the status pipe the launcher writes "ready" once its sandbox is made and its capabilities
+given up (or the init "error WHY" if that failed), and the init, when the launcher has ended,
+"exit N" or "signal N"; then it closes (the agent's exit status of a process that is not its
+child). The fork server reaps its inits between requests, at least once a second.
+
+The agent uses it when it runs as root. Unprivileged, all tenants share one uid and would share
+the fork server's writable root, and a user namespace's CAP_SYS_ADMIN cannot go back to the
+agent's pid namespace after making a child's (setns): processes are started by bubblewrap.
 
 Forked children share the zygote's address-space layout and hash seed (as Android's do): a
 process learns nothing of another tenant's memory from them, but a layout found in one holds in
 the others.
 """
-import array
 import ctypes
 import os
 import re
+import select
 import signal
 import socket
 import sys
@@ -54,7 +61,7 @@ MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 0x4000, 1 << 18
 
 CAP_SETGID, CAP_SETUID = 6, 7
-PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 1, 24, 47, 4
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 1, 4, 24, 47, 4
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522
 
 CONTROL_FD = 3
@@ -144,6 +151,8 @@ def _private_mounts(tmp_binds):
         _mount(None, path, None, MS_BIND | MS_REMOUNT | flags)
         os.close(fd)
     _mount("tmpfs", "/code", "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755")
+    # Terminals of its own, as bubblewrap's --dev gives each sandbox.
+    _mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=620")
 
 
 def _launcher(stdio, status_fd):
@@ -151,6 +160,7 @@ def _launcher(stdio, status_fd):
     os.setsid()
     # Root keeps only what switching to the tenant's uid takes (code_folder._take_uid).
     _keep_only({CAP_SETUID, CAP_SETGID} if os.getuid() == 0 else set())
+    os.write(status_fd, b"ready\n")  # set up: the agent may hand it runs
     for target, fd in enumerate(stdio):
         os.dup2(fd, target)
     os.closerange(3, os.sysconf("SC_OPEN_MAX"))
@@ -161,10 +171,10 @@ def _launcher(stdio, status_fd):
 def _init(stdio, status_fd, tmp_binds):
     """pid 1 of the child's pid namespace: makes its mounts, starts the launcher, reaps what the
     run leaves behind, and writes how the launcher ended. Its end ends the namespace's every process."""
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})  # blocked by the zygote around the fork
     _check(_libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl")
+    os.umask(0o022)  # the folders it makes for the mounts under /tmp are passable, whatever the agent's umask
     _private_mounts(tmp_binds)
+    os.chdir("/")
     child = os.fork()
     if child == 0:
         code = 1
@@ -176,10 +186,15 @@ def _init(stdio, status_fd, tmp_binds):
             sys.stdout.flush()
             sys.stderr.flush()
         os._exit(code if isinstance(code, int) else 1)
-    # The init holds none of the process's pipes (their ends tell the agent it died) and no privilege.
-    for fd in stdio:
+    # The init holds none of the process's pipes (their ends tell the agent it died), nothing of
+    # the fork server's (its stdio is the agent's log) and no privilege; nobody may trace it.
+    null = os.open("/dev/null", os.O_RDWR)
+    for target in range(3):
+        os.dup2(null, target)
+    for fd in (*stdio, null):
         os.close(fd)
     _keep_only(set())
+    _check(_libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "prctl(PR_SET_DUMPABLE)")
     while True:
         try:
             pid, status = os.waitpid(-1, 0)
@@ -198,7 +213,9 @@ def _init(stdio, status_fd, tmp_binds):
     os._exit(0)
 
 
-def _reap(*_):
+def _reap():
+    """Reaps the inits that ended. Only here, between requests: an init is never reaped between
+    its fork and its pidfd's opening."""
     while True:
         try:
             pid, _ = os.waitpid(-1, os.WNOHANG)
@@ -210,37 +227,34 @@ def _reap(*_):
 
 def _fork(control, own_pid_ns, tmp_binds, stdio, status_fd):
     """One process: its pid and a pidfd of it, or raises OSError."""
-    # SIGCHLD waits until the pidfd is open: a child that ends at once is not reaped before.
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
+    _check(_libc.unshare(CLONE_NEWPID), "unshare(CLONE_NEWPID)")
     try:
-        _check(_libc.unshare(CLONE_NEWPID), "unshare(CLONE_NEWPID)")
-        try:
-            pid = os.fork()
-            if pid == 0:
+        pid = os.fork()
+        if pid == 0:
+            try:
+                control.close()
+                os.close(own_pid_ns)
+                _init(stdio, status_fd, tmp_binds)
+            except BaseException:  # noqa: BLE001
                 try:
-                    control.close()
-                    os.close(own_pid_ns)
-                    _init(stdio, status_fd, tmp_binds)
-                except BaseException:  # noqa: BLE001
-                    try:
-                        why = " ".join(traceback.format_exc(limit=1).split())
-                        os.write(status_fd, f"error {why}\nexit 127\n".encode())
-                    finally:
-                        os._exit(127)
-        finally:
-            # Back to forking into this pid namespace: the next request makes a new one again.
-            _check(_libc.setns(own_pid_ns, CLONE_NEWPID), "setns(pid)")
-        return pid, os.pidfd_open(pid)
+                    why = " ".join(traceback.format_exc(limit=1).split())
+                    os.write(status_fd, f"error {why}\nexit 127\n".encode())
+                finally:
+                    os._exit(127)
     finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
+        # Back to forking into this pid namespace: the next request makes a new one again.
+        _check(_libc.setns(own_pid_ns, CLONE_NEWPID), "setns(pid)")
+    return pid, os.pidfd_open(pid)
 
 
 def serve(control):
     own_pid_ns = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
     tmp_binds = _binds_under_tmp()
-    signal.signal(signal.SIGCHLD, _reap)
     while True:
+        _reap()
         try:
+            if not select.select([control], [], [], 1.0)[0]:
+                continue
             message, fds, _, _ = socket.recv_fds(control, 64, 4)
         except OSError as e:
             print(f"scad zygote: reading a request: {e}", file=sys.stderr)
