@@ -27,7 +27,7 @@ void add_agent_flags(Flags &f, AgentOptions *o) {
       .choice("--cgroup", {"auto", "off"}, "cgroup v2 limits on compute processes", &o->cgroup)
       .choice("--sandbox", {"auto", "on", "off"}, "bubblewrap sandbox of compute processes", &o->sandbox)
       .choice("--fork-server", {"auto", "off"}, "fork sandboxed compute processes from one with the launcher "
-              "imported (auto) or start each afresh (off)", &o->fork_server);
+              "imported (auto: where the agent runs as root) or start each afresh (off)", &o->fork_server);
 }
 
 }  // namespace scad

@@ -49,6 +49,8 @@ bool Worker::alive() const {
 
 bool Worker::ends_by(std::chrono::steady_clock::time_point deadline) const {
   if (status < 0) return true;  // bubblewrap holds the pipes until the sandbox ends
+  int code, sig;
+  if (parse_zygote_status(status_text, &code, &sig)) return true;  // it said so with "ready"
   for (;;) {
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
     struct pollfd p = {status, POLLIN, 0};
@@ -77,7 +79,7 @@ bool Worker::reap(int *exit_code, int *signal, std::string *why) {
     return true;
   }
   // The status pipe closes when the process's init ends; its last line says how the process did.
-  std::string text;
+  std::string text = status_text;
   char buf[512];
   fcntl(status, F_SETFL, fcntl(status, F_GETFL) & ~O_NONBLOCK);
   for (ssize_t n; (n = read(status, buf, sizeof buf)) != 0;) {
@@ -135,6 +137,7 @@ std::unique_ptr<Worker> WorkerPool::fork_from_zygote() {
   w->pid = child.pid;
   w->pidfd = child.pidfd;
   w->status = child.status;
+  w->status_text = std::move(child.said);
   fcntl(w->out, F_SETFL, O_NONBLOCK);
   fcntl(w->err, F_SETFL, O_NONBLOCK);
   return w;
@@ -167,8 +170,11 @@ std::unique_ptr<Worker> WorkerPool::spawn(bool network) {
   for (auto &a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
   auto w = std::make_unique<Worker>();
-  int rc = posix_spawn(&w->pid, argv[0], &fa, nullptr, argv.data(), cenv.data());
+  posix_spawnattr_t attr;
+  plain_signals(&attr);
+  int rc = posix_spawn(&w->pid, argv[0], &fa, &attr, argv.data(), cenv.data());
   posix_spawn_file_actions_destroy(&fa);
+  posix_spawnattr_destroy(&attr);
   close(in[0]);
   close(out[1]);
   close(err[1]);
@@ -493,7 +499,9 @@ WorkerRun WorkerPool::run(Worker &w, const std::string &line, int64_t timeout_ms
   if (r.died || r.timed_out) {
     // A forked process's pipes are its own alone: closing them is not ending (user code may close
     // fd 1 and 2 and go on). It is waited for until its deadline, then ended as timed out.
-    if (r.died && !r.timed_out && !w.ends_by(deadline)) r.timed_out = true;
+    // (A process that ends right at its deadline still gets a moment to say how.)
+    if (r.died && !r.timed_out && !w.ends_by(std::max(deadline, Clock::now() + std::chrono::milliseconds(200))))
+      r.timed_out = true;
     if (r.timed_out) w.kill_now();
     ssize_t n;
     while ((n = read(w.err, buf, sizeof buf)) > 0) take_output(buf, size_t(n));

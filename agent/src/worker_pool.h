@@ -53,6 +53,7 @@ struct Worker {
   // A process the fork server made is not the agent's child: it is signalled through its pidfd
   // and says how it ended on its status pipe.
   int pidfd = -1, status = -1;
+  std::string status_text;  // read from `status` so far
   std::mutex in_mu;  // the run's spec and peer notices are written to `in` from different threads
   std::string key;   // the action it may serve again ("" while pre-warmed)
   std::string pending;  // stdout bytes after the last full line

@@ -46,9 +46,12 @@ std::unique_ptr<Zygote> Zygote::start(const std::vector<std::string> &command, c
   argv.push_back(nullptr);
   for (auto &e : envs) envp.push_back(e.data());
   envp.push_back(nullptr);
+  posix_spawnattr_t attr;
+  plain_signals(&attr);
   std::unique_ptr<Zygote> z(new Zygote());
-  int rc = posix_spawn(&z->pid_, argv[0], &fa, nullptr, argv.data(), envp.data());
+  int rc = posix_spawn(&z->pid_, argv[0], &fa, &attr, argv.data(), envp.data());
   posix_spawn_file_actions_destroy(&fa);
+  posix_spawnattr_destroy(&attr);
   close(sv[1]);
   if (rc != 0) {
     close(sv[0]);
@@ -141,6 +144,7 @@ bool Zygote::fork(int in, int out, int err, int64_t timeout_ms, Child *child, st
   child->pid = pid_t(pid);
   child->pidfd = pidfd;
   child->status = status[0];
+  child->said = said.substr(said.find('\n') + 1);  // what came after "ready" in the same read
   return true;
 }
 
@@ -162,6 +166,17 @@ std::string Zygote::wait_ready(int status, int64_t timeout_ms, std::string *said
   if (line == "ready") return "";
   if (line.rfind("error ", 0) == 0) return "a forked process could not be set up: " + line.substr(6, 1000);
   return "a forked process said '" + line.substr(0, 200) + "'";
+}
+
+void plain_signals(posix_spawnattr_t *attr) {
+  posix_spawnattr_init(attr);
+  sigset_t none, reset;
+  sigemptyset(&none);
+  sigemptyset(&reset);
+  sigaddset(&reset, SIGPIPE);
+  posix_spawnattr_setsigmask(attr, &none);
+  posix_spawnattr_setsigdefault(attr, &reset);
+  posix_spawnattr_setflags(attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
 }
 
 bool parse_zygote_status(const std::string &text, int *exit_code, int *signal) {

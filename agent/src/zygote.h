@@ -6,6 +6,7 @@
 // process has. Used when the agent runs as root; processes without network are still started
 // afresh (bubblewrap's --unshare-net).
 #pragma once
+#include <spawn.h>
 #include <sys/types.h>
 
 #include <memory>
@@ -27,6 +28,7 @@ class Zygote {
     pid_t pid = -1;   // in this pid namespace
     int pidfd = -1;   // signals it safely, whatever its pid is given to later
     int status = -1;  // read end of the pipe that says how it ended (parse_zygote_status)
+    std::string said;  // what was read from it past "ready"
   };
   // A compute process with these as its stdin, stdout and stderr (the caller keeps its copies),
   // its sandbox made. Waits at most timeout_ms for the answer and as long for the process to be
@@ -43,6 +45,10 @@ class Zygote {
   int control_ = -1;
   std::mutex mu_;
 };
+
+// Spawn attributes for the agent's children: no signal blocked (the agent blocks the ones its
+// signal thread takes) and SIGPIPE at its default.
+void plain_signals(posix_spawnattr_t *attr);
 
 // How a forked process ended, from everything read from its status pipe up to its end: false
 // when the pipe carried no verdict (the process's init was killed: by the agent, with SIGKILL).

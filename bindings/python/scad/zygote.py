@@ -25,8 +25,9 @@ The protocol, on a SOCK_SEQPACKET socket at fd 3 (the agent's end is its only ot
                    stderr, and the write end of its status pipe
   zygote -> agent: b"pid N" with a pidfd of the process (signals it safely, whatever its pid
                    becomes later), or b"error WHY"
-On the status pipe the launcher writes "ready" once its sandbox is made and its capabilities
-given up (or the init "error WHY" if that failed), and the init, when the launcher has ended,
+On the status pipe the launcher writes "ready" once its sandbox is made, its capabilities given up
+and the init has given up its own (or "error WHY", from whichever failed), and the init, when the
+launcher has ended,
 "exit N" or "signal N"; then it closes (the agent's exit status of a process that is not its
 child). The fork server reaps its inits between requests, at least once a second.
 
@@ -155,11 +156,20 @@ def _private_mounts(tmp_binds):
     _mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=620")
 
 
-def _launcher(stdio, status_fd):
-    """pid 2: the compute process itself."""
-    os.setsid()
-    # Root keeps only what switching to the tenant's uid takes (code_folder._take_uid).
-    _keep_only({CAP_SETUID, CAP_SETGID} if os.getuid() == 0 else set())
+def _launcher(stdio, status_fd, umask, init_done):
+    """pid 2: the compute process itself. Says "ready" once the init has given up what it held."""
+    try:
+        os.setsid()
+        os.umask(umask)  # the agent's, as a process bubblewrap started has it
+        # Root keeps only what switching to the tenant's uid takes (code_folder._take_uid).
+        _keep_only({CAP_SETUID, CAP_SETGID} if os.getuid() == 0 else set())
+        if os.read(init_done, 1) != b"+":
+            os._exit(1)  # the init failed (and said why): its end ends this process anyway
+        os.close(init_done)
+    except BaseException:  # noqa: BLE001 - said on the status pipe, never handed out
+        why = " ".join(traceback.format_exc(limit=1).split())
+        os.write(status_fd, f"error {why}\n".encode())
+        os._exit(1)
     os.write(status_fd, b"ready\n")  # set up: the agent may hand it runs
     for target, fd in enumerate(stdio):
         os.dup2(fd, target)
@@ -172,22 +182,29 @@ def _init(stdio, status_fd, tmp_binds):
     """pid 1 of the child's pid namespace: makes its mounts, starts the launcher, reaps what the
     run leaves behind, and writes how the launcher ended. Its end ends the namespace's every process."""
     _check(_libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl")
-    os.umask(0o022)  # the folders it makes for the mounts under /tmp are passable, whatever the agent's umask
+    umask = os.umask(0o022)  # the folders it makes for the mounts under /tmp are passable
     _private_mounts(tmp_binds)
     os.chdir("/")
+    init_done, done = os.pipe()
     child = os.fork()
     if child == 0:
+        os.close(done)
         code = 1
         try:
-            code = _launcher(stdio, status_fd)
+            code = _launcher(stdio, status_fd, umask, init_done)
         except BaseException:  # noqa: BLE001 - whatever it is, the process ends here, said on stderr
             traceback.print_exc()
         finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except (OSError, ValueError):  # closed, or its pipe gone
+                    pass
         os._exit(code if isinstance(code, int) else 1)
+    os.close(init_done)
     # The init holds none of the process's pipes (their ends tell the agent it died), nothing of
     # the fork server's (its stdio is the agent's log) and no privilege; nobody may trace it.
+    # Only then is the launcher ready.
     null = os.open("/dev/null", os.O_RDWR)
     for target in range(3):
         os.dup2(null, target)
@@ -195,6 +212,8 @@ def _init(stdio, status_fd, tmp_binds):
         os.close(fd)
     _keep_only(set())
     _check(_libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "prctl(PR_SET_DUMPABLE)")
+    os.write(done, b"+")
+    os.close(done)
     while True:
         try:
             pid, status = os.waitpid(-1, 0)
