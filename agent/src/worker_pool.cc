@@ -151,6 +151,10 @@ std::vector<std::string> WorkerPool::process_env() const {
 
 std::unique_ptr<Worker> WorkerPool::spawn(bool network) {
   std::vector<std::string> env = process_env();
+  if (zygote_ && zygote_failed_.exchange(false)) {
+    fprintf(stderr, "scad agent: a process of the fork server could not be set up: compute processes start afresh\n");
+    retired_zygote_ = std::move(zygote_);
+  }
   // Without network a process is started afresh, in a network namespace of its own.
   if (zygote_ && network)
     if (auto w = fork_from_zygote()) return w;
@@ -508,7 +512,10 @@ WorkerRun WorkerPool::run(Worker &w, const std::string &line, int64_t timeout_ms
     std::string why;
     if (w.reap(&r.exit_code, &r.signal, &why)) {
       // A process the fork server could not set up says why (never user code: it had not run).
-      if (!why.empty()) r.stderr_text += "scad agent: the process could not be set up: " + why + "\n";
+      if (!why.empty()) {
+        r.stderr_text += "scad agent: the process could not be set up: " + why + "\n";
+        zygote_failed_ = true;  // none of its processes will be: the next is started by bubblewrap
+      }
       // bubblewrap exits with 128 + the signal that ended the sandboxed process, as shells do.
       if (o_.sandbox && w.status < 0 && r.exit_code > 128 && r.exit_code < 128 + 65) {
         r.signal = r.exit_code - 128;

@@ -18,6 +18,7 @@
 #pragma once
 #include <sys/types.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -141,6 +142,7 @@ class WorkerPool {
   std::map<std::string, PerAction> actions_;
   std::unique_ptr<Zygote> zygote_;  // the maintainer thread's alone (it dies with the thread that started it)
   std::unique_ptr<Zygote> retired_zygote_;  // one that failed a request: its processes live on
+  std::atomic<bool> zygote_failed_{false};  // a run found a forked process that could not be set up
   std::thread maintainer_;
 };
 

@@ -133,9 +133,13 @@ bool Zygote::fork(int in, int out, int err, int64_t timeout_ms, Child *child, st
     return fail(text.rfind("error ", 0) == 0 ? "the fork server: " + text.substr(6)
                                              : "the fork server answered '" + text.substr(0, 200) + "'");
   }
-  // Ready once its sandbox is made: a child that could not make it says why, and none is handed out.
+  // The first child proves the fork server can make a sandbox here: it is waited for until it is
+  // ready, and one that could not make its sandbox says why. Later ones are handed out at once
+  // (their launcher reads nothing before it is ready) and set up while the next is forked.
   std::string said;
-  std::string failed = wait_ready(status[0], timeout_ms, &said);
+  std::string failed = proven_ ? "" : wait_ready(status[0], timeout_ms, &said);
+  if (said.find('\n') != std::string::npos) said.erase(0, said.find('\n') + 1);  // past "ready"
+  proven_ = proven_ || failed.empty();
   if (!failed.empty()) {
     syscall(SYS_pidfd_send_signal, pidfd, SIGKILL, nullptr, 0);
     close(pidfd);
@@ -144,7 +148,7 @@ bool Zygote::fork(int in, int out, int err, int64_t timeout_ms, Child *child, st
   child->pid = pid_t(pid);
   child->pidfd = pidfd;
   child->status = status[0];
-  child->said = said.substr(said.find('\n') + 1);  // what came after "ready" in the same read
+  child->said = said;  // what came after "ready" in the same read
   return true;
 }
 

@@ -30,11 +30,12 @@ class Zygote {
     int status = -1;  // read end of the pipe that says how it ended (parse_zygote_status)
     std::string said;  // what was read from it past "ready"
   };
-  // A compute process with these as its stdin, stdout and stderr (the caller keeps its copies),
-  // its sandbox made. Waits at most timeout_ms for the answer and as long for the process to be
-  // ready (the first may wait for the fork server's imports). false with *why; the fork server
-  // is then of no further use (a request it did not answer may still be answered, and the next
-  // would read that answer; a child that could not make its sandbox means none will).
+  // A compute process with these as its stdin, stdout and stderr (the caller keeps its copies).
+  // Waits at most timeout_ms for the answer, and for the first child as long for it to be ready
+  // (its sandbox made: later ones make theirs while the caller goes on, and read nothing before).
+  // false with *why; the fork server is then of no further use (a request it did not answer may
+  // still be answered, and the next would read that answer; a first child that could not make its
+  // sandbox means none will).
   bool fork(int in, int out, int err, int64_t timeout_ms, Child *child, std::string *why);
 
  private:
@@ -42,6 +43,7 @@ class Zygote {
   // Reads the status pipe up to its first line: "" for "ready", else what went wrong.
   static std::string wait_ready(int status, int64_t timeout_ms, std::string *said);
   pid_t pid_ = -1;  // bubblewrap's
+  bool proven_ = false;  // a child of it was ready
   int control_ = -1;
   std::mutex mu_;
 };
