@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <fstream>
+#include <random>
 #include <nlohmann/json.hpp>
 
 #include "harness.h"
@@ -67,6 +68,13 @@ std::string read_config(const std::string &grants_file, const std::string &clien
   return "";
 }
 
+// The first port of the kernel's ephemeral range (net.ipv4.ip_local_port_range).
+int ephemeral_ports_from() {
+  std::ifstream in("/proc/sys/net/ipv4/ip_local_port_range");
+  int low = 0;
+  return in >> low && low > 11000 ? low : 32768;
+}
+
 double ms_since(steady_clock::time_point t0) { return duration<double, std::milli>(steady_clock::now() - t0).count(); }
 
 }  // namespace
@@ -78,9 +86,19 @@ TEST_P(KilledServer, IsAnErrorWithinTheDeadlineAndRecoverWorksOnceBack) {
   std::string base = test::unique_socket_path("memd");
   std::string sock = base, grants = base + ".grants";
   unlink(grants.c_str());
-  std::vector<std::string> args = {"--element", "mem1=8MiB", "--tcp", "127.0.0.1:0", "--unix", sock,
+  std::vector<std::string> args = {"--element", "mem1=8MiB", "--tcp", "", "--unix", sock,
                                    "--grant", "mem1:client-1:rw", "--grants", grants};
-  auto memd = std::make_unique<Memd>(args);
+  // The server comes back on the same port. One the kernel hands out (":0", or a connection's
+  // source port) could be taken by another test while it is down: the port is chosen below the
+  // kernel's ephemeral range, where only a test's own choice could land.
+  std::unique_ptr<Memd> memd;
+  std::mt19937 pick(std::random_device{}());
+  int below = std::min(ephemeral_ports_from(), 65536) - 10000;
+  for (int attempt = 0; attempt < 20 && !(memd && memd->ready.contains("tcp")); ++attempt) {
+    unlink(grants.c_str());
+    args[3] = "127.0.0.1:" + std::to_string(below + int(pick() % 9000));
+    memd = std::make_unique<Memd>(args);
+  }
   ASSERT_TRUE(memd->ready.contains("tcp")) << memd->ready.dump();
   struct stat st;
   ASSERT_EQ(0, stat(grants.c_str(), &st));
