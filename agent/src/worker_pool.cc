@@ -15,6 +15,7 @@
 #include <cassert>
 #include <cerrno>
 #include <cstdio>
+#include <utility>
 #include <vector>
 
 extern char **environ;
@@ -27,6 +28,25 @@ namespace {
 constexpr size_t kWaitersPerProcess = 4;  // callers that may queue for each running process of an action
 // The longest a request to the fork server waits for its answer (its first waits for its imports).
 constexpr int64_t kZygoteAnswerMs = 10000;
+
+// A process's stdin, stdout and stderr: made together (none left open if one cannot be); the
+// child's ends are closed once it has them (or never will), and the agent's go to its Worker.
+struct StdioPipes {
+  int in[2] = {-1, -1}, out[2] = {-1, -1}, err[2] = {-1, -1};
+  bool make() { return pipe2(in, O_CLOEXEC) == 0 && pipe2(out, O_CLOEXEC) == 0 && pipe2(err, O_CLOEXEC) == 0; }
+  void hand_to(Worker *w) {
+    for (int *fd : {&in[0], &out[1], &err[1]}) close(std::exchange(*fd, -1));
+    w->in = std::exchange(in[1], -1);
+    w->out = std::exchange(out[0], -1);
+    w->err = std::exchange(err[0], -1);
+    fcntl(w->out, F_SETFL, O_NONBLOCK);
+    fcntl(w->err, F_SETFL, O_NONBLOCK);
+  }
+  ~StdioPipes() {
+    for (int fd : {in[0], in[1], out[0], out[1], err[0], err[1]})
+      if (fd >= 0) close(fd);
+  }
+};
 }  // namespace
 
 Worker::~Worker() {
@@ -111,35 +131,23 @@ WorkerPool::~WorkerPool() {
 }
 
 std::unique_ptr<Worker> WorkerPool::fork_from_zygote() {
-  if (!zygote_) return nullptr;
-  int in[2] = {-1, -1}, out[2] = {-1, -1}, err[2] = {-1, -1};
-  if (pipe2(in, O_CLOEXEC) || pipe2(out, O_CLOEXEC) || pipe2(err, O_CLOEXEC)) {
-    for (int fd : {in[0], in[1], out[0], out[1], err[0], err[1]})
-      if (fd >= 0) close(fd);
-    return nullptr;
-  }
-  auto w = std::make_unique<Worker>();
+  StdioPipes pipes;
+  if (!zygote_ || !pipes.make()) return nullptr;
   Zygote::Child child;
   std::string why;
-  bool forked = zygote_->fork(in[0], out[1], err[1], kZygoteAnswerMs, &child, &why);
-  close(in[0]);
-  close(out[1]);
-  close(err[1]);
-  w->in = in[1];
-  w->out = out[0];
-  w->err = err[0];
+  bool forked = zygote_->fork(pipes.in[0], pipes.out[1], pipes.err[1], kZygoteAnswerMs, &child, &why);
   if (!forked) {
     // Kept, not ended: the processes it made die with it. It is asked for nothing more.
     fprintf(stderr, "scad agent: the fork server failed (%s): compute processes start afresh\n", why.c_str());
     retired_zygote_ = std::move(zygote_);
     return nullptr;
   }
+  auto w = std::make_unique<Worker>();
+  pipes.hand_to(w.get());
   w->pid = child.pid;
   w->pidfd = child.pidfd;
   w->status = child.status;
   w->status_text = std::move(child.said);
-  fcntl(w->out, F_SETFL, O_NONBLOCK);
-  fcntl(w->err, F_SETFL, O_NONBLOCK);
   return w;
 }
 
@@ -158,13 +166,13 @@ std::unique_ptr<Worker> WorkerPool::spawn(bool network) {
   // Without network a process is started afresh, in a network namespace of its own.
   if (zygote_ && network)
     if (auto w = fork_from_zygote()) return w;
-  int in[2], out[2], err[2];
-  if (pipe2(in, O_CLOEXEC) || pipe2(out, O_CLOEXEC) || pipe2(err, O_CLOEXEC)) return nullptr;
+  StdioPipes pipes;
+  if (!pipes.make()) return nullptr;
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_adddup2(&fa, in[0], 0);
-  posix_spawn_file_actions_adddup2(&fa, out[1], 1);
-  posix_spawn_file_actions_adddup2(&fa, err[1], 2);
+  posix_spawn_file_actions_adddup2(&fa, pipes.in[0], 0);
+  posix_spawn_file_actions_adddup2(&fa, pipes.out[1], 1);
+  posix_spawn_file_actions_adddup2(&fa, pipes.err[1], 2);
   std::vector<char *> cenv;
   for (auto &e : env) cenv.push_back(e.data());
   cenv.push_back(nullptr);
@@ -173,24 +181,16 @@ std::unique_ptr<Worker> WorkerPool::spawn(bool network) {
   std::vector<char *> argv;
   for (auto &a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
-  auto w = std::make_unique<Worker>();
   posix_spawnattr_t attr;
   plain_signals(&attr);
-  int rc = posix_spawn(&w->pid, argv[0], &fa, &attr, argv.data(), cenv.data());
+  pid_t pid = -1;
+  int rc = posix_spawn(&pid, argv[0], &fa, &attr, argv.data(), cenv.data());
   posix_spawn_file_actions_destroy(&fa);
   posix_spawnattr_destroy(&attr);
-  close(in[0]);
-  close(out[1]);
-  close(err[1]);
-  w->in = in[1];
-  w->out = out[0];
-  w->err = err[0];
-  if (rc != 0) {
-    w->pid = -1;
-    return nullptr;
-  }
-  fcntl(w->out, F_SETFL, O_NONBLOCK);
-  fcntl(w->err, F_SETFL, O_NONBLOCK);
+  if (rc != 0) return nullptr;
+  auto w = std::make_unique<Worker>();
+  pipes.hand_to(w.get());
+  w->pid = pid;
   return w;
 }
 

@@ -5,10 +5,9 @@
 #include <signal.h>
 #include <spawn.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#include <sys/syscall.h>
 
 #include <algorithm>
 #include <cerrno>
