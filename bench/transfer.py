@@ -2,7 +2,7 @@
 """One-sided transfers through this project's Python APIs beside the peers our users would pick
 instead, in one run, with ratios:
 
-    bench/transfer.py [--quick] [--no-setup] [--transports shm,tcp] [--apis ...] [--skip-peers]
+    bench/transfer.py [--quick] [--no-setup] [--transports shm,tcp] [--apis ...] [--skip-peers] [--rounds 3]
 
 Ours (the project's .venv and build): plain libd transport reads and writes (`libd`), scad.connect
 (`connect`), scad.rdma (`rdma`), scad.tensor_transport (`tensor`). Peers (their own environment,
@@ -20,6 +20,11 @@ bench/transfer_pair.py). Two kinds of figure, both medians, in microseconds per 
 Sizes 64 B .. 16 MiB, read and write, 1 and 16 in flight (per buffer: the batch's time / 16; a
 batch is each API's own way of moving several buffers at once, transfer_pair.py says which).
 The ratio is the peer's time over ours: above 1, ours is faster. Raw results go to bench/out/.
+
+A run is several rounds, each measuring every API and peer once, ours first in one round and the
+peers first in the next: on a shared two-core host one operation's time drifts by half from one
+minute to the next, so a ratio is taken within a round (ours and the peer a few seconds apart) and
+the figures printed are medians over the rounds.
 """
 import argparse
 import json
@@ -122,7 +127,10 @@ def main():
     ap.add_argument("--transports", default="shm,tcp")
     ap.add_argument("--apis", default=",".join(OURS))
     ap.add_argument("--skip-peers", action="store_true")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of every API and peer (default 3)")
     args = ap.parse_args()
+    if args.rounds < 1:
+        ap.error("--rounds must be at least 1")
     t_start = time.time()
     load_before = os.getloadavg()
     if not args.no_setup:
@@ -143,31 +151,26 @@ def main():
     # numpy's OpenBLAS starts a pool of threads that spin for a while; nothing here does algebra.
     base_env = dict(os.environ, PYTHONUNBUFFERED="1", OPENBLAS_NUM_THREADS="1")
     with open(log_path, "w") as log:
-        for transport in transports:
-            print(f"measuring over {transport} ...", flush=True)
-            for api in apis:
-                got, err = run_worker(ours_python, "transfer_scad.py", api, transport,
-                                      plan_for(api, sizes, "xfer" if api == "libd" else "op"), base_env, log)
-                rows += got
-                if err:
-                    failures[(api, transport)] = err
-            if args.skip_peers:
-                continue
-            # NIXL: operations and steady-state transfers.
-            env = dict(base_env, UCX_TLS=NIXL_TLS[transport], UCX_NET_DEVICES="lo")
-            for mode in ("op", "xfer"):
-                got, err = run_worker(peer_python, "transfer_peers.py", "nixl", transport,
-                                      plan_for("nixl", sizes, mode), env, log)
-                rows += got
-                if err:
-                    failures[("nixl", transport, mode)] = err
-            if transport in MOONCAKE_TRANSPORTS:
-                for mode in ("op", "xfer"):
-                    got, err = run_worker(peer_python, "transfer_peers.py", "mooncake", transport,
-                                          plan_for("mooncake", sizes, mode), base_env, log)
-                    rows += got
+        for rnd in range(args.rounds):
+            for transport in transports:
+                print(f"round {rnd + 1} of {args.rounds}: measuring over {transport} ...", flush=True)
+                # (python, script, api, mode, env, failure key) of every worker pair of the round
+                ours = [(ours_python, "transfer_scad.py", api, "xfer" if api == "libd" else "op", base_env,
+                         (api, transport)) for api in apis]
+                peers = []
+                if not args.skip_peers:
+                    # NIXL: operations and steady-state transfers.
+                    env = dict(base_env, UCX_TLS=NIXL_TLS[transport], UCX_NET_DEVICES="lo")
+                    peers += [(peer_python, "transfer_peers.py", "nixl", mode, env, ("nixl", transport, mode))
+                              for mode in ("op", "xfer")]
+                    if transport in MOONCAKE_TRANSPORTS:
+                        peers += [(peer_python, "transfer_peers.py", "mooncake", mode, base_env,
+                                   ("mooncake", transport, mode)) for mode in ("op", "xfer")]
+                for python, script, api, mode, env, key in (ours + peers if rnd % 2 == 0 else peers + ours):
+                    got, err = run_worker(python, script, api, transport, plan_for(api, sizes, mode), env, log)
+                    rows += [dict(r, round=rnd) for r in got]
                     if err:
-                        failures[("mooncake", transport, mode)] = err
+                        failures[key] = err
     if not args.skip_peers:
         notes.append(f"NIXL over shm is UCX_TLS={NIXL_TLS['shm']}: with shared memory alone its UCX backend "
                      "cannot start (UCX: 'no active messages transport ... no peer failure handler').")
@@ -176,7 +179,7 @@ def main():
                      "MC_USE_TENT=1, both run tcp.")
         notes.append("scad.tensor_transport has no write: Ray's tensor transport is one-sided and only reads "
                      "(the destination pulls).")
-    report(rows, sizes, transports, apis, failures, notes)
+    report(rows, sizes, transports, apis, failures, notes, args.rounds)
     load_after = os.getloadavg()
     print(f"\nload average (1, 5, 15 min) before: {' '.join(f'{x:.2f}' for x in load_before)}, after: "
           f"{' '.join(f'{x:.2f}' for x in load_after)} (2 cores: anything else running shows in the figures)")
@@ -187,15 +190,35 @@ def main():
 
 
 def index(rows):
-    return {(r["api"], r["transport"], r["mode"], r["size"], r["op"], r["inflight"]): r for r in rows}
+    """{cell key: {round: row}}"""
+    ix = {}
+    for r in rows:
+        ix.setdefault((r["api"], r["transport"], r["mode"], r["size"], r["op"], r["inflight"]), {})[r.get("round", 0)] = r
+    return ix
 
 
-def report(rows, sizes, transports, apis, failures, notes):
+def median_or_none(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def report(rows, sizes, transports, apis, failures, notes, rounds=1):
     ix = index(rows)
-    med = lambda key: per_op_us(ix[key]) if key in ix else None  # noqa: E731
+
+    def med(key):
+        """The cell's median time per operation, the median over the rounds."""
+        return median_or_none([per_op_us(r) for r in ix.get(key, {}).values()])
+
+    def ratio(peer_key, our_key):
+        """The peer's time over ours, taken within each round (both measured then), median over rounds."""
+        ours, peer = ix.get(our_key, {}), ix.get(peer_key, {})
+        return median_or_none([per_op_us(peer[n]) / per_op_us(ours[n]) for n in ours if n in peer])
+
     checks = []
     print()
-    print("Microseconds per operation (median); x = the peer's time / ours (above 1: ours is faster).")
+    print(f"Microseconds per operation (median; over {rounds} round{'s' if rounds > 1 else ''}: the median of each "
+          "round's median);")
+    print("x = the peer's time / ours within a round, median over the rounds (above 1: ours is faster).")
     print("libd rows: one transfer on a connected transport, beside the peers' steady-state transfers;")
     print("API rows: one whole operation (lend, hand over, transfer, completion, end), beside the peers' operations.")
     unverified = [r for r in rows if not r.get("verified", True)]
@@ -212,10 +235,11 @@ def report(rows, sizes, transports, apis, failures, notes):
                         ours = med((api, transport, mode, size, op, k))
                         if ours is None and (api == "tensor" and op == "write"):
                             continue
+                        key = (api, transport, mode, size, op, k)
                         nixl = med(("nixl", transport, mode, size, op, k))
                         moon = med(("mooncake", transport, mode, size, op, k))
-                        xn = nixl / ours if ours and nixl else None
-                        xm = moon / ours if ours and moon else None
+                        xn = ratio(("nixl", transport, mode, size, op, k), key)
+                        xm = ratio(("mooncake", transport, mode, size, op, k), key)
                         gbs = size / (ours * 1e3) if ours else None
                         print(f"{NAMES[api]:22} {human(size):>7} {op:5} {k:>2} | {fmt(ours)} {fmt(gbs, 6, 2)} | "
                               f"{fmt(nixl)} {fmt(xn, 6, 2)} | {fmt(moon)} {fmt(xm, 6, 2)}")
@@ -229,11 +253,12 @@ def report(rows, sizes, transports, apis, failures, notes):
             for mode in (("xfer",) if api == "libd" else ("op",)):
                 r = med((api, transport, mode, 1 << 20, "read", 1))
                 w = med((api, transport, mode, 1 << 20, "write", 1))
-                row = ix.get((api, transport, mode, 1 << 20, "read", 1))
+                first = median_or_none([row["first"] * 1e6 for row in ix.get((api, transport, mode, 1 << 20, "read", 1),
+                                                                            {}).values()])
                 if r is None and w is None:
                     continue
                 label = NAMES[api] + (" (transfer)" if mode == "xfer" else "")
-                print(f"{transport:9} {label:22} | {fmt(r)} {fmt(w)} {fmt(row['first'] * 1e6 if row else None)}")
+                print(f"{transport:9} {label:22} | {fmt(r)} {fmt(w)} {fmt(first)}")
     missed = [(n, x) for n, x in checks if x < 1]
     print(f"\ntarget (ahead of NIXL and Mooncake in every cell both can run): {len(checks) - len(missed)} of "
           f"{len(checks)} met")

@@ -3,13 +3,14 @@
 Commands arrive as JSON lines on stdin, answers leave as JSON lines on stdout.
 
   owner:  {"cmd": "array", "size": n, "seed": s}                 -> {"digest": ...}
+          {"cmd": "lend", "size": n, "seed": s}  a new array, lent whole -> {"json": ..., "digest": ..., "index": i}
           {"cmd": "buffer", "start": a, "stop": b}               -> {"json": ..., "pickle": base64}
           {"cmd": "drop", "index": i}                             -> {"regions": [...]}
           {"cmd": "buffers", "slices": [[a, b], ...]}  one buffer over the list -> {"json": ...}
           {"cmd": "digest", "start": a, "stop": b}               -> {"digest": ...}
           {"cmd": "digest", "slices": [[a, b], ...]}  of the slices end to end -> {"digest": ...}
           {"cmd": "regions"}                                      -> {"regions": [...]}
-  peer:   {"cmd": "read", "buffer": json|pickle, "size": n, "offset": o} -> {"digest": ...} | error
+  peer:   {"cmd": "read", "buffer": json|pickle, "size": n, "offset": o} -> {"digest": ..., "same_pair": bool (as the previous read's), "impl": ...} | error
           ("sizes": [n, ...] instead of "size": into a list of arrays, with one read_into; the
           digest is of them end to end; the same for "write")
           {"cmd": "write", "buffer": ..., "size": n, "seed": s, "offset": o} -> {"digest": ...} | error
@@ -26,6 +27,7 @@ import json
 import os
 import pickle
 import sys
+import weakref
 
 import numpy
 
@@ -51,12 +53,20 @@ class Peer:
         self.manager = RdmaManager.get(transport=os.environ.get("PEER_TRANSPORT") or None, timeout=20.0)
         self.array = None
         self.buffers = []
+        self.kept = []
+        self.last_pair = None
 
     async def handle(self, msg):
         cmd = msg["cmd"]
         if cmd == "array":
             self.array = seeded(msg["size"], msg["seed"])
             return {"digest": digest(self.array)}
+        if cmd == "lend":  # a new array of its own, lent whole
+            array = seeded(msg["size"], msg["seed"])
+            buf = self.manager.request_buffer(array)
+            self.buffers.append(buf)
+            self.kept.append(array)
+            return {"json": buf.to_json(), "digest": digest(array), "index": len(self.buffers) - 1}
         if cmd == "buffer":
             view = self.array[msg.get("start", 0):msg.get("stop", len(self.array))]
             buf = self.manager.request_buffer(view)
@@ -83,8 +93,14 @@ class Peer:
                 await load(msg).read_into(dst, offset=msg.get("offset", 0), timeout=20)
                 return {"digest": digest(numpy.concatenate(dst))}
             dst = numpy.zeros(msg["size"], numpy.uint8)
-            await load(msg).read_into(dst, offset=msg.get("offset", 0), timeout=20)
-            return {"digest": digest(dst)}
+            buf = load(msg)
+            await buf.read_into(dst, offset=msg.get("offset", 0), timeout=20)
+            # Which queue pair carried it: the one of the previous read again? (A weak reference:
+            # one closed and freed meanwhile is not mistaken for a new one at the same address.)
+            qp = self.manager._qps.get(buf.route)
+            same = self.last_pair is not None and self.last_pair() is qp
+            self.last_pair = weakref.ref(qp)
+            return {"digest": digest(dst), "same_pair": same, "impl": qp.impl}
         if cmd == "write":
             if "sizes" in msg:
                 src = seeded(sum(msg["sizes"]), msg["seed"])

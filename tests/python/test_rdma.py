@@ -181,6 +181,25 @@ def test_a_queue_pair_is_one_per_route_and_reused(pair):
 
 
 @pytest.mark.parametrize("pair", IMPLS, indirect=True)
+def test_a_queue_pair_let_go_of_serves_the_next_buffer_and_only_that_one(pair):
+    owner, peer = pair
+    a = ok(owner.call(cmd="lend", size=8 * KiB, seed=21))
+    b = ok(owner.call(cmd="lend", size=8 * KiB, seed=22))
+    got_a = ok(peer.call(cmd="read", size=8 * KiB, buffer=a["json"]))
+    ok(peer.call(cmd="forget", buffer=a["json"]))
+    got_b = ok(peer.call(cmd="read", size=8 * KiB, buffer=b["json"]))
+    assert (got_a["digest"], got_b["digest"]) == (a["digest"], b["digest"])
+    if got_a["impl"] in ("shm", "tcp"):  # (verbs: a queue pair is a connection of its own per key)
+        assert got_b["same_pair"], "the queue pair the peer let go of carried the next buffer"
+    ok(peer.call(cmd="forget", buffer=b["json"]))
+    # The idle queue pair once held a's key: with a dropped, taking it for a is still refused.
+    ok(owner.call(cmd="drop", index=a["index"]))
+    r = peer.call(cmd="read", size=8 * KiB, buffer=a["json"])
+    assert r.get("error") == "PermissionError" and "refused" in r["message"], r
+    assert ok(peer.call(cmd="read", size=8 * KiB, buffer=b["json"]))["digest"] == b["digest"]
+
+
+@pytest.mark.parametrize("pair", IMPLS, indirect=True)
 def test_buffers_made_used_and_dropped_in_a_loop_leak_nothing(pair):
     owner, peer = pair
     ok(owner.call(cmd="array", size=64 * KiB, seed=6))

@@ -47,6 +47,18 @@ def _checked_ranges(ranges: Sequence[int], size: int, offset: int) -> Tuple[int,
     return tuple(ranges)
 
 
+_Manager: Any = None
+
+
+def _manager() -> Any:
+    """This process's RdmaManager (its module imports this one: looked up on first use)."""
+    global _Manager
+    if _Manager is None:
+        from ._manager import RdmaManager
+        _Manager = RdmaManager
+    return _Manager.get()
+
+
 class RdmaBuffer:
     def __init__(self, *, owner: str, hostname: str, host: str, port: int, path: str, verbs: bool, grant: str,
                  secret: str, offset: int, size: int, whole: bool, ranges: Optional[Sequence[int]] = None) -> None:
@@ -75,20 +87,17 @@ class RdmaBuffer:
         array, bytearray, writable memoryview, CPU tensor or Descriptor; or a list of them, filled
         in order from offset, in one transfer). On timeout the transfer is cancelled (dst is not
         written afterwards) and TimeoutError raised."""
-        from ._manager import RdmaManager
-        await RdmaManager.get().transfer(self, dst, offset, timeout, read=True)
+        await _manager().transfer(self, dst, offset, timeout, read=True)
 
     async def write_from(self, src: Any, offset: int = 0, timeout: Optional[float] = 3.0) -> None:
         """Copies src (local memory, or a list of it, in order) into this buffer at offset."""
-        from ._manager import RdmaManager
-        await RdmaManager.get().transfer(self, src, offset, timeout, read=False)
+        await _manager().transfer(self, src, offset, timeout, read=False)
 
     def drop(self) -> None:
         """In the owner: revokes the slice's key at once (peers holding it are cut off) and
         releases its memory when the region has no buffer left. Elsewhere: closes this process's
         queue pair to it; the owner's grant stays."""
-        from ._manager import RdmaManager
-        RdmaManager.get().drop(self)
+        _manager().drop(self)
 
     # ---- serialisation ------------------------------------------------------------------
     def to_dict(self) -> dict:

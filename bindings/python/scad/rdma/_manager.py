@@ -22,6 +22,15 @@ from ._queue_pair import QueuePair
 from ._regions import Region, RegionCache
 
 
+def _forget_after_fork() -> None:
+    # A forked child does not inherit its parent's connections: it makes its own manager.
+    RdmaManager._instance = None
+
+
+# Idle queue pairs kept per owner's server: enough for a few buffers moved at once in a loop.
+_IDLE_QPS_PER_SERVER = 4
+
+
 class RdmaManager:
     _instance: Optional["RdmaManager"] = None
     _instance_pid = 0
@@ -35,6 +44,9 @@ class RdmaManager:
         "verbs" for its queue pairs; timeout: libd's per-transfer deadline in seconds;
         busy_poll_us: how long a wait for transfers polls before it sleeps (0: sleep at once).
         Options are taken on first use only; asking for others later is an error."""
+        instance = cls._instance
+        if instance is not None and host is None and transport is None and timeout == 30.0 and busy_poll_us == 0.0:
+            return instance  # the common call, on every transfer: no lock (a fork child's is reset)
         options = (host, transport, timeout, busy_poll_us)
         with cls._instance_lock:
             # A forked child does not inherit its parent's connections: it gets its own manager.
@@ -67,6 +79,9 @@ class RdmaManager:
         self._lists: Dict[str, tuple] = {}  # grant -> (element, the objects owning its memory): _request_list
         self._next = 0
         self._qps: Dict[tuple, QueuePair] = {}
+        # Per owner's server: queue pairs let go of after a transfer, kept for the next buffer of
+        # that server (a few; QueuePair.park).
+        self._idle_qps: Dict[tuple, list] = {}
         self._qp_locks: Dict[tuple, asyncio.Lock] = {}
         # Per owner's server: how this process reaches it (transport, and the durl up to the
         # grant), decided once, not per queue pair (the decision looks at the file system).
@@ -147,10 +162,10 @@ class RdmaManager:
     def _buffer(self, config: str, **where: Any) -> RdmaBuffer:
         """The handle on a grant this process's server made (its configuration string) and where
         the grant lies (offset, size, whole, ranges)."""
-        pairs = dict(p.split(",", 1) for p in config.split(";"))
         ep = self._endpoint
         return RdmaBuffer(owner=self.name, hostname=self.hostname, host=ep["host"], port=ep["port"], path=ep["path"],
-                          verbs=ep["verbs"], grant=pairs["grant"], secret=pairs["secret"], **where)
+                          verbs=ep["verbs"], grant=_config_value(config, "grant"),
+                          secret=_config_value(config, "secret"), **where)
 
     def regions(self) -> list:
         """(address, size, buffers) of every registered region: for diagnostics and tests."""
@@ -176,13 +191,13 @@ class RdmaManager:
                     if not region.holders:
                         self._forget_locked(region)
             return
-        self._forget_qp(buf.route)
+        self._forget_qp(buf.route, reuse=True)
 
     # ---- the peer's side ----------------------------------------------------------------
     def release_queue_pair(self, remote: RdmaBuffer) -> None:
         """Closes this process's queue pair to remote's route, if there is one (the owner's
         grant stays). For a peer done with a buffer, even in the owner's own process."""
-        self._forget_qp(remote.route)
+        self._forget_qp(remote.route, reuse=True)
 
     def _queue_pair(self, remote: RdmaBuffer) -> tuple:
         """The queue pair to remote's route and whether it is new (made now, not connected yet:
@@ -203,6 +218,18 @@ class RdmaManager:
                 where += ";announce,0"
             how = self._servers[server] = (impl, f"qp;{impl};{where};timeout_ms,{self._timeout_ms};")
         impl, durl = how
+        idle = self._idle_qps.get(server)
+        while idle:
+            try:
+                parked = idle.pop()
+            except IndexError:  # another thread took the last one
+                break
+            if parked.rebind(route, remote.grant, remote._secret):
+                qp = self._qps.setdefault(route, parked)
+                if qp is parked:
+                    return qp, True  # not connected to this key yet: its first transfer attaches it
+                self._park(parked)  # another thread made the same route's meanwhile
+                return qp, False
         from disagg import LibdAction
 
         # An action per queue pair: closing it lets go of its grant entirely (an action keeps
@@ -211,6 +238,7 @@ class RdmaManager:
         action = LibdAction(self.name)
         action.add_transport(f"{durl}grant,{remote.grant};secret,{remote._secret}")
         made = QueuePair(action, action.get_transport("qp", "rdma"), route, impl)
+        made.server = server
         qp = self._qps.setdefault(route, made)
         if qp is not made:
             action.terminate()  # another thread made the same route's meanwhile: use that one
@@ -227,6 +255,7 @@ class RdmaManager:
     async def request_queue_pair(self, remote: RdmaBuffer) -> QueuePair:
         """The queue pair to remote's route, connected (made on first use, then reused)."""
         qp, new = self._queue_pair(remote)
+        qp.exposed = True  # the caller holds it: never parked and pointed at another buffer
         if new:
             try:
                 await wait_in_thread(qp._t.connect)  # the owner checks the key now: a refusal is an error here
@@ -274,10 +303,23 @@ class RdmaManager:
             self._server_action, self._server, self._endpoint = _memserver.start(self.name, self._host, self._verbs)
         return self._server
 
-    def _forget_qp(self, route: tuple) -> None:
+    def _forget_qp(self, route: tuple, reuse: bool = False) -> None:
+        """Lets go of the queue pair to route. reuse: the peer is done with the buffer (nothing
+        failed): kept, its key let go of, for the next buffer of the same server."""
         qp = self._qps.pop(route, None)
         self._qp_locks.pop(route, None)
-        if qp is not None:
+        if qp is None:
+            return
+        if reuse and not qp.exposed and qp.impl in ("shm", "tcp"):
+            self._park(qp)
+        else:
+            qp.close()
+
+    def _park(self, qp: QueuePair) -> None:
+        idle = self._idle_qps.setdefault(qp.server, [])
+        if len(idle) < _IDLE_QPS_PER_SERVER and qp.park():
+            idle.append(qp)
+        else:
             qp.close()
 
     def _forget_locked(self, region: Region) -> None:
@@ -288,6 +330,20 @@ class RdmaManager:
             pass
 
 
+def _config_value(config: str, key: str) -> str:
+    """The value of `key` in a libd configuration string ("k,v;k,v;..."), whose keys are unique
+    and whose values hold neither ',' nor ';'."""
+    if config.startswith(key + ","):
+        at = len(key) + 1
+    else:
+        at = config.find(";" + key + ",")
+        if at < 0:
+            raise KeyError(key)
+        at += len(key) + 2
+    end = config.find(";", at)
+    return config[at:] if end < 0 else config[at:end]
+
+
 def _refusal(e: OSError, impl: str, new: bool) -> OSError:
     """What a transfer's failure means to the caller: a refused key, an owner out of reach (on the
     first contact), or a transfer cut off."""
@@ -296,3 +352,6 @@ def _refusal(e: OSError, impl: str, new: bool) -> OSError:
     if new:
         return ConnectionError(e.errno, f"cannot reach the buffer's owner over {impl}: {e}")
     return ConnectionError(e.errno, f"the buffer's owner cut the transfer off (it dropped the buffer, or is gone): {e}")
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)

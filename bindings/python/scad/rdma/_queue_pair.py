@@ -9,6 +9,7 @@ transfers run is refused (wait first).
 from __future__ import annotations
 
 import bisect
+import errno
 import os
 import threading
 import time
@@ -81,6 +82,8 @@ class QueuePair:
         self._reg: Optional[tuple] = None  # (ptr, size) of the registered local region
         self._keep: Any = None
         self._fd = -1  # the eventfd libd writes to as transfers complete (wait)
+        self.server: tuple = ()  # the owner's server it leads to (the manager's key for idle pairs)
+        self.exposed = False  # handed to a caller (request_queue_pair): closed, never reused
 
     def get(self, local: Any, remote: RdmaBuffer, offset: int = 0) -> None:
         """Starts reading remote[offset:offset+len(local)] into local (or into a list of local
@@ -96,8 +99,7 @@ class QueuePair:
         """Starts one transfer of several local buffers, [(local, offset in remote)], each to or
         from its own part of remote (a buffer lent as a list: each part within one of its
         ranges); the local buffers are registered together for it. Returns at once."""
-        if remote.route != self.route:
-            raise ValueError("this queue pair leads to another buffer's route: use request_queue_pair(remote)")
+        self._check_route(remote)
         pieces = [(_local(m), offset) for m, offset in pairs]
         ends = remote.range_ends()
         for d, offset in pieces:
@@ -124,6 +126,7 @@ class QueuePair:
             raise NotImplementedError("over verbs one transfer moves one local memory (a queue pair registers one): "
                                       "move each with its own transfer")
         with self._lock:
+            self._check_route(remote)
             if any(not op.done() for op in self._pending):
                 raise RuntimeError("transfers are still running on this queue pair: wait() first")
             keep = list(regs.values())
@@ -187,24 +190,70 @@ class QueuePair:
         if fd >= 0:
             os.close(fd)  # every operation ended (cancelled): nothing writes to it any more
 
+    # ---- reuse for another buffer of the same server (the manager's idle queue pairs) ----
+    def park(self) -> bool:
+        """Lets go of this queue pair's key at once (what still runs is cancelled, the grant is
+        detached from the connection) but keeps its libd transport for another buffer of the same
+        owner's server: making one costs more than the transfer of a small buffer. False, and
+        closed instead, when the transport cannot be configured again."""
+        with self._lock:
+            pending, self._pending = self._pending, []
+            route, self.route = self.route, None  # a transfer started on it from now on is refused
+        for op in pending:
+            op.cancel()  # once it returns, libd touches none of their memory
+        with self._lock:
+            self._reg, self._keep = None, None  # the caller's memory is not kept alive by an idle pair
+        if self.impl == "shm":
+            # The owner's server holds nothing for it (announce,0: the key is checked in the
+            # owner's grant table before each transfer); the next rebind lets go of the key.
+            return True
+        try:
+            # The same key again: libd detaches it from the connection now (the owner's server
+            # stops counting this process as a holder), and reconnects lazily on the next transfer.
+            self._action.config_transport("qp", f"grant,{route[3]}")
+        except (OSError, ValueError):
+            self.close()
+            return False
+        return True
+
+    def rebind(self, route: tuple, grant: str, secret: str) -> bool:
+        """Points a parked queue pair at another buffer of the same server (route, and its key):
+        its next transfer attaches that key. False, and closed, if libd refuses."""
+        with self._lock:
+            try:
+                self._action.config_transport("qp", f"grant,{grant};secret,{secret}")
+            except (OSError, ValueError):
+                self._action.terminate()
+                return False
+            self.route = route
+        return True
+
     def __repr__(self) -> str:
         return f"QueuePair({self.impl}, pending={len(self._pending)})"
 
     # ---- the machinery ------------------------------------------------------------------
     def _start(self, local: Any, remote: RdmaBuffer, offset: int, read: bool) -> None:
-        if remote.route != self.route:
-            raise ValueError("this queue pair leads to another buffer's route: use request_queue_pair(remote)")
+        self._check_route(remote)
         pieces = lay_out(remote, local, offset, read)
         if len(pieces) > 1:  # several local memories, or one across two of remote's: one transfer of a list
             self._start_list(pieces, remote, read)
             return
         d, offset = pieces[0]
         with self._lock:
+            self._check_route(remote)
             self._register_locked(d)
             local_off = d.ptr - self._reg[0]
             raddr = remote.offset + offset
             op = self._t.read_async(d.size, raddr, local_off) if read else self._t.write_async(d.size, raddr, local_off)
             self._pending.append(op)
+
+    def _check_route(self, remote: RdmaBuffer) -> None:
+        # Also under the lock, before a transfer starts: the manager may have let go of the queue
+        # pair (and pointed it at another buffer) since the caller took it.
+        if self.route is None:
+            raise ConnectionError(errno.ECONNABORTED, "the queue pair was closed (its buffer was dropped)")
+        if remote.route != self.route:
+            raise ValueError("this queue pair leads to another buffer's route: use request_queue_pair(remote)")
 
     def _register_locked(self, d: Descriptor) -> None:
         if self._reg and self._reg[0] <= d.ptr and d.ptr + d.size <= self._reg[0] + self._reg[1]:

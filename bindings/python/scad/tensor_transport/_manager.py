@@ -132,9 +132,10 @@ class _Receive:
         with self._lock:
             if self.error is None:
                 self.error = error
-            qps = list(self._qps)
-        for qp in qps:
-            qp.cancel()  # once it returns, libd writes none of the receive's targets
+            # Under the lock: a queue pair the receive let go of (untrack) may serve another
+            # receive next, and this cancel must not reach that one's transfers.
+            for qp in self._qps:
+                qp.cancel()  # once it returns, libd writes none of the receive's targets
 
     def abort(self) -> None:
         self.fail(ConnectionAbortedError(f"the receive of object {self.obj_id} was aborted"))
@@ -156,6 +157,12 @@ class _Receive:
                 self._qps.append(qp)
                 return
         self.check()
+
+    def untrack(self, qp: Any) -> None:
+        """The receive is done with qp (before it is let go of): an abort no longer touches it."""
+        with self._lock:
+            if qp in self._qps:
+                self._qps.remove(qp)
 
 
 class _Route:
@@ -328,7 +335,8 @@ class ScadTensorTransport(_Base):
                 _counters.add(failed_receives=1)
                 raise
             finally:
-                for buf, _, _ in started:
+                for buf, qp, _ in started:
+                    receive.untrack(qp)
                     manager.release_queue_pair(buf)  # this side is done; the loan stays
         except CancelledError:
             raise ConnectionAbortedError(f"the receive of object {receive.obj_id} was aborted") from None
@@ -456,6 +464,7 @@ class ScadTensorTransport(_Base):
     async def _read(self, receive: _Receive, buf: RdmaBuffer, local: numpy.ndarray, deadline: float) -> None:
         manager = RdmaManager.get()
         async with self._route(buf.route):
+            qp = None
             try:
                 receive.check()
                 qp, new = manager._queue_pair(buf)
@@ -484,6 +493,8 @@ class ScadTensorTransport(_Base):
                 receive.fail(e)
                 raise
             finally:
+                if qp is not None:
+                    receive.untrack(qp)
                 manager.release_queue_pair(buf)  # closed (what still runs is cancelled); the loan stays
 
     @contextlib.asynccontextmanager
