@@ -75,13 +75,16 @@ class Channel:
                     raise RuntimeError(f"the active side failed: {msg['error']}")
                 return msg
 
-    def recv_polling(self):
+    def recv_polling(self, progress=None):
         """recv(), waiting the way every active side waits for a command (await_command): polling
         the pipe and yielding the CPU. For an owner that waits for its peer's word, as NIXL's owner
         spins on its notifications, so that no API's figure carries a pipe wake-up the others do
-        not. One line is in flight at a time, so nothing waits in the file's buffer unseen."""
+        not. One line is in flight at a time, so nothing waits in the file's buffer unseen.
+        `progress` runs each round (an owner driving its library meanwhile, as NIXL's does)."""
         fd = self.r.fileno()
         while not select.select([fd], [], [], 0)[0]:
+            if progress is not None:
+                progress()
             os.sched_yield()
         return self.recv()
 

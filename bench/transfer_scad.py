@@ -41,6 +41,14 @@ class Owner:
         self.proc, self.peer = start_active(argv)
         self.connector = self.manager = self.tensors = None
         self.objects = 0
+        # Over tcp scad.rdma's and scad.tensor_transport's owners serve the peer's transfers on
+        # their own thread while they poll for its word (RdmaManager.progress), as NIXL's owner
+        # drives its agent (scad.connect's wait does so itself). Over shm the owner's server takes
+        # no part in a transfer.
+        self.drive = None
+        if api in ("rdma", "tensor") and transport == "tcp":
+            from scad.rdma import RdmaManager
+            self.drive = RdmaManager.get().progress
 
     async def run(self, plan):
         for index, (mode, size, op, inflight) in enumerate(plan):
@@ -111,7 +119,7 @@ class Owner:
         except NotImplementedError:
             bufs = [self.manager.request_buffer(a) for a in lent]
         self.peer.send({"cmd": "go", "records": [b.to_json() for b in bufs]})
-        self.peer.recv_polling()  # Monarch has no completion signal: the peer says so
+        self.peer.recv_polling(self.drive)  # Monarch has no completion signal: the peer says so
         for b in bufs:
             b.drop()
         return perf() - t0
@@ -125,7 +133,7 @@ class Owner:
         t0 = perf()
         meta = self.tensors.extract_tensor_transport_metadata(obj, lent)
         self.peer.send({"cmd": "go", "object": obj, "meta": base64.b64encode(pickle.dumps(meta)).decode()})
-        self.peer.recv_polling()  # Ray calls garbage_collect once the object is out of scope
+        self.peer.recv_polling(self.drive)  # Ray calls garbage_collect once the object is out of scope
         self.tensors.garbage_collect(obj, meta)
         return perf() - t0
 

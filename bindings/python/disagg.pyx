@@ -680,10 +680,16 @@ cdef class Operation:
     @property
     def status(self):
         """0 when done, -EINPROGRESS while running, a negative errno if it failed."""
-        return clibd.libd_op_poll(self._op)
+        cdef int rc
+        with nogil:  # a look may run the client loop's work (libd_op_poll)
+            rc = clibd.libd_op_poll(self._op)
+        return rc
 
     def done(self):
-        return clibd.libd_op_poll(self._op) != -_errno.EINPROGRESS
+        cdef int rc
+        with nogil:
+            rc = clibd.libd_op_poll(self._op)
+        return rc != -_errno.EINPROGRESS
 
     def wait(self, timeout=None):
         """Waits; TimeoutError if `timeout` (seconds) passes first (the operation goes on)."""

@@ -207,7 +207,10 @@ int libd_trdma_write_async(libd_transport *trans, size_t size, uint64_t raddr, c
 int libd_trdma_readv_async(libd_transport *trans, const libd_iov *iov, int iovcnt, libd_op **op);
 int libd_trdma_writev_async(libd_transport *trans, const libd_iov *iov, int iovcnt, libd_op **op);
 
-/* 0 when done, -EINPROGRESS while running, a negative errno if it failed. */
+/* 0 when done, -EINPROGRESS while running, a negative errno if it failed. Over tcp a caller that
+ * polls in a loop runs the process's shared client loop itself meanwhile (its thread parked for
+ * 200 µs after each call, so that the answers polled for wake no thread); libd_op_watch with an
+ * fd, before the caller sleeps, gives the loop back at once. */
 int libd_op_poll(libd_op *op);
 /* Waits up to timeout_ms (< 0: forever — the transport's deadline still ends it). Returns as
  * libd_op_poll; -ETIMEDOUT if the wait itself timed out (the operation goes on). */

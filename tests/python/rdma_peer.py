@@ -15,7 +15,8 @@ Commands arrive as JSON lines on stdin, answers leave as JSON lines on stdout.
           digest is of them end to end; the same for "write")
           {"cmd": "write", "buffer": ..., "size": n, "seed": s, "offset": o} -> {"digest": ...} | error
           {"cmd": "qp", "buffer": ..., "size": n}  two gets through one queue pair -> {...}
-          {"cmd": "forget", "buffer": ...}  drop() in a peer: closes its queue pair -> {"ok": true}
+          {"cmd": "forget", "buffer": ...}  drop() in a peer: lets go of its queue pair
+                                            -> {"ok": true, "last_read_kept": bool}
   both:   {"cmd": "usage"} -> {"fds": n, "objects": n}
 Errors come back as {"error": type name, "message": ...}.
 """
@@ -55,6 +56,7 @@ class Peer:
         self.buffers = []
         self.kept = []
         self.last_pair = None
+        self.last_dst = None
 
     async def handle(self, msg):
         cmd = msg["cmd"]
@@ -100,6 +102,7 @@ class Peer:
             qp = self.manager._qps.get(buf.route)
             same = self.last_pair is not None and self.last_pair() is qp
             self.last_pair = weakref.ref(qp)
+            self.last_dst = weakref.ref(dst)
             return {"digest": digest(dst), "same_pair": same, "impl": qp.impl}
         if cmd == "write":
             if "sizes" in msg:
@@ -123,7 +126,9 @@ class Peer:
             return {"same": same, "impl": qp.impl, "idle": qp.poll(), "digests": [digest(first), digest(second)]}
         if cmd == "forget":
             load(msg).drop()
-            return {"ok": True}
+            gc.collect()
+            # Whether the memory the last read went into is still kept alive (by a queue pair).
+            return {"ok": True, "last_read_kept": self.last_dst is not None and self.last_dst() is not None}
         if cmd == "usage":
             gc.collect()
             return {"fds": len(os.listdir("/proc/self/fd")), "objects": len(gc.get_objects())}

@@ -2,15 +2,23 @@
 // nobody else is reading: its completion does not wait for the shared loop's thread to wake up.
 #include <gtest/gtest.h>
 
+#include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <chrono>
+#include <fstream>
 #include <future>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "harness.h"
 #include "io/ioloop.h"
+#include "transports/tcp/tcp_conn.h"
 
 namespace {
 
@@ -33,6 +41,30 @@ void poll_until_done(libd_op *op, std::chrono::milliseconds limit) {
   auto end = std::chrono::steady_clock::now() + limit;
   while (libd_op_poll(op) == -EINPROGRESS && std::chrono::steady_clock::now() < end) std::this_thread::yield();
 }
+
+// How many times a thread of this process went to sleep (voluntary context switches).
+long sleeps_of(pid_t tid) {
+  std::ifstream in("/proc/self/task/" + std::to_string(tid) + "/status");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("voluntary_ctxt_switches:", 0) == 0) return std::stol(line.substr(line.find(':') + 1));
+  return -1;
+}
+
+pid_t shared_loop_thread() {
+  std::promise<pid_t> tid;
+  libd::IoLoop::shared().post([&] { tid.set_value(pid_t(syscall(SYS_gettid))); });
+  return tid.get_future().get();
+}
+
+// A longer lease for a test (a caller that stops without saying so holds the loop this long),
+// the default and the loop given back afterwards.
+struct LongLease {
+  explicit LongLease(uint32_t us) { libd::TcpConn::set_poll_lease_us(us); }
+  ~LongLease() {
+    libd::TcpConn::set_poll_lease_us(200);
+    libd::IoLoop::shared().release();
+  }
+};
 
 class TcpProgress : public ::testing::TestWithParam<std::string> {};
 
@@ -61,6 +93,154 @@ TEST_P(TcpProgress, APollingWaiterCompletesItsReadWhileTheLoopIsBusy) {
     }
   }
   for (auto *op : ops) libd_op_free(op);
+}
+
+// While a caller polls, the process's shared client loop is the caller's (leased): the answers it
+// polls for are read on its thread, and the loop's thread, parked, is not woken for each of them
+// (a thread asleep in epoll_wait would be: the loop watches every socket with work on it).
+TEST_P(TcpProgress, APollingWaiterWakesNoLoopThreadForItsAnswers) {
+  auto rig = test::make_rig("tcp", 1 << 16, 3, GetParam());
+  ASSERT_EQ(0, libd_transport_connect(rig.t)) << libd_last_error();
+  char *buf = nullptr;
+  ASSERT_EQ(0, libd_trdma_reg(rig.t, 64, reinterpret_cast<void **>(&buf)));
+  pid_t loop = shared_loop_thread();
+  // A lease longer than the whole test: the loop's thread, parked once, has no lapse to look at.
+  LongLease lease(5000000);
+  auto one = [&] {
+    libd_op *op = nullptr;
+    ASSERT_EQ(0, libd_trdma_read_async(rig.t, 64, 0, buf, &op)) << libd_last_error();
+    poll_until_done(op, std::chrono::milliseconds(3000));
+    EXPECT_EQ(0, libd_op_poll(op));
+    libd_op_free(op);
+  };
+  for (int i = 0; i < 20; i++) one();
+  long before = sleeps_of(loop);
+  for (int i = 0; i < 400; i++) one();
+  long slept = sleeps_of(loop) - before;
+  ASSERT_GE(before, 0);
+  // Woken by the answers instead, it slept 100-440 times for these 400 reads.
+  EXPECT_LT(slept, 20) << "the loop's thread slept and woke " << slept << " times for 400 polled reads";
+}
+
+// A caller that stops polling (it arms the operation's eventfd to sleep) gives the loop back at
+// once: the loop's thread completes the operation and writes the eventfd, long before the
+// caller's lease would have lapsed.
+TEST_P(TcpProgress, AWaiterThatStopsPollingIsWokenByTheLoop) {
+  auto rig = test::make_rig("tcp", 1 << 16, 3, GetParam());
+  ASSERT_EQ(0, libd_transport_connect(rig.t)) << libd_last_error();
+  char *buf = nullptr;
+  ASSERT_EQ(0, libd_trdma_reg(rig.t, 64, reinterpret_cast<void **>(&buf)));
+  int efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  ASSERT_GE(efd, 0);
+  LongLease lease(3000000);
+  for (int i = 0; i < 20; i++) {
+    libd_op *op = nullptr;
+    ASSERT_EQ(0, libd_trdma_read_async(rig.t, 64, 0, buf, &op)) << libd_last_error();
+    libd_op_poll(op);  // two looks: the lease is the caller's now...
+    libd_op_poll(op);
+    auto t0 = std::chrono::steady_clock::now();
+    ASSERT_EQ(0, libd_op_watch(op, efd));  // ...then it sleeps until told
+    struct pollfd p = {efd, POLLIN, 0};
+    ASSERT_EQ(1, ::poll(&p, 1, 10000)) << "the operation's eventfd was not written";
+    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_LT(ms, 1500) << "woken only when the caller's 3 s lease lapsed";
+    uint64_t n;
+    ASSERT_EQ(ssize_t(sizeof n), ::read(efd, &n, sizeof n));
+    EXPECT_EQ(0, libd_op_poll(op));
+    ASSERT_EQ(0, libd_op_watch(op, -1));
+    libd_op_free(op);
+  }
+  close(efd);
+}
+
+// The same for a caller that polled and then sleeps in libd_op_wait.
+TEST_P(TcpProgress, AWaiterThatPolledThenWaitsIsWokenByTheLoop) {
+  auto rig = test::make_rig("tcp", 1 << 16, 3, GetParam());
+  ASSERT_EQ(0, libd_transport_connect(rig.t)) << libd_last_error();
+  char *buf = nullptr;
+  ASSERT_EQ(0, libd_trdma_reg(rig.t, 64, reinterpret_cast<void **>(&buf)));
+  LongLease lease(3000000);
+  for (int i = 0; i < 20; i++) {
+    libd_op *op = nullptr;
+    ASSERT_EQ(0, libd_trdma_read_async(rig.t, 64, 0, buf, &op)) << libd_last_error();
+    libd_op_poll(op);
+    libd_op_poll(op);
+    auto t0 = std::chrono::steady_clock::now();
+    EXPECT_EQ(0, libd_op_wait(op, 10000)) << libd_last_error();
+    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_LT(ms, 1500) << "woken only when the caller's 3 s lease lapsed";
+    libd_op_free(op);
+  }
+}
+
+// One look (a status check) is no polling: it does not park the loop's thread, which goes on
+// serving a waiter that sleeps. (The server's loop is held by this thread, so that the sleeper's
+// answer comes only after the look.)
+TEST_P(TcpProgress, ASingleLookLeavesTheLoopToItsThread) {
+  auto rig = test::make_rig("tcp", 1 << 16, 3, GetParam());
+  ASSERT_EQ(0, libd_transport_connect(rig.t)) << libd_last_error();
+  char *buf = nullptr;
+  ASSERT_EQ(0, libd_trdma_reg(rig.t, 64, reinterpret_cast<void **>(&buf)));
+  LongLease lease(3000000);
+  int efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  ASSERT_GE(efd, 0);
+  while (rig.server->progress(3000000) != 1) std::this_thread::yield();  // the server's loop is ours
+  libd_op *op = nullptr;
+  ASSERT_EQ(0, libd_trdma_read_async(rig.t, 64, 0, buf, &op)) << libd_last_error();
+  ASSERT_EQ(0, libd_op_watch(op, efd));
+  libd_op *other = nullptr;
+  ASSERT_EQ(0, libd_trdma_read_async(rig.t, 64, 0, buf, &other)) << libd_last_error();
+  std::thread([&] { libd_op_poll(other); }).join();  // one look, from a thread that never looked before
+  auto t0 = std::chrono::steady_clock::now();
+  struct pollfd p = {efd, POLLIN, 0};
+  long ms = 0;
+  while (::poll(&p, 1, 0) == 0 && ms < 10000) {
+    rig.server->progress(3000000);  // serve both requests
+    ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+  }
+  rig.server->progress(0);
+  EXPECT_LT(ms, 1500) << "the look parked the loop's thread for the 3 s lease";
+  EXPECT_EQ(0, libd_op_wait(other, 10000));
+  EXPECT_EQ(0, libd_op_wait(op, 10000));
+  ASSERT_EQ(0, libd_op_watch(op, -1));
+  libd_op_free(op);
+  libd_op_free(other);
+  close(efd);
+}
+
+// One thread polls its reads while another sleeps in libd_op_wait on its own: the sleeper's
+// answers are read by the poller's turns of the loop (or by the loop's thread once the lease
+// lapses) and it is woken.
+TEST_P(TcpProgress, ASleeperIsServedWhileAnotherThreadPolls) {
+  auto rig = test::make_rig("tcp", 1 << 16, 3, GetParam());
+  ASSERT_EQ(0, libd_transport_connect(rig.t)) << libd_last_error();
+  char *buf = nullptr;
+  ASSERT_EQ(0, libd_trdma_reg(rig.t, 8192, reinterpret_cast<void **>(&buf)));
+  std::atomic<bool> stop{false};
+  std::atomic<int> polled{0};
+  std::thread poller([&] {
+    while (!stop.load()) {
+      libd_op *op = nullptr;
+      if (libd_trdma_read_async(rig.t, 64, 0, buf, &op) != 0) break;
+      poll_until_done(op, std::chrono::milliseconds(3000));
+      if (libd_op_poll(op) == 0) polled++;
+      libd_op_free(op);
+    }
+  });
+  int waited = 0;
+  for (int i = 0; i < 200; i++) {
+    libd_op *op = nullptr;
+    if (libd_trdma_read_async(rig.t, 64, 4096, buf + 4096, &op) != 0) {
+      ADD_FAILURE() << "read " << i << ": " << libd_last_error();
+      break;
+    }
+    if (libd_op_wait(op, 5000) == 0) waited++;
+    libd_op_free(op);
+  }
+  stop = true;
+  poller.join();
+  EXPECT_EQ(200, waited) << libd_last_error();
+  EXPECT_GT(polled.load(), 0);
 }
 
 // busy_poll_us: a blocking call looks at its socket without sleeping for that long before it

@@ -71,7 +71,13 @@ void Op::watch(int fd) {
     return;
   }
   watch_fd_.store(fd, std::memory_order_seq_cst);
-  if (done()) signal_watch();
+  if (done()) {
+    signal_watch();
+    return;
+  }
+  // The caller will sleep until the fd is written: whoever completes the operation must watch.
+  if (driver_looks_first_ || driver_polls_)
+    if (auto d = driver_.lock()) d->polling_stopped();
 }
 
 int Op::wait_until(Clock::time_point until) {
@@ -87,7 +93,11 @@ int Op::wait_until(Clock::time_point until) {
     return s;
   }
   if (driver_looks_first_) {
-    if (std::shared_ptr<OpDriver> d = driver_.lock()) d->progress(this);
+    if (std::shared_ptr<OpDriver> d = driver_.lock()) {
+      d->progress(this);
+      if ((s = status()) != -EINPROGRESS) return s;
+      d->polling_stopped();  // this thread sleeps now: whoever completes the operation must watch
+    }
     if ((s = status()) != -EINPROGRESS) return s;
   }
   // A wait that is over already only looks (a timed wait past its deadline still sleeps out the

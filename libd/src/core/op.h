@@ -27,6 +27,13 @@ class OpDriver {
   // One round of caller-driven progress for `waiting` (a waiter's operation; may be null); must
   // not block. Only called if the driver said it polls, or that waiters look first.
   virtual void progress(Op *waiting) { (void)waiting; }
+  // The same for a caller that polls (libd_op_poll, in a loop): an engine whose events a helper
+  // thread also watches may keep that thread away while the polling lasts, so that what the
+  // caller waits for is taken on the caller's thread and no thread is woken for it.
+  virtual void poll_progress(Op *waiting) { progress(waiting); }
+  // The polling caller stops (it is about to sleep until the operation's watch fd is written):
+  // the helper thread watches again.
+  virtual void polling_stopped() {}
 };
 
 struct Segment {
@@ -99,7 +106,13 @@ class Op {
   // first (libd_op_poll).
   int poll() {
     if ((driver_polls_ || driver_looks_first_) && !done())
-      if (auto d = driver_.lock()) d->progress(this);
+      if (auto d = driver_.lock()) {
+        // A caller that watches an fd sleeps between its looks: it polls no loop.
+        if (watch_fd_.load(std::memory_order_relaxed) >= 0)
+          d->progress(this);
+        else
+          d->poll_progress(this);
+      }
     return status();
   }
   // Waits until done or until `until`; returns the status or -ETIMEDOUT for the wait itself.

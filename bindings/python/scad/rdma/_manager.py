@@ -7,6 +7,7 @@ with a grant on exactly that slice. As a peer it keeps one QueuePair per route, 
 from __future__ import annotations
 
 import asyncio
+import collections
 import os
 import socket
 import threading
@@ -23,12 +24,21 @@ from ._regions import Region, RegionCache
 
 
 def _forget_after_fork() -> None:
-    # A forked child does not inherit its parent's connections: it makes its own manager.
+    # A forked child does not inherit its parent's connections: it makes its own manager. The
+    # parent's stays referenced, never freed here: freeing it would stop its server, whose loop
+    # thread does not exist in the child, and hang.
+    if RdmaManager._instance is not None:
+        _inherited.append(RdmaManager._instance)
     RdmaManager._instance = None
 
 
-# Idle queue pairs kept per owner's server: enough for a few buffers moved at once in a loop.
+_inherited: list = []
+
+
+# Idle queue pairs kept per owner's server (enough for a few buffers moved at once in a loop),
+# and in all.
 _IDLE_QPS_PER_SERVER = 4
+_IDLE_QPS_TOTAL = 16
 
 
 class RdmaManager:
@@ -81,7 +91,7 @@ class RdmaManager:
         self._qps: Dict[tuple, QueuePair] = {}
         # Per owner's server: queue pairs let go of after a transfer, kept for the next buffer of
         # that server (a few; QueuePair.park).
-        self._idle_qps: Dict[tuple, list] = {}
+        self._idle_qps: "collections.OrderedDict[tuple, list]" = collections.OrderedDict()
         self._qp_locks: Dict[tuple, asyncio.Lock] = {}
         # Per owner's server: how this process reaches it (transport, and the durl up to the
         # grant), decided once, not per queue pair (the decision looks at the file system).
@@ -167,6 +177,25 @@ class RdmaManager:
                           verbs=ep["verbs"], grant=_config_value(config, "grant"),
                           secret=_config_value(config, "secret"), **where)
 
+    def progress(self, lease_us: int = 1000) -> bool:
+        """Serves this process's buffers on the calling thread for a moment, as an application
+        drives UCX's worker with ucp_worker_progress: runs the memory server's loop once without
+        blocking and leases it for `lease_us` microseconds, while its own thread stays parked and
+        requests wait for this thread's next call. For an owner whose thread polls anyway (for its
+        peer's word, in its own event loop), so that the peer's transfers are served with no
+        thread woken. progress(0) gives the loop back at once; otherwise it goes back when the
+        lease lapses. False when nothing was run (nothing lent yet, or the first call of a lease,
+        which only asks the server's thread to park)."""
+        if not 0 <= lease_us <= 1_000_000:
+            raise ValueError("lease_us must be within 0 .. 1000000")
+        server = self._server
+        if server is None:
+            return False
+        try:
+            return server.progress(int(lease_us))
+        except ConnectionError:
+            return False  # the server stopped (the process is exiting): nothing to drive
+
     def regions(self) -> list:
         """(address, size, buffers) of every registered region: for diagnostics and tests."""
         with self._lock:
@@ -199,12 +228,15 @@ class RdmaManager:
         grant stays). For a peer done with a buffer, even in the owner's own process."""
         self._forget_qp(remote.route, reuse=True)
 
-    def _queue_pair(self, remote: RdmaBuffer) -> tuple:
+    def _queue_pair(self, remote: RdmaBuffer, expose: bool = False) -> tuple:
         """The queue pair to remote's route and whether it is new (made now, not connected yet:
-        its first transfer connects, and learns the owner's verdict on the key then)."""
+        its first transfer connects, and learns the owner's verdict on the key then). expose:
+        for a caller that keeps it (request_queue_pair): it is never kept for another buffer."""
         route = remote.route
         qp = self._qps.get(route)
         if qp is not None:
+            if expose:
+                qp.exposed = True
             return qp, False
         server = (remote.hostname, remote.host, remote.port, remote.path, remote.verbs, remote.whole)
         how = self._servers.get(server)
@@ -225,6 +257,7 @@ class RdmaManager:
             except IndexError:  # another thread took the last one
                 break
             if parked.rebind(route, remote.grant, remote._secret):
+                parked.exposed = expose
                 qp = self._qps.setdefault(route, parked)
                 if qp is parked:
                     return qp, True  # not connected to this key yet: its first transfer attaches it
@@ -239,6 +272,7 @@ class RdmaManager:
         action.add_transport(f"{durl}grant,{remote.grant};secret,{remote._secret}")
         made = QueuePair(action, action.get_transport("qp", "rdma"), route, impl)
         made.server = server
+        made.exposed = expose
         qp = self._qps.setdefault(route, made)
         if qp is not made:
             action.terminate()  # another thread made the same route's meanwhile: use that one
@@ -254,8 +288,7 @@ class RdmaManager:
 
     async def request_queue_pair(self, remote: RdmaBuffer) -> QueuePair:
         """The queue pair to remote's route, connected (made on first use, then reused)."""
-        qp, new = self._queue_pair(remote)
-        qp.exposed = True  # the caller holds it: never parked and pointed at another buffer
+        qp, new = self._queue_pair(remote, expose=True)  # the caller holds it: never pointed elsewhere
         if new:
             try:
                 await wait_in_thread(qp._t.connect)  # the owner checks the key now: a refusal is an error here
@@ -288,6 +321,7 @@ class RdmaManager:
                     await asyncio.sleep(0)
                     await qp.wait(timeout, self.busy_poll_us)
                 self._mark_reached(remote)
+                qp.reusable = True  # done, nothing runs: may serve another buffer once let go of
             except TimeoutError:
                 qp.cancel()  # the caller's memory is not written after it was told "timed out"
                 raise TimeoutError(f"the transfer did not finish within {timeout} s and was cancelled") from None
@@ -317,10 +351,23 @@ class RdmaManager:
 
     def _park(self, qp: QueuePair) -> None:
         idle = self._idle_qps.setdefault(qp.server, [])
-        if len(idle) < _IDLE_QPS_PER_SERVER and qp.park():
-            idle.append(qp)
-        else:
+        if len(idle) >= _IDLE_QPS_PER_SERVER or not qp.park():
             qp.close()
+            return
+        idle.append(qp)
+        # The servers parked at most recently last; past the cap the oldest's pairs are closed
+        # (an owner gone for good leaves at most that many behind, for a while).
+        self._idle_qps.move_to_end(qp.server)
+        while sum(len(v) for v in self._idle_qps.values()) > _IDLE_QPS_TOTAL:
+            oldest = next(iter(self._idle_qps))
+            try:
+                victim = self._idle_qps[oldest].pop(0)
+            except (IndexError, KeyError):  # emptied by another thread meanwhile
+                self._idle_qps.pop(oldest, None)
+                continue
+            if not self._idle_qps[oldest]:
+                self._idle_qps.pop(oldest, None)
+            victim.close()
 
     def _forget_locked(self, region: Region) -> None:
         self._cache.remove(region)

@@ -84,6 +84,10 @@ class QueuePair:
         self._fd = -1  # the eventfd libd writes to as transfers complete (wait)
         self.server: tuple = ()  # the owner's server it leads to (the manager's key for idle pairs)
         self.exposed = False  # handed to a caller (request_queue_pair): closed, never reused
+        # Its last transfer completed and none runs (the manager's callers say so): only then
+        # may it be kept for another buffer when let go of; else it is closed.
+        self.reusable = False
+        self._scratch: Any = None  # what an idle pair has registered in place of a caller's memory
 
     def get(self, local: Any, remote: RdmaBuffer, offset: int = 0) -> None:
         """Starts reading remote[offset:offset+len(local)] into local (or into a list of local
@@ -129,6 +133,7 @@ class QueuePair:
             self._check_route(remote)
             if any(not op.done() for op in self._pending):
                 raise RuntimeError("transfers are still running on this queue pair: wait() first")
+            self.reusable = False
             keep = list(regs.values())
             self._reg, self._keep = None, keep  # registered as a list: the next transfer registers anew
             self._t.reg_ranges(list(regs), keep=keep)
@@ -192,25 +197,35 @@ class QueuePair:
 
     # ---- reuse for another buffer of the same server (the manager's idle queue pairs) ----
     def park(self) -> bool:
-        """Lets go of this queue pair's key at once (what still runs is cancelled, the grant is
-        detached from the connection) but keeps its libd transport for another buffer of the same
-        owner's server: making one costs more than the transfer of a small buffer. False, and
-        closed instead, when the transport cannot be configured again."""
+        """Lets go of this queue pair's key at once (the grant is detached from the connection,
+        the caller's memory unregistered) but keeps its libd transport for another buffer of the
+        same owner's server: making one costs more than the transfer of a small buffer. Only a
+        pair whose last transfer completed and that runs none (`reusable`); False, and closed
+        instead, otherwise or when the transport cannot be configured again."""
         with self._lock:
-            pending, self._pending = self._pending, []
-            route, self.route = self.route, None  # a transfer started on it from now on is refused
-        for op in pending:
-            op.cancel()  # once it returns, libd touches none of their memory
-        with self._lock:
-            self._reg, self._keep = None, None  # the caller's memory is not kept alive by an idle pair
-        if self.impl == "shm":
-            # The owner's server holds nothing for it (announce,0: the key is checked in the
-            # owner's grant table before each transfer); the next rebind lets go of the key.
-            return True
+            if not self.reusable or self._pending and any(not op.done() for op in self._pending):
+                park = False
+            else:
+                park, self._pending = True, []
+                route, self.route = self.route, None  # a transfer started on it from now on is refused
+                self.reusable = False
+        if not park:
+            self.close()
+            return False
         try:
-            # The same key again: libd detaches it from the connection now (the owner's server
-            # stops counting this process as a holder), and reconnects lazily on the next transfer.
-            self._action.config_transport("qp", f"grant,{route[3]}")
+            # Nothing of the caller's stays registered (the binding would keep it alive).
+            if self._scratch is None:
+                self._scratch = numpy.zeros(1, dtype=numpy.uint8)
+            self._t.reg_memory(self._scratch.ctypes.data, 1, keep=self._scratch)
+            with self._lock:
+                self._reg, self._keep = None, None
+            if self.impl != "shm":
+                # The same key again: libd detaches it from the connection now (the owner's
+                # server stops counting this process as a holder) and reconnects lazily on the
+                # next transfer. Over shm the owner's server holds nothing for it (announce,0:
+                # the key is checked in the owner's grant table before each transfer); the next
+                # rebind lets go of the key.
+                self._action.config_transport("qp", f"grant,{route[3]}")
         except (OSError, ValueError):
             self.close()
             return False
@@ -241,6 +256,7 @@ class QueuePair:
         d, offset = pieces[0]
         with self._lock:
             self._check_route(remote)
+            self.reusable = False
             self._register_locked(d)
             local_off = d.ptr - self._reg[0]
             raddr = remote.offset + offset

@@ -330,6 +330,8 @@ class ScadTensorTransport(_Base):
                         receive.check()  # aborted meanwhile: that is what it ended with
                         raise _refusal(e, qp.impl, new) from None
                 receive.check()
+                for _, qp, _ in started:
+                    qp.reusable = True  # done, nothing runs: may serve another buffer once let go of
             except BaseException as e:
                 receive.fail(e)  # cancels what still runs: the targets are not written after this
                 _counters.add(failed_receives=1)
@@ -487,6 +489,7 @@ class ScadTensorTransport(_Base):
                 except (PermissionError, ConnectionError) as e:
                     raise _refusal(e, qp.impl, new) from None
                 receive.check()  # cancelled before the wait began: nothing was waited for
+                qp.reusable = True  # done, nothing runs: may serve another buffer once let go of
                 manager._mark_reached(buf)
                 _counters.add(**{f"{qp.impl}_reads": 1})
             except BaseException as e:

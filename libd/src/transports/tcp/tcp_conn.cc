@@ -21,6 +21,9 @@ using namespace proto;
 namespace {
 constexpr size_t kDirectMin = 16 * 1024;  // payloads this large are received straight into place
 constexpr uint64_t kTickMs = 20;          // deadline check period while the loop has work
+// How long the shared client loop stays with a caller that polls after its last look: past it the
+// loop's thread takes it back, so a caller that stopped without saying so delays others this much.
+std::atomic<uint32_t> poll_lease_us{200};
 constexpr uint64_t kLeadMaxBytes = 64 * 1024;  // larger synchronous transfers are left to the loop
 }  // namespace
 
@@ -187,6 +190,22 @@ void TcpConn::progress(Op *) {
   read_locked();
   // (The loop, which was reading, notices on its next wake-up that nothing is due any more.)
 }
+
+void TcpConn::poll_progress(Op *waiting) {
+  // Only a caller that looks again within a lease is polling: a single look (a status check) must
+  // not park the loop's thread, which would then serve nobody until the lease lapsed.
+  thread_local int64_t last_look_ns = 0;
+  uint32_t lease_us = poll_lease_us.load(std::memory_order_relaxed);
+  int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+  bool polling = now - last_look_ns < int64_t(lease_us) * 1000;
+  last_look_ns = now;
+  if (polling) IoLoop::shared().progress(lease_us);  // no lock held here: the loop's callbacks take mu_
+  progress(waiting);
+}
+
+void TcpConn::polling_stopped() { IoLoop::shared().release(); }
+
+void TcpConn::set_poll_lease_us(uint32_t us) { poll_lease_us.store(us, std::memory_order_relaxed); }
 
 int TcpConn::notify(uint64_t value, int status, uint32_t handle, bool detach) {
   Lock lk(mu_);

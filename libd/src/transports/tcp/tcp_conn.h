@@ -59,6 +59,13 @@ class TcpConn : public proto::FrameReader::Handler, public OpDriver, public std:
   // A waiter that polls (libd_op_poll) reads what the socket holds itself when nobody else is
   // reading right now: its answer is taken without the loop's thread being woken for it.
   void progress(Op *waiting) override;
+  // A caller polling in a loop also runs the process's shared client loop, leased (its thread
+  // parked, out of epoll_wait), so the answers it polls for wake no thread (IoLoop::progress);
+  // polling_stopped gives the loop back.
+  void poll_progress(Op *waiting) override;
+  void polling_stopped() override;
+  // How long the lease lasts after a polling caller's last look (default 200 µs). For tests.
+  static void set_poll_lease_us(uint32_t us);
   // Queues a NOTIFY behind everything sent so far (it has no answer). -ENOTCONN if closed.
   // detach: and the DETACH of `handle` in the same write (its operations are all done).
   int notify(uint64_t value, int status, uint32_t handle = 0, bool detach = false);
