@@ -66,7 +66,19 @@ struct LongLease {
   }
 };
 
-class TcpProgress : public ::testing::TestWithParam<std::string> {};
+class TcpProgress : public ::testing::TestWithParam<std::string> {
+ protected:
+  // A client of a one-element server over tcp (the parameter: a connection of its own or the
+  // process's shared one), connected, with `local` bytes of its own registered at buf.
+  void connect_client(size_t local) {
+    rig = test::make_rig("tcp", 1 << 16, 3, GetParam());
+    ASSERT_NE(nullptr, rig.t);
+    ASSERT_EQ(0, libd_transport_connect(rig.t)) << libd_last_error();
+    ASSERT_EQ(0, libd_trdma_reg(rig.t, local, reinterpret_cast<void **>(&buf)));
+  }
+  test::Rig rig;
+  char *buf = nullptr;
+};
 
 }  // namespace
 
@@ -99,10 +111,7 @@ TEST_P(TcpProgress, APollingWaiterCompletesItsReadWhileTheLoopIsBusy) {
 // polls for are read on its thread, and the loop's thread, parked, is not woken for each of them
 // (a thread asleep in epoll_wait would be: the loop watches every socket with work on it).
 TEST_P(TcpProgress, APollingWaiterWakesNoLoopThreadForItsAnswers) {
-  auto rig = test::make_rig("tcp", 1 << 16, 3, GetParam());
-  ASSERT_EQ(0, libd_transport_connect(rig.t)) << libd_last_error();
-  char *buf = nullptr;
-  ASSERT_EQ(0, libd_trdma_reg(rig.t, 64, reinterpret_cast<void **>(&buf)));
+  ASSERT_NO_FATAL_FAILURE(connect_client(64));
   pid_t loop = shared_loop_thread();
   // A lease longer than the whole test: the loop's thread, parked once, has no lapse to look at.
   LongLease lease(5000000);
@@ -126,10 +135,7 @@ TEST_P(TcpProgress, APollingWaiterWakesNoLoopThreadForItsAnswers) {
 // once: the loop's thread completes the operation and writes the eventfd, long before the
 // caller's lease would have lapsed.
 TEST_P(TcpProgress, AWaiterThatStopsPollingIsWokenByTheLoop) {
-  auto rig = test::make_rig("tcp", 1 << 16, 3, GetParam());
-  ASSERT_EQ(0, libd_transport_connect(rig.t)) << libd_last_error();
-  char *buf = nullptr;
-  ASSERT_EQ(0, libd_trdma_reg(rig.t, 64, reinterpret_cast<void **>(&buf)));
+  ASSERT_NO_FATAL_FAILURE(connect_client(64));
   int efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   ASSERT_GE(efd, 0);
   LongLease lease(3000000);
@@ -155,10 +161,7 @@ TEST_P(TcpProgress, AWaiterThatStopsPollingIsWokenByTheLoop) {
 
 // The same for a caller that polled and then sleeps in libd_op_wait.
 TEST_P(TcpProgress, AWaiterThatPolledThenWaitsIsWokenByTheLoop) {
-  auto rig = test::make_rig("tcp", 1 << 16, 3, GetParam());
-  ASSERT_EQ(0, libd_transport_connect(rig.t)) << libd_last_error();
-  char *buf = nullptr;
-  ASSERT_EQ(0, libd_trdma_reg(rig.t, 64, reinterpret_cast<void **>(&buf)));
+  ASSERT_NO_FATAL_FAILURE(connect_client(64));
   LongLease lease(3000000);
   for (int i = 0; i < 20; i++) {
     libd_op *op = nullptr;
@@ -177,10 +180,7 @@ TEST_P(TcpProgress, AWaiterThatPolledThenWaitsIsWokenByTheLoop) {
 // serving a waiter that sleeps. (The server's loop is held by this thread, so that the sleeper's
 // answer comes only after the look.)
 TEST_P(TcpProgress, ASingleLookLeavesTheLoopToItsThread) {
-  auto rig = test::make_rig("tcp", 1 << 16, 3, GetParam());
-  ASSERT_EQ(0, libd_transport_connect(rig.t)) << libd_last_error();
-  char *buf = nullptr;
-  ASSERT_EQ(0, libd_trdma_reg(rig.t, 64, reinterpret_cast<void **>(&buf)));
+  ASSERT_NO_FATAL_FAILURE(connect_client(64));
   LongLease lease(3000000);
   int efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   ASSERT_GE(efd, 0);
@@ -212,10 +212,7 @@ TEST_P(TcpProgress, ASingleLookLeavesTheLoopToItsThread) {
 // answers are read by the poller's turns of the loop (or by the loop's thread once the lease
 // lapses) and it is woken.
 TEST_P(TcpProgress, ASleeperIsServedWhileAnotherThreadPolls) {
-  auto rig = test::make_rig("tcp", 1 << 16, 3, GetParam());
-  ASSERT_EQ(0, libd_transport_connect(rig.t)) << libd_last_error();
-  char *buf = nullptr;
-  ASSERT_EQ(0, libd_trdma_reg(rig.t, 8192, reinterpret_cast<void **>(&buf)));
+  ASSERT_NO_FATAL_FAILURE(connect_client(8192));
   std::atomic<bool> stop{false};
   std::atomic<int> polled{0};
   std::thread poller([&] {
