@@ -62,6 +62,10 @@ def _manager() -> Any:
 class RdmaBuffer:
     def __init__(self, *, owner: str, hostname: str, host: str, port: int, path: str, verbs: bool, grant: str,
                  secret: str, offset: int, size: int, whole: bool, ranges: Optional[Sequence[int]] = None) -> None:
+        self._fill(owner, hostname, host, port, path, verbs, grant, secret, offset, size, whole, ranges)
+
+    def _fill(self, owner: str, hostname: str, host: str, port: int, path: str, verbs: bool, grant: str,
+              secret: str, offset: int, size: int, whole: bool, ranges: Optional[Sequence[int]]) -> None:
         self.owner, self.hostname, self.host, self.port, self.path = owner, hostname, host, port, path
         self.verbs, self.grant, self._secret = verbs, grant, secret
         self.offset, self._size, self.whole = offset, size, whole
@@ -136,20 +140,31 @@ class RdmaBuffer:
         fields = _FIELDS if version == VERSION else _LIST_FIELDS
         if raw.keys() != fields:
             raise ValueError(f"RdmaBuffer: version {version} has exactly the fields {sorted(fields)}")
-        get = raw.__getitem__
-        for key, typ in _TYPES:
-            if type(get(key)) is not typ:  # exactly: JSON's true is no port, offset or size
-                raise ValueError(f"RdmaBuffer: field {key!r} has the wrong type")
-        for key in _CONFIG_FIELDS:  # they end up in a libd configuration string
-            value = get(key)
-            if ";" in value or "," in value:
-                raise ValueError(f"RdmaBuffer: field {key!r} is malformed")
-        if raw["offset"] < 0 or raw["size"] <= 0 or not raw["grant"] or not raw["secret"]:
+        # Every field at once (a peer reads a record per transfer); which one is wrong, only when one is.
+        owner, hostname, host, port, path = raw["owner"], raw["hostname"], raw["host"], raw["port"], raw["path"]
+        verbs, grant, secret = raw["verbs"], raw["grant"], raw["secret"]
+        offset, size, whole = raw["offset"], raw["size"], raw["whole"]
+        if not (type(owner) is str and type(hostname) is str and type(host) is str and type(port) is int
+                and type(path) is str and type(verbs) is bool and type(grant) is str and type(secret) is str
+                and type(offset) is int and type(size) is int and type(whole) is bool):
+            for key, typ in _TYPES:
+                if type(raw[key]) is not typ:  # exactly: JSON's true is no port, offset or size
+                    raise ValueError(f"RdmaBuffer: field {key!r} has the wrong type")
+        joined = host + path + grant + secret  # they end up in a libd configuration string
+        if ";" in joined or "," in joined:
+            for key in _CONFIG_FIELDS:
+                if ";" in raw[key] or "," in raw[key]:
+                    raise ValueError(f"RdmaBuffer: field {key!r} is malformed")
+        if offset < 0 or size <= 0 or not grant or not secret:
             raise ValueError("RdmaBuffer: offset, size, grant or secret out of range")
-        if version == LIST_VERSION and type(raw["ranges"]) is not list:
-            raise ValueError(f"RdmaBuffer: ranges must be 1..{MAX_RANGES} positive sizes")
-        del raw["version"]  # the ranges are checked as the buffer is made
-        return cls(**raw)
+        ranges = None
+        if version == LIST_VERSION:
+            ranges = raw["ranges"]
+            if type(ranges) is not list:
+                raise ValueError(f"RdmaBuffer: ranges must be 1..{MAX_RANGES} positive sizes")
+        buf = cls.__new__(cls)
+        buf._fill(owner, hostname, host, port, path, verbs, grant, secret, offset, size, whole, ranges)
+        return buf
 
     def __reduce__(self):
         return (RdmaBuffer.from_json, (self.to_json(),))
