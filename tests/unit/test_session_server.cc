@@ -40,8 +40,8 @@ std::string frame(Opcode op, uint64_t req_id, uint64_t addr, uint64_t size = 0) 
 
 // A memory server lending `mem`, and a raw session to it opened with one grant (handle 0).
 struct Peer {
+  std::vector<char> mem;  // outlives the server, which may still be sending from it
   MemoryServer server;
-  std::vector<char> mem;
   Grant first;
   int fd = -1;
   std::string nonce;
