@@ -192,6 +192,22 @@ TEST_P(Shared, WithdrawingMemoryEndsEveryGrantOnIt) {
   EXPECT_EQ(0, libd_trdma_read(b, 64, 0, buf)) << libd_last_error();
 }
 
+TEST(GrantsOfAnElement, AWithdrawalEndsItsOwnGrantsAndNoOthers) {
+  std::vector<char> one(4096), two(4096), again(4096);
+  Owner o(one, "one");
+  ASSERT_EQ(0, o.server->add_lent_element("two", two.data(), two.size()));
+  auto first = o.grant("one"), revoked = o.grant("one"), other = o.grant("two");
+  ASSERT_EQ(0, o.server->revoke(revoked.id));
+  ASSERT_EQ(0, o.server->remove_element("one"));
+  // The name again, on other memory: its grants are its own, not the withdrawn element's.
+  ASSERT_EQ(0, o.server->add_lent_element("one", again.data(), again.size()));
+  auto fresh = o.grant("one");
+  ASSERT_EQ(0, o.server->remove_element("two"));
+  EXPECT_EQ(-ENOENT, o.server->revoke(first.id)) << "withdrawn with the first 'one'";
+  EXPECT_EQ(-ENOENT, o.server->revoke(other.id)) << "withdrawn with 'two'";
+  EXPECT_EQ(0, o.server->revoke(fresh.id)) << "the new 'one' lost its grant when 'two' was withdrawn";
+}
+
 TEST_P(Shared, AServerThatGoesAwayTakesEveryHolderWithIt) {
   std::vector<char> mem(4096);
   Owner o(mem);

@@ -86,6 +86,11 @@ bool MemoryServer::drop_grant_locked(const std::string &id) {
     cma_write_locked(it->second.slot, nullptr, nullptr);
     cma_free_.push_back(uint32_t(it->second.slot));
   }
+  auto of = element_grants_.find(it->second.element);
+  if (of != element_grants_.end()) {
+    of->second.erase(id);
+    if (of->second.empty()) element_grants_.erase(of);
+  }
   grants_.erase(it);
   return true;
 }
@@ -181,8 +186,8 @@ int MemoryServer::remove_element(const std::string &name) {
     if (it == elements_.end()) return set_error(-ENOENT, "no element '" + name + "'");
     it->second->withdrawn->store(true, std::memory_order_release);
     elements_.erase(it);
-    for (auto &[id, g] : grants_)
-      if (g.element == name) gone.insert(id);
+    auto of = element_grants_.find(name);
+    if (of != element_grants_.end()) gone = of->second;  // copied: drop_grant_locked edits the index
     for (const auto &id : gone) {
       holders_locked(id, &sync, &async);
       drop_notices_locked(id);
@@ -266,6 +271,7 @@ int MemoryServer::grant(Grant *g) {
     cma_write_locked(slot, g, it->second.get());
   }
   grants_[g->id] = *g;
+  element_grants_[g->element].insert(g->id);
   notices_[g->id] = Notices();
   if (g->ttl_ms && !stopped_) {
     auto at = std::chrono::steady_clock::now() + std::chrono::milliseconds(g->ttl_ms);

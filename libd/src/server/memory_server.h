@@ -27,6 +27,7 @@
 #include <set>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "core/params.h"
@@ -234,6 +235,9 @@ class MemoryServer {
   std::mutex mu_;
   std::map<std::string, std::shared_ptr<Element>> elements_;
   std::map<std::string, Grant> grants_;
+  // The grants on each element, so that withdrawing one touches its own (an owner may have
+  // thousands of operations lent at once, each an element and a grant).
+  std::unordered_map<std::string, std::unordered_set<std::string>> element_grants_;
   uint64_t capacity_ = UINT64_MAX;
   std::set<ServerConn *> conns_;  // loop thread only
   std::atomic<size_t> nconns_{0};
