@@ -110,7 +110,8 @@ def test_metadata_round_trips_hides_its_secrets_and_refuses_anything_else():
                     assert d.secret not in repr(md) and d.secret not in str(md) and d.secret not in repr(d)
                 raw = json.loads(text)
                 for bad in (dict(raw, version=3), dict(raw, version=True), dict(raw, extra=1), {k: v for k, v in raw.items() if k != "port"},
-                            dict(raw, operation_kind=3), dict(raw, descriptors=[]),
+                            dict(raw, operation_kind=3), dict(raw, operation_kind=True), dict(raw, descriptors=[]),
+                            dict(raw, notification_key="NOT-HEX-0123456"), dict(raw, path="/tmp/a;grant,x"),
                             dict(raw, descriptors=[dict(raw["descriptors"][0], grant="g;host,evil")]),
                             # a range that continues no grant before it
                             dict(raw, descriptors=[{"size": 10, "device": "cpu"}] + raw["descriptors"])):
@@ -118,6 +119,9 @@ def test_metadata_round_trips_hides_its_secrets_and_refuses_anything_else():
                         RdmaMetadata.from_json(json.dumps(bad))
                 with pytest.raises(ValueError, match="not JSON"):
                     RdmaMetadata.from_json(b"\x80\x04pickle")
+                for field, wrong in (("port", "4242"), ("owner", 7), ("verbs", 0), ("expires_at", "soon")):
+                    with pytest.raises(ValueError, match=f"field '{field}' has the wrong type"):
+                        RdmaMetadata.from_json(json.dumps(dict(raw, **{field: wrong})))
                 # Version 1 named the grant in every descriptor: such a record still reads, the same;
                 # a version-1 record in the shorter form does not.
                 first = raw["descriptors"][0]

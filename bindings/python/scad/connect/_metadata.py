@@ -134,10 +134,10 @@ class RdmaMetadata:
             extra, missing = sorted(set(raw) - want), sorted(want - set(raw))
             raise ValueError(f"RdmaMetadata: unexpected fields {extra}, missing {missing}")
         kind = raw["operation_kind"]
-        if kind not in (OperationKind.READ, OperationKind.WRITE):
+        if type(kind) is not int or not (kind == 1 or kind == 2):
             raise ValueError(f"RdmaMetadata: operation_kind {kind!r} is neither READ (1) nor WRITE (2)")
         descs = raw["descriptors"]
-        if not isinstance(descs, list) or not descs:
+        if type(descs) is not list or not descs:
             raise ValueError("RdmaMetadata: no descriptors")
         parsed = []
         grant = secret = None
@@ -159,18 +159,28 @@ class RdmaMetadata:
             if type(size) is not int or size <= 0:
                 raise ValueError("RdmaMetadata: a descriptor's size must be a positive integer")
             parsed.append(SerializedDescriptor(size, grant, secret, d["device"]))
-        for key, typ in _FIELD_TYPES:
-            if not isinstance(raw[key], typ):
-                raise ValueError(f"RdmaMetadata: field {key!r} has the wrong type")
-        if not _NOTIFICATION_KEY.fullmatch(raw["notification_key"]):
+        # Every field at once (a peer reads a record per operation); which one is wrong, only when one is.
+        key, owner, hostname, host = raw["notification_key"], raw["owner"], raw["hostname"], raw["host"]
+        port, path, verbs, expires_at = raw["port"], raw["path"], raw["verbs"], raw["expires_at"]
+        if not (type(key) is str and type(owner) is str and type(hostname) is str and type(host) is str
+                and type(port) is int and type(path) is str and type(verbs) is bool
+                and type(expires_at) in (int, float)):
+            for name, typ in _FIELD_TYPES:
+                if not isinstance(raw[name], typ):
+                    raise ValueError(f"RdmaMetadata: field {name!r} has the wrong type")
+        if not _NOTIFICATION_KEY.fullmatch(key):
             raise ValueError("RdmaMetadata: notification_key must be 16 lower-case hex digits")
-        for key in ("host", "path"):
-            value = raw[key]
-            if ";" in value or "," in value:
-                raise ValueError(f"RdmaMetadata: field {key!r} is malformed")
-        return cls(operation_kind=kind, notification_key=raw["notification_key"], owner=raw["owner"],
-                   hostname=raw["hostname"], host=raw["host"], port=raw["port"], path=raw["path"],
-                   expires_at=float(raw["expires_at"]), descriptors=tuple(parsed), verbs=raw["verbs"])
+        joined = host + path
+        if ";" in joined or "," in joined:
+            for name in ("host", "path"):
+                if ";" in raw[name] or "," in raw[name]:
+                    raise ValueError(f"RdmaMetadata: field {name!r} is malformed")
+        # Filled as the dataclass's own __init__ fills it, without a frozen setattr per field.
+        md = object.__new__(cls)
+        md.__dict__.update(operation_kind=kind, notification_key=key, owner=owner, hostname=hostname, host=host,
+                           port=port, path=path, expires_at=float(expires_at), descriptors=tuple(parsed),
+                           verbs=verbs, version=VERSION)
+        return md
 
     def __repr__(self) -> str:
         kind = OperationKind(self.operation_kind).name
