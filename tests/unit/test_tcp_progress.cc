@@ -131,6 +131,26 @@ TEST_P(TcpProgress, APollingWaiterWakesNoLoopThreadForItsAnswers) {
   EXPECT_LT(slept, 20) << "the loop's thread slept and woke " << slept << " times for 400 polled reads";
 }
 
+// A caller that spins on its own answer (busy_poll_us: a blocking read or an attachment's verdict
+// led on the calling thread) holds the shared loop while it spins: on a shared session, which
+// the loop's thread watches while it is idle, that thread would otherwise be woken by each answer
+// only to find the caller reading it, and woken again to watch the session afterwards.
+TEST(TcpLeader, ASpinningLeaderWakesNoLoopThreadForItsAnswers) {
+  auto rig = test::make_rig("tcp", 1 << 16, 3, "share,1;busy_poll_us,500");
+  ASSERT_NE(nullptr, rig.t);
+  ASSERT_EQ(0, libd_transport_connect(rig.t)) << libd_last_error();
+  char *buf = nullptr;
+  ASSERT_EQ(0, libd_trdma_reg(rig.t, 64, reinterpret_cast<void **>(&buf)));
+  pid_t loop = shared_loop_thread();
+  LongLease lease(5000000);
+  for (int i = 0; i < 20; i++) ASSERT_EQ(0, libd_trdma_read(rig.t, 64, 0, buf)) << libd_last_error();
+  long before = sleeps_of(loop);
+  for (int i = 0; i < 400; i++) ASSERT_EQ(0, libd_trdma_read(rig.t, 64, 0, buf)) << libd_last_error();
+  long slept = sleeps_of(loop) - before;
+  ASSERT_GE(before, 0);
+  EXPECT_LT(slept, 20) << "the loop's thread slept and woke " << slept << " times for 400 spun reads";
+}
+
 // A caller that stops polling (it arms the operation's eventfd to sleep) gives the loop back at
 // once: the loop's thread completes the operation and writes the eventfd, long before the
 // caller's lease would have lapsed.

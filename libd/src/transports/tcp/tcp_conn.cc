@@ -115,7 +115,7 @@ template <class Done>
 bool TcpConn::lead_locked(Lock &lk, Done done, Deadline deadline, uint32_t spin_us) {
   reader_ = Reader::Leader;
   auto spin_until = Clock::now() + std::chrono::microseconds(spin_us);
-  bool in_time = true;
+  bool in_time = true, leased = false;
   while (!done() && !closed_) {
     short events = short(POLLIN | (sendq_.empty() ? 0 : POLLOUT));
     auto now = Clock::now();
@@ -124,10 +124,22 @@ bool TcpConn::lead_locked(Lock &lk, Done done, Deadline deadline, uint32_t spin_
       in_time = false;
       break;
     }
-    lk.unlock();
+    bool spinning = now < spin_until;
+    lk.unlock();  // the loop's callbacks (progress below) take mu_
+    if (spinning) {
+      // The answer is this thread's to read: the process's client loop, which may be watching
+      // this socket too, is leased here meanwhile, so its thread stays parked and is not woken
+      // by the answer only to find a leader reading it (a thread switch per answer on a busy
+      // host). Given back before this thread sleeps; else it lapses as a poller's does.
+      IoLoop::shared().progress(poll_lease_us.load(std::memory_order_relaxed));
+      leased = true;
+    } else if (leased) {
+      IoLoop::shared().release();
+      leased = false;
+    }
     struct pollfd p = {fd_, events, 0};
     // While the spin lasts, only look (the core stays ours); then sleep until the socket moves.
-    int r = ::poll(&p, 1, now < spin_until ? 0 : int(std::min<int64_t>(left, 1000)));
+    int r = ::poll(&p, 1, spinning ? 0 : int(std::min<int64_t>(left, 1000)));
     lk.lock();
     if (r < 0 && errno != EINTR) {
       fail_locked(-errno, std::string("poll: ") + strerror(errno), true);
