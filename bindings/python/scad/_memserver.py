@@ -39,6 +39,20 @@ def start(name: str, host: str, verbs: bool, busy_poll_us: float = 0.0):
     return action, srv, {"host": where["host"], "port": int(where["port"]), "path": where["path"], "verbs": verbs}
 
 
+def config_value(config: str, key: str) -> str:
+    """The value of `key` in a configuration string libd made ("k,v;k,v;..."), whose keys are
+    unique and whose values hold neither ',' nor ';' (a grant's: grant, secret, host...)."""
+    if config.startswith(key + ","):
+        at = len(key) + 1
+    else:
+        at = config.find(";" + key + ",")
+        if at < 0:
+            raise RuntimeError(f"libd's grant configuration has no {key!r}")  # libd's contract broke
+        at += len(key) + 2
+    end = config.find(";", at)
+    return config[at:] if end < 0 else config[at:end]
+
+
 def where(impl: str, host: str, port: int, path: str) -> str:
     """The durl pairs that reach a memory server over `impl`. shm and tcp ride the process's shared
     connection to that server (libd's share,1: one connection per server, a grant attached to it

@@ -22,7 +22,7 @@ from typing import Any, Optional
 from ._descriptor import Descriptor, as_list
 from ._metadata import RdmaMetadata, SerializedDescriptor
 from ._operation_kind import TERMINAL as _TERMINAL, OperationBase, OperationKind, OperationStatus
-from .._memserver import MAX_RANGES
+from .._memserver import MAX_RANGES, config_value
 from .._waiter import wait_ready
 
 # How long the server's loop stays with a polling wait after its last look (libd's progress lease):
@@ -30,15 +30,6 @@ from .._waiter import wait_ready
 _LEASE_US = 1000
 
 log = logging.getLogger("scad.connect")
-
-
-
-def _config_value(config: str, key: str) -> str:
-    for pair in config.split(";"):
-        k, _, v = pair.partition(",")
-        if k == key:
-            return v
-    raise RuntimeError(f"libd's grant configuration has no {key!r}")  # libd's contract broke
 
 
 class PassiveOperation(OperationBase):
@@ -86,7 +77,7 @@ class PassiveOperation(OperationBase):
                     server.expose_ranges(element, [(d.ptr, d.size) for d in descs])
                 self._elements.append(element)
                 config = server.grant_ex(element, "*", rights=rights, ttl=ttl)
-                grant, secret = _config_value(config, "grant"), _config_value(config, "secret")
+                grant, secret = config_value(config, "grant"), config_value(config, "secret")
                 self._grants.append(grant)
                 # Descriptors in a row under one grant are its ranges, in order.
                 serialized.extend(SerializedDescriptor(d.size, grant, secret) for d in descs)

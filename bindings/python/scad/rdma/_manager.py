@@ -174,8 +174,8 @@ class RdmaManager:
         the grant lies (offset, size, whole, ranges)."""
         ep = self._endpoint
         return RdmaBuffer(owner=self.name, hostname=self.hostname, host=ep["host"], port=ep["port"], path=ep["path"],
-                          verbs=ep["verbs"], grant=_config_value(config, "grant"),
-                          secret=_config_value(config, "secret"), **where)
+                          verbs=ep["verbs"], grant=_memserver.config_value(config, "grant"),
+                          secret=_memserver.config_value(config, "secret"), **where)
 
     def progress(self, lease_us: int = 1000) -> bool:
         """Serves this process's buffers on the calling thread for a moment, as an application
@@ -375,20 +375,6 @@ class RdmaManager:
             self._server.withdraw(region.element)
         except KeyError:
             pass
-
-
-def _config_value(config: str, key: str) -> str:
-    """The value of `key` in a libd configuration string ("k,v;k,v;..."), whose keys are unique
-    and whose values hold neither ',' nor ';'."""
-    if config.startswith(key + ","):
-        at = len(key) + 1
-    else:
-        at = config.find(";" + key + ",")
-        if at < 0:
-            raise KeyError(key)
-        at += len(key) + 2
-    end = config.find(";", at)
-    return config[at:] if end < 0 else config[at:end]
 
 
 def _refusal(e: OSError, impl: str, new: bool) -> OSError:
