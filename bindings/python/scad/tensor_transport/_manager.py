@@ -184,7 +184,7 @@ class _Route:
     `freed` when it has."""
 
     def __init__(self) -> None:
-        self.lock = asyncio.Lock()  # bound to the module's loop at its first use there
+        self.lock: Optional[asyncio.Lock] = None  # made at the loop's first use (a direct receive needs none)
         self.users = 0              # receives on the loop using or waiting for it
         self.direct = False         # a direct receive holds it
         self.freed: Optional[asyncio.Event] = None  # set (on the loop) when a direct receive lets go
@@ -306,17 +306,17 @@ class ScadTensorTransport(_Base):
         hold it up), the reads start and are waited for in the calling thread, in libd with the
         GIL released: no hand-off to the module's loop thread and back."""
         out, reads = self._targets(tensor_transport_metadata, target_buffers)
-        receive = self._begin(obj_id)
         manager = RdmaManager.get()
         routes = [buf.route for buf, _ in reads]
-        if not all(manager._reached(buf) for buf, _ in reads) or not self._claim(routes):
+        reached = all(manager._reached(buf) for buf, _ in reads)
+        receive, direct = self._begin(obj_id, routes if reached else None)
+        if not direct:
             future = self._loop.submit(self._recv(receive, reads))
             return self.wait_fetch_complete(ScadFetchRequest(obj_id=obj_id, tensors=out, receive=receive, future=future))
         try:
             self._recv_direct(receive, reads)
         finally:
-            self._unclaim(routes)
-            self._end(receive)
+            self._end(receive, routes)
         return out
 
     def _recv_direct(self, receive: _Receive, reads: List[tuple]) -> None:
@@ -359,20 +359,30 @@ class ScadTensorTransport(_Base):
             manager._mark_reached(buf)
         _count_received(reads, [qp.impl for _, qp, _ in started])
 
-    def _claim(self, routes: List[tuple]) -> bool:
-        """Takes every route for a direct receive if none is in use; else takes none."""
+    def _begin(self, obj_id: str, routes: Optional[List[tuple]] = None) -> tuple:
+        """A new receive of obj_id, listed for abort_transport, and whether it took `routes` for
+        a direct receive: all of them if none is in use, else none (one look under the lock)."""
+        receive = _Receive(obj_id)
         with self._lock:
-            if any(r in self._routes for r in routes) or len(set(routes)) != len(routes):
-                return False
+            self._receiving.setdefault(obj_id, set()).add(receive)
+            if routes is None or len(set(routes)) != len(routes) or any(r in self._routes for r in routes):
+                return receive, False
             for r in routes:
                 entry = self._routes[r] = _Route()
                 entry.direct = True
-            return True
+            return receive, True
 
-    def _unclaim(self, routes: List[tuple]) -> None:
+    def _end(self, receive: _Receive, routes: Optional[List[tuple]] = None) -> None:
+        """The receive is over: unlisted, and the routes a direct receive took are let go of
+        (a receive on the loop waiting for one is woken)."""
         wake = []
         with self._lock:
-            for r in routes:
+            receiving = self._receiving.get(receive.obj_id)
+            if receiving is not None:
+                receiving.discard(receive)
+                if not receiving:
+                    del self._receiving[receive.obj_id]
+            for r in routes or ():
                 entry = self._routes[r]
                 entry.direct = False
                 if entry.freed is not None:
@@ -382,26 +392,12 @@ class ScadTensorTransport(_Base):
         for entry in wake:
             entry.loop.call_soon_threadsafe(entry.freed.set)
 
-    def _begin(self, obj_id: str) -> _Receive:
-        receive = _Receive(obj_id)
-        with self._lock:
-            self._receiving.setdefault(obj_id, set()).add(receive)
-        return receive
-
-    def _end(self, receive: _Receive) -> None:
-        with self._lock:
-            receiving = self._receiving.get(receive.obj_id)
-            if receiving is not None:
-                receiving.discard(receive)
-                if not receiving:
-                    del self._receiving[receive.obj_id]
-
     def fetch_multiple_tensors(self, obj_id: str, tensor_transport_metadata: ScadTransportMetadata,
                                communicator_metadata: Any = None,
                                target_buffers: Optional[List[Any]] = None) -> ScadFetchRequest:
         """Starts reading every tensor of the object; returns at once. wait_fetch_complete waits."""
         out, reads = self._targets(tensor_transport_metadata, target_buffers)
-        receive = self._begin(obj_id)
+        receive, _ = self._begin(obj_id)
         future = self._loop.submit(self._recv(receive, reads))
         return ScadFetchRequest(obj_id=obj_id, tensors=out, receive=receive, future=future)
 
@@ -519,6 +515,8 @@ class ScadTensorTransport(_Base):
             entry = self._routes.get(route)
             if entry is None:
                 entry = self._routes[route] = _Route()
+            if entry.lock is None:
+                entry.lock = asyncio.Lock()  # bound to the module's loop, the only one that awaits it
             entry.users += 1
         try:
             async with entry.lock:
