@@ -106,6 +106,9 @@ class Connector:
 
     # ---- for the operations -------------------------------------------------------------
     def _server(self) -> Any:
+        srv = self._srv
+        if srv is not None:
+            return srv  # every passive operation asks: no lock once it runs (close() only clears it)
         with self._lock:
             if self._srv is None:
                 self._action, self._srv, self._endpoint = _memserver.start(self._name, self._host, self._verbs)

@@ -72,6 +72,16 @@ class RdmaMetadata:
     verbs: bool = False  # the owner's server also takes RDMA verbs connections
     version: int = VERSION
 
+    @classmethod
+    def made(cls, **fields: Any) -> "RdmaMetadata":
+        """A record from fields this side made and checked already (a passive operation's own,
+        or a parsed record's): filled as the dataclass's __init__ fills it, without a frozen
+        setattr per field."""
+        md = object.__new__(cls)
+        md.__dict__.update(fields)
+        md.__dict__.setdefault("version", VERSION)
+        return md
+
     # ---- JSON ---------------------------------------------------------------------------
     def to_dict(self) -> dict:
         return {
@@ -175,12 +185,8 @@ class RdmaMetadata:
             for name in ("host", "path"):
                 if ";" in raw[name] or "," in raw[name]:
                     raise ValueError(f"RdmaMetadata: field {name!r} is malformed")
-        # Filled as the dataclass's own __init__ fills it, without a frozen setattr per field.
-        md = object.__new__(cls)
-        md.__dict__.update(operation_kind=kind, notification_key=key, owner=owner, hostname=hostname, host=host,
-                           port=port, path=path, expires_at=float(expires_at), descriptors=tuple(parsed),
-                           verbs=verbs, version=VERSION)
-        return md
+        return cls.made(operation_kind=kind, notification_key=key, owner=owner, hostname=hostname, host=host,
+                        port=port, path=path, expires_at=float(expires_at), descriptors=tuple(parsed), verbs=verbs)
 
     def __repr__(self) -> str:
         kind = OperationKind(self.operation_kind).name

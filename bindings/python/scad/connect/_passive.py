@@ -64,7 +64,9 @@ class PassiveOperation(OperationBase):
         try:
             for d in self._descs:
                 d.register_memory(connector)
-            if len(self._descs) > 1 and not connector._endpoint["verbs"]:
+            if len(self._descs) == 1:
+                lists = (self._descs,)
+            elif not connector._endpoint["verbs"]:
                 # one element over the ranges, one grant (a list holds up to MAX_RANGES)
                 lists = [self._descs[i:i + MAX_RANGES] for i in range(0, len(self._descs), MAX_RANGES)]
             else:
@@ -80,16 +82,16 @@ class PassiveOperation(OperationBase):
                 grant, secret = config_value(config, "grant"), config_value(config, "secret")
                 self._grants.append(grant)
                 # Descriptors in a row under one grant are its ranges, in order.
-                serialized.extend(SerializedDescriptor(d.size, grant, secret) for d in descs)
+                serialized += [SerializedDescriptor(d.size, grant, secret) for d in descs]
         except BaseException:
             self._release()
             raise
         self._pending = set(self._grants)
-        self._metadata = RdmaMetadata(
+        ep = connector._endpoint
+        self._metadata = RdmaMetadata.made(
             operation_kind=int(self._kind), notification_key=self._key, owner=connector.name,
-            hostname=connector.hostname, host=connector._endpoint["host"], port=connector._endpoint["port"],
-            path=connector._endpoint["path"], expires_at=time.time() + ttl, descriptors=tuple(serialized),
-            verbs=connector._endpoint["verbs"])
+            hostname=connector.hostname, host=ep["host"], port=ep["port"], path=ep["path"],
+            expires_at=time.time() + ttl, descriptors=tuple(serialized), verbs=ep["verbs"])
         self._status = OperationStatus.INITIALIZED
 
     # ---- Dynamo's surface ---------------------------------------------------------------
