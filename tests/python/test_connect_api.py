@@ -101,6 +101,7 @@ def test_metadata_round_trips_hides_its_secrets_and_refuses_anything_else():
                 md = op.metadata()
                 text = md.to_json()
                 assert RdmaMetadata.from_json(text) == md
+                assert RdmaMetadata.from_dict(dict(json.loads(text), operation_kind=OperationKind.WRITE)) == md
                 assert RdmaMetadata.model_validate_json(md.model_dump_json()) == md
                 assert md.operation_kind == OperationKind.WRITE
                 assert [d.size for d in md.descriptors] == [1000, 10]

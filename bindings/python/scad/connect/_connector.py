@@ -111,7 +111,10 @@ class Connector:
             return srv  # every passive operation asks: no lock once it runs (close() only clears it)
         with self._lock:
             if self._srv is None:
-                self._action, self._srv, self._endpoint = _memserver.start(self._name, self._host, self._verbs)
+                action, srv, endpoint = _memserver.start(self._name, self._host, self._verbs)
+                # The server last: a caller that finds it without the lock finds its endpoint too.
+                self._action, self._endpoint = action, endpoint
+                self._srv = srv
             return self._srv
 
     def _choose_transport(self, md: RdmaMetadata) -> str:

@@ -144,8 +144,10 @@ class RdmaMetadata:
             extra, missing = sorted(set(raw) - want), sorted(want - set(raw))
             raise ValueError(f"RdmaMetadata: unexpected fields {extra}, missing {missing}")
         kind = raw["operation_kind"]
-        if type(kind) is not int or not (kind == 1 or kind == 2):
+        # An integer (or an OperationKind, from a dict made in code), never a bool or a float.
+        if not isinstance(kind, int) or isinstance(kind, bool) or not (kind == 1 or kind == 2):
             raise ValueError(f"RdmaMetadata: operation_kind {kind!r} is neither READ (1) nor WRITE (2)")
+        kind = int(kind)
         descs = raw["descriptors"]
         if type(descs) is not list or not descs:
             raise ValueError("RdmaMetadata: no descriptors")

@@ -116,6 +116,9 @@ bool TcpConn::lead_locked(Lock &lk, Done done, Deadline deadline, uint32_t spin_
   reader_ = Reader::Leader;
   auto spin_until = Clock::now() + std::chrono::microseconds(spin_us);
   bool in_time = true, leased = false;
+  // Only where the loop's thread watches this socket for answers (a session, or operations left
+  // to it) is there a wake-up to spare it; elsewhere the lease would only park it for nothing.
+  bool lease = session_ || (watching_ & UV_READABLE);
   while (!done() && !closed_) {
     short events = short(POLLIN | (sendq_.empty() ? 0 : POLLOUT));
     auto now = Clock::now();
@@ -126,7 +129,7 @@ bool TcpConn::lead_locked(Lock &lk, Done done, Deadline deadline, uint32_t spin_
     }
     bool spinning = now < spin_until;
     lk.unlock();  // the loop's callbacks (progress below) take mu_
-    if (spinning) {
+    if (spinning && lease) {
       // The answer is this thread's to read: the process's client loop, which may be watching
       // this socket too, is leased here meanwhile, so its thread stays parked and is not woken
       // by the answer only to find a leader reading it (a thread switch per answer on a busy
@@ -154,6 +157,13 @@ bool TcpConn::lead_locked(Lock &lk, Done done, Deadline deadline, uint32_t spin_
     // it stopped while this thread led.
     bool rewatch = session_ && !(watching_ & UV_READABLE);
     if (reader_ == Reader::Loop || !sendq_.empty() || rewatch) want_loop_locked();
+    // Other threads' operations are the loop's now, and their waiters may sleep without a look
+    // that would end the lease: the loop's thread takes over at once.
+    if (leased && (reader_ == Reader::Loop || !sendq_.empty())) {
+      lk.unlock();
+      IoLoop::shared().release();
+      lk.lock();
+    }
   }
   cv_.notify_all();  // an attacher waiting for someone to read may lead now
   return in_time;
@@ -166,9 +176,12 @@ void TcpConn::run(const std::shared_ptr<Op> &op, uint32_t handle, uint32_t spin_
   // loop's thread, which the scheduler is free to place away from the memory element's thread
   // (measured: leading 1-16 MiB transfers halved bandwidth in some runs on 2 cores).
   if (reader_ != Reader::None || !sendq_.empty() || op->bytes() > kLeadMaxBytes) {
-    // Someone else is driving the socket, or the transfer is large: the loop completes us.
+    // Someone else is driving the socket, or the transfer is large: the loop completes us. This
+    // caller sleeps until then without a look of its own, so a lease on the loop (a poller's or
+    // a leader's, which takes it again at its next look) is ended: else it would wait it out.
     lk.unlock();
     post(op, handle);
+    IoLoop::shared().release();  // (nothing, when there is no lease)
     return;
   }
   auto st = enqueue_locked(op, handle);
