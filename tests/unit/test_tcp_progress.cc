@@ -66,12 +66,11 @@ struct LongLease {
   }
 };
 
-class TcpProgress : public ::testing::TestWithParam<std::string> {
- protected:
-  // A client of a one-element server over tcp (the parameter: a connection of its own or the
-  // process's shared one), connected, with `local` bytes of its own registered at buf.
-  void connect_client(size_t local) {
-    rig = test::make_rig("tcp", 1 << 16, 3, GetParam());
+// A client of a one-element server over tcp (`extra`: its durl's further parameters), connected,
+// with `local` bytes of its own registered at buf.
+struct Client {
+  void connect_client(const std::string &extra, size_t local) {
+    rig = test::make_rig("tcp", 1 << 16, 3, extra);
     ASSERT_NE(nullptr, rig.t);
     ASSERT_EQ(0, libd_transport_connect(rig.t)) << libd_last_error();
     ASSERT_EQ(0, libd_trdma_reg(rig.t, local, reinterpret_cast<void **>(&buf)));
@@ -80,17 +79,27 @@ class TcpProgress : public ::testing::TestWithParam<std::string> {
   char *buf = nullptr;
 };
 
+// The parameter: a connection of the client's own, or the process's shared one.
+class TcpProgress : public ::testing::TestWithParam<std::string>, protected Client {
+ protected:
+  void connect_client(size_t local) { Client::connect_client(GetParam(), local); }
+};
+
+// A client on the process's shared connection that spins for its answers (for up to a second: on
+// a loaded host no read outlasts the spin, and a caller that stops spinning sleeps and gives the
+// loop back, its thread then serving and waking).
+class TcpLeader : public ::testing::Test, protected Client {
+ protected:
+  void connect_spinning(size_t local) { connect_client("share,1;busy_poll_us,1000000", local); }
+};
+
 }  // namespace
 
 INSTANTIATE_TEST_SUITE_P(Share, TcpProgress, ::testing::Values("", "share,1"),
                          [](const auto &i) { return i.param.empty() ? std::string("own") : std::string("shared"); });
 
 TEST_P(TcpProgress, APollingWaiterCompletesItsReadWhileTheLoopIsBusy) {
-  auto rig = test::make_rig("tcp", 1 << 16, 3, GetParam());
-  ASSERT_NE(nullptr, rig.t);
-  ASSERT_EQ(0, libd_transport_connect(rig.t)) << libd_last_error();
-  char *buf = nullptr;
-  ASSERT_EQ(0, libd_trdma_reg(rig.t, 4096, reinterpret_cast<void **>(&buf)));
+  ASSERT_NO_FATAL_FAILURE(connect_client(4096));
   std::vector<libd_op *> ops;
   {
     StalledLoop stalled;
@@ -136,14 +145,8 @@ TEST_P(TcpProgress, APollingWaiterWakesNoLoopThreadForItsAnswers) {
 // led on the calling thread) holds the shared loop while it spins: on a shared session, which
 // the loop's thread watches while it is idle, that thread would otherwise be woken by each answer
 // only to find the caller reading it, and woken again to watch the session afterwards.
-TEST(TcpLeader, ASpinningLeaderWakesNoLoopThreadForItsAnswers) {
-  // Spinning for up to a second: on a loaded host no read outlasts the spin (a caller that
-  // stops spinning sleeps, and gives the loop back: its thread then serves, and wakes).
-  auto rig = test::make_rig("tcp", 1 << 16, 3, "share,1;busy_poll_us,1000000");
-  ASSERT_NE(nullptr, rig.t);
-  ASSERT_EQ(0, libd_transport_connect(rig.t)) << libd_last_error();
-  char *buf = nullptr;
-  ASSERT_EQ(0, libd_trdma_reg(rig.t, 64, reinterpret_cast<void **>(&buf)));
+TEST_F(TcpLeader, ASpinningLeaderWakesNoLoopThreadForItsAnswers) {
+  ASSERT_NO_FATAL_FAILURE(connect_spinning(64));
   pid_t loop = shared_loop_thread();
   LongLease lease(5000000);
   for (int i = 0; i < 20; i++) ASSERT_EQ(0, libd_trdma_read(rig.t, 64, 0, buf)) << libd_last_error();
@@ -157,12 +160,8 @@ TEST(TcpLeader, ASpinningLeaderWakesNoLoopThreadForItsAnswers) {
 
 // A leader that ends with other threads' operations left to the loop gives the loop back: their
 // waiters may sleep without a look that would end its lease, and would wait for it to lapse.
-TEST(TcpLeader, OperationsLeftToTheLoopAreNotHeldByTheLeadersLease) {
-  auto rig = test::make_rig("tcp", 1 << 16, 3, "share,1;busy_poll_us,1000000");
-  ASSERT_NE(nullptr, rig.t);
-  ASSERT_EQ(0, libd_transport_connect(rig.t)) << libd_last_error();
-  char *buf = nullptr;
-  ASSERT_EQ(0, libd_trdma_reg(rig.t, 8192, reinterpret_cast<void **>(&buf)));
+TEST_F(TcpLeader, OperationsLeftToTheLoopAreNotHeldByTheLeadersLease) {
+  ASSERT_NO_FATAL_FAILURE(connect_spinning(8192));
   LongLease lease(3000000);
   std::atomic<bool> stop{false};
   std::thread spinner([&] {
