@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/op.h"
 #include "harness.h"
 #include "io/ioloop.h"
 #include "transports/tcp/tcp_conn.h"
@@ -139,6 +140,32 @@ TEST_P(TcpProgress, APollingWaiterWakesNoLoopThreadForItsAnswers) {
   // Woken by the answers instead, it slept 100-440 times for these 400 reads; with the lease
   // 12 or so, up to 32 with the host's two cores taken by other work.
   EXPECT_LT(slept, 100) << "the loop's thread slept and woke " << slept << " times for 400 polled reads";
+}
+
+// A poller that looks late (its answer already taken by the loop's thread, awake) still polls:
+// its next operations keep the loop, and their answers wake that thread no more. Without that,
+// the loop's thread, woken by each answer, takes it before the poller's first look, every time.
+TEST_P(TcpProgress, APollerThatLooksLateKeepsTheLoopForItsNextOperations) {
+  ASSERT_NO_FATAL_FAILURE(connect_client(64));
+  pid_t loop = shared_loop_thread();
+  LongLease lease(5000000);
+  auto one = [&] {
+    libd_op *op = nullptr;
+    ASSERT_EQ(0, libd_trdma_read_async(rig.t, 64, 0, buf, &op)) << libd_last_error();
+    // Busy elsewhere for a while: whoever reads the socket meanwhile takes the answer.
+    auto late = std::chrono::steady_clock::now() + std::chrono::microseconds(300);
+    while (!op->op->done() && std::chrono::steady_clock::now() < late) {
+    }
+    poll_until_done(op, std::chrono::milliseconds(3000));
+    EXPECT_EQ(0, libd_op_poll(op));
+    libd_op_free(op);
+  };
+  for (int i = 0; i < 20; i++) one();
+  long before = sleeps_of(loop);
+  for (int i = 0; i < 400; i++) one();
+  long slept = sleeps_of(loop) - before;
+  ASSERT_GE(before, 0);
+  EXPECT_LT(slept, 100) << "the loop's thread slept and woke " << slept << " times for 400 late-polled reads";
 }
 
 // A caller that spins on its own answer (busy_poll_us: a blocking read or an attachment's verdict

@@ -34,6 +34,9 @@ class OpDriver {
   // The polling caller stops (it is about to sleep until the operation's watch fd is written):
   // the helper thread watches again.
   virtual void polling_stopped() {}
+  // A caller polled `op` and found it finished already: a look all the same (the helper thread
+  // may have taken the answer before the caller's first look; the caller polls nonetheless).
+  virtual void looked(Op *op) { (void)op; }
 };
 
 struct Segment {
@@ -105,14 +108,16 @@ class Op {
   // status(), after one round of caller-driven progress if the engine polls or has waiters look
   // first (libd_op_poll).
   int poll() {
-    if ((driver_polls_ || driver_looks_first_) && !done())
-      if (auto d = driver_.lock()) {
-        // A caller that watches an fd sleeps between its looks: it polls no loop.
-        if (watch_fd_.load(std::memory_order_relaxed) >= 0)
-          d->progress(this);
-        else
-          d->poll_progress(this);
-      }
+    if (!(driver_polls_ || driver_looks_first_)) return status();
+    bool finished = done();
+    if (auto d = driver_.lock()) {
+      if (finished)
+        d->looked(this);
+      else if (watch_fd_.load(std::memory_order_relaxed) >= 0)
+        d->progress(this);  // a caller that watches an fd sleeps between its looks: it polls no loop
+      else
+        d->poll_progress(this);
+    }
     return status();
   }
   // Waits until done or until `until`; returns the status or -ETIMEDOUT for the wait itself.

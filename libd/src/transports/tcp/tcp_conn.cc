@@ -25,6 +25,19 @@ constexpr uint64_t kTickMs = 20;          // deadline check period while the loo
 // loop's thread takes it back, so a caller that stopped without saying so delays others this much.
 std::atomic<uint32_t> poll_lease_us{200};
 constexpr uint64_t kLeadMaxBytes = 64 * 1024;  // larger synchronous transfers are left to the loop
+
+// When this thread last polled an operation (steady clock, ns; 0: never). A thread that looks
+// again within a lease is polling: a single look (a status check) must not park the loop's
+// thread, which would then serve nobody until the lease lapsed.
+thread_local int64_t last_look_ns = 0;
+
+// Stamps this thread's look; true if it looked before within the lease.
+bool look_again(uint32_t lease_us) {
+  int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+  bool polling = now - last_look_ns < int64_t(lease_us) * 1000;
+  last_look_ns = now;
+  return polling;
+}
 }  // namespace
 
 // ---- set-up -------------------------------------------------------------------------------
@@ -208,7 +221,21 @@ void TcpConn::cancel(Op *op) {
   maybe_finish_locked(st);
 }
 
+TcpConn::Lock TcpConn::lock_on_loop() {
+  Lock lk(mu_, std::try_to_lock);
+  if (!lk.owns_lock()) {
+    loop_waiting_.fetch_add(1, std::memory_order_relaxed);
+    lk.lock();
+    loop_waiting_.fetch_sub(1, std::memory_order_relaxed);
+  }
+  return lk;
+}
+
 void TcpConn::progress(Op *) {
+  // The loop's thread waits for the lock (it took an answer as this caller began to poll): it is
+  // left to it. Taken look after look instead, the lock would wake that thread each time this
+  // caller let go of it, only for the thread to lose it again to the next look.
+  if (loop_waiting_.load(std::memory_order_relaxed) > 0) return;
   Lock lk(mu_, std::try_to_lock);
   if (!lk.owns_lock() || closed_ || reader_ == Reader::Leader) return;  // someone else is at it
   if (!sendq_.empty()) flush_locked();
@@ -217,15 +244,17 @@ void TcpConn::progress(Op *) {
 }
 
 void TcpConn::poll_progress(Op *waiting) {
-  // Only a caller that looks again within a lease is polling: a single look (a status check) must
-  // not park the loop's thread, which would then serve nobody until the lease lapsed.
-  thread_local int64_t last_look_ns = 0;
   uint32_t lease_us = poll_lease_us.load(std::memory_order_relaxed);
-  int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
-  bool polling = now - last_look_ns < int64_t(lease_us) * 1000;
-  last_look_ns = now;
-  if (polling) IoLoop::shared().progress(lease_us);  // no lock held here: the loop's callbacks take mu_
+  if (look_again(lease_us)) IoLoop::shared().progress(lease_us);  // no lock held: the loop's callbacks take mu_
   progress(waiting);
+}
+
+void TcpConn::looked(Op *) {
+  // The loop's thread, awake, took the answer before this poller's look: it would take the next
+  // ones too, woken for each, while the poller only finds its operations finished. The loop is
+  // the poller's from now on, as if it had looked in time.
+  uint32_t lease_us = poll_lease_us.load(std::memory_order_relaxed);
+  if (look_again(lease_us)) IoLoop::shared().hold(lease_us);
 }
 
 void TcpConn::polling_stopped() { IoLoop::shared().release(); }
@@ -698,7 +727,7 @@ void TcpConn::want_loop_locked() {
   update_posted_ = true;
   auto self = shared_from_this();
   IoLoop::shared().post([self] {
-    Lock lk(self->mu_);
+    Lock lk = self->lock_on_loop();
     self->update_posted_ = false;
     lk.unlock();
     self->update_watch();
@@ -706,7 +735,7 @@ void TcpConn::want_loop_locked() {
 }
 
 void TcpConn::update_watch() {
-  Lock lk(mu_);
+  Lock lk = lock_on_loop();
   if (!poll_) return;  // handles already closed
   if (closed_) {
     // Each handle keeps the connection alive until its close callback has run.
@@ -736,7 +765,7 @@ void TcpConn::update_watch() {
     ticking_ = true;
     uv_timer_start(timer_, [](uv_timer_t *t) {
       auto *c = static_cast<TcpConn *>(t->data);
-      Lock lk(c->mu_);
+      Lock lk = c->lock_on_loop();
       // A poller may have read the last answer itself (progress) while the loop slept.
       if (c->reader_ == Reader::Loop && c->idle_locked()) c->reader_ = Reader::None;
       if (c->reader_ == Reader::Loop || !c->sendq_.empty() || c->closed_) {
@@ -752,7 +781,7 @@ void TcpConn::update_watch() {
 void TcpConn::on_poll(uv_poll_t *h, int status, int events) {
   auto *c = static_cast<TcpConn *>(h->data);
   {
-    Lock lk(c->mu_);
+    Lock lk = c->lock_on_loop();
     if (c->closed_) return;  // an update to close the handles is on its way
     if (status < 0) {
       c->fail_locked(-ECONNRESET, std::string("lost the connection to the memory element: ") + uv_strerror(status), true);

@@ -64,6 +64,9 @@ class TcpConn : public proto::FrameReader::Handler, public OpDriver, public std:
   // polling_stopped gives the loop back.
   void poll_progress(Op *waiting) override;
   void polling_stopped() override;
+  // A poller's look at an operation already finished counts as a look, and keeps the loop as
+  // poll_progress does (without running it): the poller's next answers are its own to read.
+  void looked(Op *op) override;
   // How long the lease lasts after a polling caller's last look (default 200 µs). For tests.
   static void set_poll_lease_us(uint32_t us);
   // Queues a NOTIFY behind everything sent so far (it has no answer). -ENOTCONN if closed.
@@ -183,6 +186,10 @@ class TcpConn : public proto::FrameReader::Handler, public OpDriver, public std:
   std::atomic<bool> spent_flag_{false};
   bool handles_left_locked();  // false (and spent) once the handles ran out
   std::mutex mu_;
+  // The loop's callbacks take mu_ through lock_on_loop, which counts them while they wait for it:
+  // a polling caller, which takes it look after look, leaves it to them meanwhile.
+  Lock lock_on_loop();
+  std::atomic<int> loop_waiting_{0};
   std::condition_variable cv_;  // detach waits here for queued sends to drain
   bool closed_ = false;
   int close_err_ = 0;
