@@ -138,8 +138,8 @@ TEST_P(TcpProgress, APollingWaiterWakesNoLoopThreadForItsAnswers) {
   long slept = sleeps_of(loop) - before;
   ASSERT_GE(before, 0);
   // Woken by the answers instead, it slept 100-440 times for these 400 reads; with the lease
-  // 12 or so, up to 32 with the host's two cores taken by other work.
-  EXPECT_LT(slept, 100) << "the loop's thread slept and woke " << slept << " times for 400 polled reads";
+  // 0 or 1, also with the host's two cores taken by other work.
+  EXPECT_LT(slept, 20) << "the loop's thread slept and woke " << slept << " times for 400 polled reads";
 }
 
 // A poller that looks late (its answer already taken by the loop's thread, awake) still polls:
@@ -165,7 +165,8 @@ TEST_P(TcpProgress, APollerThatLooksLateKeepsTheLoopForItsNextOperations) {
   for (int i = 0; i < 400; i++) one();
   long slept = sleeps_of(loop) - before;
   ASSERT_GE(before, 0);
-  EXPECT_LT(slept, 100) << "the loop's thread slept and woke " << slept << " times for 400 late-polled reads";
+  // 400 without the lease; 0 or 1 with it.
+  EXPECT_LT(slept, 20) << "the loop's thread slept and woke " << slept << " times for 400 late-polled reads";
 }
 
 // A caller that spins on its own answer (busy_poll_us: a blocking read or an attachment's verdict
