@@ -169,6 +169,38 @@ TEST_P(TcpProgress, APollerThatLooksLateKeepsTheLoopForItsNextOperations) {
   EXPECT_LT(slept, 20) << "the loop's thread slept and woke " << slept << " times for 400 late-polled reads";
 }
 
+// A thread that keeps polling operations that finished long ago (a reaper) holds the loop as
+// any poller does, and so runs it at each look: another thread's operation, left to the loop
+// while that thread sleeps, completes meanwhile instead of waiting for the reaper to stop.
+TEST_P(TcpProgress, AReaperPollingFinishedOperationsHoldsUpNobody) {
+  ASSERT_NO_FATAL_FAILURE(connect_client(128));
+  // A lease longer than the test: no lapse hands the loop back while the reaper looks.
+  LongLease lease(3000000);
+  libd_op *finished = nullptr;
+  ASSERT_EQ(0, libd_trdma_read_async(rig.t, 64, 0, buf, &finished)) << libd_last_error();
+  ASSERT_EQ(0, libd_op_wait(finished, 10000)) << libd_last_error();
+  std::atomic<bool> stop{false};
+  std::thread reaper([&] {
+    while (!stop.load()) libd_op_poll(finished);
+  });
+  auto t0 = std::chrono::steady_clock::now();
+  int rc = 0;
+  for (int i = 0; i < 20 && rc == 0; i++) {
+    libd_op *op = nullptr;
+    rc = libd_trdma_read_async(rig.t, 64, 0, buf + 64, &op);
+    if (rc == 0) rc = libd_op_wait(op, 3000);
+    libd_op_free(op);
+  }
+  long ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+  stop = true;
+  reaper.join();
+  libd_op_free(finished);
+  EXPECT_EQ(0, rc) << "a sleeper's read beside the reaper: " << libd_strerror(rc);
+  // Served by the reaper's looks: a few milliseconds for the 20. A reaper that took the loop
+  // without running it held the first read up for the whole lease.
+  EXPECT_LT(ms, 1000) << "20 reads of a sleeper took " << ms << " ms beside the reaper";
+}
+
 // A caller that spins on its own answer (busy_poll_us: a blocking read or an attachment's verdict
 // led on the calling thread) holds the shared loop while it spins: on a shared session, which
 // the loop's thread watches while it is idle, that thread would otherwise be woken by each answer

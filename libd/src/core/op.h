@@ -110,11 +110,14 @@ class Op {
   int poll() {
     if (!(driver_polls_ || driver_looks_first_)) return status();
     bool finished = done();
+    // A caller that watches an fd sleeps between its looks: it polls no loop.
+    bool watched = watch_fd_.load(std::memory_order_relaxed) >= 0;
+    if (finished && watched) return status();
     if (auto d = driver_.lock()) {
       if (finished)
         d->looked(this);
-      else if (watch_fd_.load(std::memory_order_relaxed) >= 0)
-        d->progress(this);  // a caller that watches an fd sleeps between its looks: it polls no loop
+      else if (watched)
+        d->progress(this);
       else
         d->poll_progress(this);
     }

@@ -102,13 +102,6 @@ bool IoLoop::progress(uint32_t lease_us) {
   return true;
 }
 
-void IoLoop::hold(uint32_t lease_us) {
-  if (on_loop_thread()) return;
-  lease_until_ns_.store(now_ns() + int64_t(lease_us) * 1000, std::memory_order_release);
-  std::unique_lock<std::mutex> drive(drive_mu_, std::try_to_lock);
-  if (!drive.owns_lock()) ask_to_park();
-}
-
 void IoLoop::release() {
   if (lease_until_ns_.exchange(0, std::memory_order_acq_rel) == 0) return;
   // The parked thread looks at the lease holding park_mu_ and waits releasing it: once this

@@ -43,9 +43,6 @@ class IoLoop {
   // first call of a lease only asks the loop's thread to park (false: nothing was run; call
   // again). Any thread may call; one runs the loop at a time.
   bool progress(uint32_t lease_us);
-  // Leases the loop for lease_us without running it (a caller about to poll: its next
-  // progress() runs the loop). The loop's thread, if it holds the loop, is asked to park.
-  void hold(uint32_t lease_us);
   // Ends the caller's lease: the loop's thread takes the loop back at once.
   void release();
 

@@ -252,9 +252,11 @@ void TcpConn::poll_progress(Op *waiting) {
 void TcpConn::looked(Op *) {
   // The loop's thread, awake, took the answer before this poller's look: it would take the next
   // ones too, woken for each, while the poller only finds its operations finished. The loop is
-  // the poller's from now on, as if it had looked in time.
+  // the poller's from now on, as if it had looked in time; and as any look within a lease, this
+  // one runs the loop, so that a caller polling only finished operations (a reaper) serves the
+  // process's other operations instead of holding them up.
   uint32_t lease_us = poll_lease_us.load(std::memory_order_relaxed);
-  if (look_again(lease_us)) IoLoop::shared().hold(lease_us);
+  if (look_again(lease_us)) IoLoop::shared().progress(lease_us);
 }
 
 void TcpConn::polling_stopped() { IoLoop::shared().release(); }

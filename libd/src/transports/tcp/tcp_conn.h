@@ -64,8 +64,8 @@ class TcpConn : public proto::FrameReader::Handler, public OpDriver, public std:
   // polling_stopped gives the loop back.
   void poll_progress(Op *waiting) override;
   void polling_stopped() override;
-  // A poller's look at an operation already finished counts as a look, and keeps the loop as
-  // poll_progress does (without running it): the poller's next answers are its own to read.
+  // A poller's look at an operation already finished counts as a look, and takes and runs the
+  // loop as poll_progress does: the poller's next answers are its own to read.
   void looked(Op *op) override;
   // How long the lease lasts after a polling caller's last look (default 200 µs). For tests.
   static void set_poll_lease_us(uint32_t us);
