@@ -51,6 +51,17 @@ long sleeps_of(pid_t tid) {
   return -1;
 }
 
+// How many times the loop's thread slept while `one` ran 400 times, after 20 runs to settle
+// (-1: its count could not be read).
+template <class One>
+long loop_sleeps_over_400(pid_t loop, One one) {
+  for (int i = 0; i < 20; i++) one();
+  long before = sleeps_of(loop);
+  for (int i = 0; i < 400; i++) one();
+  long after = sleeps_of(loop);
+  return before < 0 || after < 0 ? -1 : after - before;
+}
+
 pid_t shared_loop_thread() {
   std::promise<pid_t> tid;
   libd::IoLoop::shared().post([&] { tid.set_value(pid_t(syscall(SYS_gettid))); });
@@ -132,11 +143,8 @@ TEST_P(TcpProgress, APollingWaiterWakesNoLoopThreadForItsAnswers) {
     EXPECT_EQ(0, libd_op_poll(op));
     libd_op_free(op);
   };
-  for (int i = 0; i < 20; i++) one();
-  long before = sleeps_of(loop);
-  for (int i = 0; i < 400; i++) one();
-  long slept = sleeps_of(loop) - before;
-  ASSERT_GE(before, 0);
+  long slept = loop_sleeps_over_400(loop, one);
+  ASSERT_GE(slept, 0);
   // Woken by the answers instead, it slept 100-440 times for these 400 reads; with the lease
   // 0 or 1, also with the host's two cores taken by other work.
   EXPECT_LT(slept, 20) << "the loop's thread slept and woke " << slept << " times for 400 polled reads";
@@ -160,11 +168,8 @@ TEST_P(TcpProgress, APollerThatLooksLateKeepsTheLoopForItsNextOperations) {
     EXPECT_EQ(0, libd_op_poll(op));
     libd_op_free(op);
   };
-  for (int i = 0; i < 20; i++) one();
-  long before = sleeps_of(loop);
-  for (int i = 0; i < 400; i++) one();
-  long slept = sleeps_of(loop) - before;
-  ASSERT_GE(before, 0);
+  long slept = loop_sleeps_over_400(loop, one);
+  ASSERT_GE(slept, 0);
   // 400 without the lease; 0 or 1 with it.
   EXPECT_LT(slept, 20) << "the loop's thread slept and woke " << slept << " times for 400 late-polled reads";
 }
@@ -209,11 +214,8 @@ TEST_F(TcpLeader, ASpinningLeaderWakesNoLoopThreadForItsAnswers) {
   ASSERT_NO_FATAL_FAILURE(connect_spinning(64));
   pid_t loop = shared_loop_thread();
   LongLease lease(5000000);
-  for (int i = 0; i < 20; i++) ASSERT_EQ(0, libd_trdma_read(rig.t, 64, 0, buf)) << libd_last_error();
-  long before = sleeps_of(loop);
-  for (int i = 0; i < 400; i++) ASSERT_EQ(0, libd_trdma_read(rig.t, 64, 0, buf)) << libd_last_error();
-  long slept = sleeps_of(loop) - before;
-  ASSERT_GE(before, 0);
+  long slept = loop_sleeps_over_400(loop, [&] { ASSERT_EQ(0, libd_trdma_read(rig.t, 64, 0, buf)) << libd_last_error(); });
+  ASSERT_GE(slept, 0);
   // Without the lease: 213 (as many as the polled reads' test without one).
   EXPECT_LT(slept, 100) << "the loop's thread slept and woke " << slept << " times for 400 spun reads";
 }

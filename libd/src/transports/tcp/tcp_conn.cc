@@ -244,17 +244,17 @@ void TcpConn::progress(Op *) {
 }
 
 void TcpConn::poll_progress(Op *waiting) {
-  uint32_t lease_us = poll_lease_us.load(std::memory_order_relaxed);
-  if (look_again(lease_us)) IoLoop::shared().progress(lease_us);  // no lock held: the loop's callbacks take mu_
+  looked(waiting);
   progress(waiting);
 }
 
 void TcpConn::looked(Op *) {
-  // The loop's thread, awake, took the answer before this poller's look: it would take the next
-  // ones too, woken for each, while the poller only finds its operations finished. The loop is
-  // the poller's from now on, as if it had looked in time; and as any look within a lease, this
-  // one runs the loop, so that a caller polling only finished operations (a reaper) serves the
-  // process's other operations instead of holding them up.
+  // Called for every look, at an operation finished or not. A finished one counts too: the loop's
+  // thread, awake, may have taken its answer before this poller's look, and would take the next
+  // ones as well, woken for each, while the poller only found its operations finished. A look
+  // within a lease runs the loop, so that a caller polling only finished operations (a reaper)
+  // serves the process's other operations instead of holding them up. No lock held here: the
+  // loop's callbacks take mu_.
   uint32_t lease_us = poll_lease_us.load(std::memory_order_relaxed);
   if (look_again(lease_us)) IoLoop::shared().progress(lease_us);
 }
