@@ -5,12 +5,15 @@
 #include <poll.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <dirent.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <fstream>
+#include <set>
+#include <string>
 #include <thread>
 
 #include "harness.h"
@@ -421,4 +424,60 @@ TEST(ServerTransport, BusyPollingKeepsTheThreadAwakeAfterARequestAndStops) {
   EXPECT_GT(process_cpu_ms() - before, 10.0) << "the server's thread did not keep polling";
   ASSERT_EQ(0, libd_trdma_server_stop(s));  // while it polls
   EXPECT_EQ(LIBD_STATE_TERMINATED, libd_transport_state(s));
+}
+
+namespace {
+std::set<long> threads_of_this_process() {
+  std::set<long> out;
+  if (DIR *d = opendir("/proc/self/task")) {
+    while (dirent *e = readdir(d))
+      if (e->d_name[0] != '.') out.insert(std::stol(e->d_name));
+    closedir(d);
+  }
+  return out;
+}
+
+// How many times a thread of this process went to sleep (voluntary context switches; a
+// sched_yield while polling is not one), -1 if it cannot be read.
+long sleeps_of(long tid) {
+  std::ifstream in("/proc/self/task/" + std::to_string(tid) + "/status");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("voluntary_ctxt_switches:", 0) == 0) return std::stol(line.substr(line.find(':') + 1));
+  return -1;
+}
+}  // namespace
+
+// The polling window runs from the last request served, not from the wake-up: requests that come
+// a fifth of the window apart keep the server's thread awake however long they go on (a large
+// write arriving chunk by chunk is such a run). A window counted from the wake-up put the thread
+// to sleep every 100 ms here, four times or more, and each next request paid a wake-up.
+TEST(ServerTransport, BusyPollingLastsFromTheLastRequestNotTheWakeUp) {
+  auto before = threads_of_this_process();
+  auto server = make_action("memory-element");
+  ASSERT_EQ(0, libd_action_add_transport(server.get(), "mem;tcp_server;size,4096;busy_poll_us,100000"));
+  auto *s = libd_action_get_transport(server.get(), "mem");
+  ASSERT_EQ(0, libd_trdma_server_serve(s)) << libd_last_error();
+  std::vector<long> started;
+  for (long tid : threads_of_this_process())
+    if (!before.count(tid)) started.push_back(tid);
+  ASSERT_EQ(1u, started.size()) << "the server was to start one thread, its loop's";
+  long loop = started[0];
+  char config[512];
+  ASSERT_GT(libd_trdma_server_grant(s, "writer", 0, 0, LIBD_RIGHT_READ | LIBD_RIGHT_WRITE, config, sizeof config), 0);
+  auto client = make_action("writer");
+  ASSERT_EQ(0, libd_action_add_transport(client.get(), (std::string("m;tcp;") + config).c_str()));
+  auto *t = libd_action_get_transport(client.get(), "m");
+  char *buf = nullptr;
+  ASSERT_EQ(0, libd_trdma_reg(t, 4096, reinterpret_cast<void **>(&buf)));
+  ASSERT_EQ(0, libd_trdma_write(t, 1, 0, buf)) << libd_last_error();  // connected, the thread awake
+  long first = sleeps_of(loop);
+  for (int i = 0; i < 25; i++) {  // 500 ms, five windows counted from the first request
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    ASSERT_EQ(0, libd_trdma_write(t, 1, 0, buf)) << libd_last_error();
+  }
+  long last = sleeps_of(loop);
+  ASSERT_GE(first, 0);
+  ASSERT_GE(last, 0);
+  EXPECT_LE(last - first, 1) << "the server's thread slept between requests 20 ms apart with a 100 ms window";
+  ASSERT_EQ(0, libd_trdma_server_stop(s));
 }

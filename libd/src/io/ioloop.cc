@@ -26,8 +26,9 @@ void IoLoop::run_thread() {
   std::unique_lock<std::mutex> drive(drive_mu_);
   driver_.store(std::this_thread::get_id(), std::memory_order_release);
   // One pass blocks until something happens; then, when busy polling is on, passes that do not
-  // block follow for busy_poll_us, so that the next request, if it comes that soon, finds the
-  // thread awake (no wake-up, which costs tens of microseconds on a busy host).
+  // block follow until busy_poll_us pass with no bytes moved, so that the next request (or the
+  // next chunk of a long one), if it comes that soon, finds the thread awake (no wake-up, which
+  // costs tens of microseconds on a busy host).
   for (;;) {
     if (leased()) {
       park(drive);
@@ -37,9 +38,14 @@ void IoLoop::run_thread() {
     if (uv_run(&loop_, UV_RUN_ONCE) == 0) break;
     uint32_t spin = busy_poll_us_.load(std::memory_order_relaxed);
     if (spin == 0) continue;
-    auto end = std::chrono::steady_clock::now() + std::chrono::microseconds(spin);
+    active_.store(false, std::memory_order_relaxed);
+    auto window = std::chrono::microseconds(spin);
+    auto end = std::chrono::steady_clock::now() + window;
     bool alive = true;
-    while (alive && !leased() && std::chrono::steady_clock::now() < end) {
+    for (;;) {
+      auto now = std::chrono::steady_clock::now();
+      if (active_.exchange(false, std::memory_order_relaxed)) end = now + window;  // polls on after the last bytes
+      if (!alive || leased() || now >= end) break;
       alive = uv_run(&loop_, UV_RUN_NOWAIT) != 0;
       sched_yield();
     }

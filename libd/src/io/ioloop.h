@@ -34,9 +34,15 @@ class IoLoop {
   void post(std::function<void()> fn);
   // Runs fn on the loop and waits for it (inline when already on the loop thread).
   void run_sync(const std::function<void()> &fn);
-  // After each wake-up the thread keeps polling (without sleeping) for this long: a server's
-  // progress mode, as UCX's and NIXL's busy-polling workers. 0 (the default): sleep at once.
+  // After each wake-up, and after the last bytes its work moved (note_activity), the thread keeps
+  // polling (without sleeping) for this long: a server's progress mode, as UCX's and NIXL's
+  // busy-polling workers. 0 (the default): sleep at once.
   void set_busy_poll_us(uint32_t us) { busy_poll_us_.store(us, std::memory_order_relaxed); }
+  // Called by the loop's work when it moved bytes (a read, a finished write): a thread polling
+  // after a wake-up polls busy_poll_us from now on, not from the wake-up. Without it a transfer
+  // that outlasts the window (a large write arriving chunk by chunk) would put the thread to
+  // sleep between its chunks, and every chunk, and the next request, would pay a wake-up.
+  void note_activity() { active_.store(true, std::memory_order_relaxed); }
 
   // Runs the loop once without blocking on the calling thread, and leases it for lease_us more:
   // until then the loop's thread stays parked and requests wait for the caller's next call. The
@@ -60,6 +66,7 @@ class IoLoop {
   std::vector<std::function<void()>> queue_;
   bool stopping_ = false;
   std::atomic<uint32_t> busy_poll_us_{0};
+  std::atomic<bool> active_{false};  // note_activity since the polling thread last looked
 
   struct Driving;
   std::mutex drive_mu_;  // held by whichever thread runs the loop

@@ -97,7 +97,8 @@ class MemoryServer {
   // -ENOENT no such element; -EOPNOTSUPP lent memory (its pages are the lender's).
   int prefetch_element(const std::string &name);
   void set_capacity(uint64_t bytes) { capacity_ = bytes; }
-  // The server's thread polls for this long after each wake-up before it sleeps (IoLoop).
+  // The server's thread polls for this long after each wake-up, and after the last bytes it moved,
+  // before it sleeps (IoLoop).
   void set_busy_poll_us(uint32_t us) { loop_.set_busy_poll_us(us); }
   // The caller's thread runs the server's loop once and leases it (IoLoop::progress); 0 releases.
   int progress(uint32_t lease_us) {

@@ -237,6 +237,8 @@ void ServerConn::deliver_notices() {
   for (auto &[grant, n] : pending) srv_->on_notice(grant, n);
 }
 
+void ServerConn::note_activity() { srv_->loop_.note_activity(); }
+
 void ServerConn::read_handled() {
   flush();
   deliver_notices();
@@ -261,6 +263,7 @@ void ServerConn::on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
   auto *c = static_cast<ServerConn *>(s->data);
   if (n < 0) { c->close(); return; }
   if (n == 0 || c->closing_ || c->close_after_writes_) return;
+  c->note_activity();
   std::string why;
   c->in_read_ = true;
   int rc = buf->base == c->staging_ ? c->reader_.feed(buf->base, size_t(n), &why)

@@ -81,6 +81,7 @@ class ServerConn : public proto::FrameReader::Handler {
   void release_drained(const Element *e);
   // The read that just came in is handled: answers go out, NOTIFYs reach their owners.
   void read_handled();
+  void note_activity();  // bytes moved: a polling server thread polls on (IoLoop::note_activity)
   // Reading again after the kind stopped it (uv_read_stop) to let its answers drain.
   void resume_reading() { uv_read_start(stream(), on_alloc, on_read); }
 

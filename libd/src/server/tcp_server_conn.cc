@@ -161,6 +161,7 @@ void TcpServerConn::flush() {
 }
 
 void TcpServerConn::on_written(WriteReq *w, int status) {
+  note_activity();  // a large answer leaves over several passes: poll on after it
   unqueue(w);
   delete w;
   writes_--;
