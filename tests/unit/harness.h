@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <fstream>
 #include <memory>
 #include <random>
 #include <string>
@@ -93,6 +94,15 @@ inline void fill_random(char *p, size_t n, uint64_t seed) {
     memcpy(p + i, &v, 8);
   }
   for (; i < n; i++) p[i] = char(rng());
+}
+
+// How many times a thread of this process went to sleep (voluntary context switches; a
+// sched_yield while polling is not one), -1 if it cannot be read.
+inline long sleeps_of(long tid) {
+  std::ifstream in("/proc/self/task/" + std::to_string(tid) + "/status");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("voluntary_ctxt_switches:", 0) == 0) return std::stol(line.substr(line.find(':') + 1));
+  return -1;
 }
 
 }  // namespace test

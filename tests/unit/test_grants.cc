@@ -386,6 +386,18 @@ TEST(ServerTransport, ServesPublishesItsAddressGrantsAndStops) {
 }
 
 namespace {
+// A client of server transport `s` on the tcp transport under a read-write grant for `aid`, with
+// 4096 bytes of local memory (*buf).
+test::ActionPtr granted_tcp_client(libd_transport *s, const char *aid, libd_transport **t, char **buf) {
+  char config[512];
+  EXPECT_GT(libd_trdma_server_grant(s, aid, 0, 0, LIBD_RIGHT_READ | LIBD_RIGHT_WRITE, config, sizeof config), 0);
+  auto client = make_action(aid);
+  EXPECT_EQ(0, libd_action_add_transport(client.get(), (std::string("m;tcp;") + config).c_str()));
+  *t = libd_action_get_transport(client.get(), "m");
+  EXPECT_EQ(0, libd_trdma_reg(*t, 4096, reinterpret_cast<void **>(buf)));
+  return client;
+}
+
 double process_cpu_ms() {
   struct rusage ru;
   getrusage(RUSAGE_SELF, &ru);
@@ -404,13 +416,10 @@ TEST(ServerTransport, BusyPollingKeepsTheThreadAwakeAfterARequestAndStops) {
   ASSERT_EQ(0, libd_action_add_transport(server.get(), "mem;tcp_server;size,4096;busy_poll_us,400000"));
   auto *s = libd_action_get_transport(server.get(), "mem");
   ASSERT_EQ(0, libd_trdma_server_serve(s)) << libd_last_error();
-  char config[512];
-  ASSERT_GT(libd_trdma_server_grant(s, "reader", 0, 0, LIBD_RIGHT_READ | LIBD_RIGHT_WRITE, config, sizeof config), 0);
-  auto client = make_action("reader");
-  ASSERT_EQ(0, libd_action_add_transport(client.get(), (std::string("m;tcp;") + config).c_str()));
-  auto *t = libd_action_get_transport(client.get(), "m");
+  libd_transport *t = nullptr;
   char *buf = nullptr;
-  ASSERT_EQ(0, libd_trdma_reg(t, 4096, reinterpret_cast<void **>(&buf)));
+  auto client = granted_tcp_client(s, "reader", &t, &buf);
+  ASSERT_FALSE(::testing::Test::HasFailure());
   for (int i = 0; i < 100; i++) {
     buf[0] = char(i);
     ASSERT_EQ(0, libd_trdma_write(t, 1, 7, buf)) << libd_last_error();
@@ -437,14 +446,6 @@ std::set<long> threads_of_this_process() {
   return out;
 }
 
-// How many times a thread of this process went to sleep (voluntary context switches; a
-// sched_yield while polling is not one), -1 if it cannot be read.
-long sleeps_of(long tid) {
-  std::ifstream in("/proc/self/task/" + std::to_string(tid) + "/status");
-  for (std::string line; std::getline(in, line);)
-    if (line.rfind("voluntary_ctxt_switches:", 0) == 0) return std::stol(line.substr(line.find(':') + 1));
-  return -1;
-}
 }  // namespace
 
 // The polling window runs from the last request served, not from the wake-up: requests that come
@@ -462,20 +463,17 @@ TEST(ServerTransport, BusyPollingLastsFromTheLastRequestNotTheWakeUp) {
     if (!before.count(tid)) started.push_back(tid);
   ASSERT_EQ(1u, started.size()) << "the server was to start one thread, its loop's";
   long loop = started[0];
-  char config[512];
-  ASSERT_GT(libd_trdma_server_grant(s, "writer", 0, 0, LIBD_RIGHT_READ | LIBD_RIGHT_WRITE, config, sizeof config), 0);
-  auto client = make_action("writer");
-  ASSERT_EQ(0, libd_action_add_transport(client.get(), (std::string("m;tcp;") + config).c_str()));
-  auto *t = libd_action_get_transport(client.get(), "m");
+  libd_transport *t = nullptr;
   char *buf = nullptr;
-  ASSERT_EQ(0, libd_trdma_reg(t, 4096, reinterpret_cast<void **>(&buf)));
+  auto client = granted_tcp_client(s, "writer", &t, &buf);
+  ASSERT_FALSE(::testing::Test::HasFailure());
   ASSERT_EQ(0, libd_trdma_write(t, 1, 0, buf)) << libd_last_error();  // connected, the thread awake
-  long first = sleeps_of(loop);
+  long first = test::sleeps_of(loop);
   for (int i = 0; i < 25; i++) {  // 500 ms, five windows counted from the first request
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     ASSERT_EQ(0, libd_trdma_write(t, 1, 0, buf)) << libd_last_error();
   }
-  long last = sleeps_of(loop);
+  long last = test::sleeps_of(loop);
   ASSERT_GE(first, 0);
   ASSERT_GE(last, 0);
   EXPECT_LE(last - first, 1) << "the server's thread slept between requests 20 ms apart with a 100 ms window";

@@ -10,7 +10,6 @@
 
 #include <atomic>
 #include <chrono>
-#include <fstream>
 #include <future>
 #include <string>
 #include <thread>
@@ -43,22 +42,14 @@ void poll_until_done(libd_op *op, std::chrono::milliseconds limit) {
   while (libd_op_poll(op) == -EINPROGRESS && std::chrono::steady_clock::now() < end) std::this_thread::yield();
 }
 
-// How many times a thread of this process went to sleep (voluntary context switches).
-long sleeps_of(pid_t tid) {
-  std::ifstream in("/proc/self/task/" + std::to_string(tid) + "/status");
-  for (std::string line; std::getline(in, line);)
-    if (line.rfind("voluntary_ctxt_switches:", 0) == 0) return std::stol(line.substr(line.find(':') + 1));
-  return -1;
-}
-
 // How many times the loop's thread slept while `one` ran 400 times, after 20 runs to settle
 // (-1: its count could not be read).
 template <class One>
 long loop_sleeps_over_400(pid_t loop, One one) {
   for (int i = 0; i < 20; i++) one();
-  long before = sleeps_of(loop);
+  long before = test::sleeps_of(loop);
   for (int i = 0; i < 400; i++) one();
-  long after = sleeps_of(loop);
+  long after = test::sleeps_of(loop);
   return before < 0 || after < 0 ? -1 : after - before;
 }
 
@@ -95,6 +86,18 @@ struct Client {
 class TcpProgress : public ::testing::TestWithParam<std::string>, protected Client {
  protected:
   void connect_client(size_t local) { Client::connect_client(GetParam(), local); }
+  // One 64-byte read, polled to its end; its poller first busy elsewhere for up to `late` (whoever
+  // reads the socket meanwhile takes the answer).
+  void polled_read(std::chrono::microseconds late = std::chrono::microseconds(0)) {
+    libd_op *op = nullptr;
+    ASSERT_EQ(0, libd_trdma_read_async(rig.t, 64, 0, buf, &op)) << libd_last_error();
+    auto until = std::chrono::steady_clock::now() + late;
+    while (!op->op->done() && std::chrono::steady_clock::now() < until) {
+    }
+    poll_until_done(op, std::chrono::milliseconds(3000));
+    EXPECT_EQ(0, libd_op_poll(op));
+    libd_op_free(op);
+  }
 };
 
 // A client on the process's shared connection that spins for its answers (for up to a second: on
@@ -136,14 +139,7 @@ TEST_P(TcpProgress, APollingWaiterWakesNoLoopThreadForItsAnswers) {
   pid_t loop = shared_loop_thread();
   // A lease longer than the whole test: the loop's thread, parked once, has no lapse to look at.
   LongLease lease(5000000);
-  auto one = [&] {
-    libd_op *op = nullptr;
-    ASSERT_EQ(0, libd_trdma_read_async(rig.t, 64, 0, buf, &op)) << libd_last_error();
-    poll_until_done(op, std::chrono::milliseconds(3000));
-    EXPECT_EQ(0, libd_op_poll(op));
-    libd_op_free(op);
-  };
-  long slept = loop_sleeps_over_400(loop, one);
+  long slept = loop_sleeps_over_400(loop, [&] { polled_read(); });
   ASSERT_GE(slept, 0);
   // Woken by the answers instead, it slept 100-440 times for these 400 reads; with the lease
   // 0 or 1, also with the host's two cores taken by other work.
@@ -157,18 +153,7 @@ TEST_P(TcpProgress, APollerThatLooksLateKeepsTheLoopForItsNextOperations) {
   ASSERT_NO_FATAL_FAILURE(connect_client(64));
   pid_t loop = shared_loop_thread();
   LongLease lease(5000000);
-  auto one = [&] {
-    libd_op *op = nullptr;
-    ASSERT_EQ(0, libd_trdma_read_async(rig.t, 64, 0, buf, &op)) << libd_last_error();
-    // Busy elsewhere for a while: whoever reads the socket meanwhile takes the answer.
-    auto late = std::chrono::steady_clock::now() + std::chrono::microseconds(300);
-    while (!op->op->done() && std::chrono::steady_clock::now() < late) {
-    }
-    poll_until_done(op, std::chrono::milliseconds(3000));
-    EXPECT_EQ(0, libd_op_poll(op));
-    libd_op_free(op);
-  };
-  long slept = loop_sleeps_over_400(loop, one);
+  long slept = loop_sleeps_over_400(loop, [&] { polled_read(std::chrono::microseconds(300)); });
   ASSERT_GE(slept, 0);
   // 400 without the lease; 0 or 1 with it.
   EXPECT_LT(slept, 20) << "the loop's thread slept and woke " << slept << " times for 400 late-polled reads";
