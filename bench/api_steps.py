@@ -18,7 +18,6 @@ import base64
 import os
 import pathlib
 import pickle
-import select
 import statistics
 import sys
 import time
@@ -47,14 +46,6 @@ STEPS = {
                ["pipe to the peer", "peer: unpickled", "peer: recv_multiple_tensors", "peer: (nothing more)"],
                ["the peer's word reaches the owner", "owner: garbage_collect"]),
 }
-
-
-class PollingChannel(Channel):
-    def wait_readable(self):
-        """Polls the pipe, as bench/transfer.py's active sides wait for a command."""
-        fd = self.r.fileno()
-        while not select.select([fd], [], [], 0)[0]:
-            os.sched_yield()
 
 
 async def owner(api, transport, size, runs, chan):
@@ -119,7 +110,7 @@ async def peer(api, transport, size, chan):
             from scad.tensor_transport import ScadTensorTransport
             tensors = ScadTensorTransport(busy_poll_us=BUSY_POLL_US)
     while True:
-        chan.wait_readable()
+        chan.wait_readable()  # polled, as bench/transfer.py's active sides wait for a command
         t = [perf()]
         msg = chan.recv()
         if msg.get("quit"):
@@ -160,11 +151,11 @@ def main():
     if pid == 0:
         try:
             asyncio.run(peer(args.api, args.transport, args.size,
-                             PollingChannel(os.fdopen(to_peer[0], "r"), os.fdopen(from_peer[1], "w"))))
+                             Channel(os.fdopen(to_peer[0], "r"), os.fdopen(from_peer[1], "w"))))
         finally:
             os._exit(0)
     rows = asyncio.run(owner(args.api, args.transport, args.size, runs,
-                             PollingChannel(os.fdopen(from_peer[0], "r"), os.fdopen(to_peer[1], "w"))))
+                             Channel(os.fdopen(from_peer[0], "r"), os.fdopen(to_peer[1], "w"))))
     os.waitpid(pid, 0)
     before, at_peer, after = STEPS[args.api]
     names = before + at_peer + after + ["total (the owner's view)"]

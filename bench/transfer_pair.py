@@ -81,12 +81,16 @@ class Channel:
         spins on its notifications, so that no API's figure carries a pipe wake-up the others do
         not. One line is in flight at a time, so nothing waits in the file's buffer unseen.
         `progress` runs each round (an owner driving its library meanwhile, as NIXL's does)."""
+        self.wait_readable(progress)
+        return self.recv()
+
+    def wait_readable(self, progress=None):
+        """Polls the pipe until a line is there (recv_polling's wait alone)."""
         fd = self.r.fileno()
         while not select.select([fd], [], [], 0)[0]:
             if progress is not None:
                 progress()
             os.sched_yield()
-        return self.recv()
 
 
 _proto_out = None
