@@ -6,3 +6,7 @@ plus `action.runtime`, the client of the runtime endpoint in `scad.runtime_clien
 (`scad.launcher`). The binding never imports this package.
 """
 __version__ = "0.1.0"
+
+from ._compiled import prefer_compiled
+
+prefer_compiled(__name__, __path__)  # the per-operation modules, compiled by the build when it could

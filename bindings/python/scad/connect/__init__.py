@@ -10,6 +10,10 @@ here with its import changed. See docs/connect.md.
     with await connector.begin_read(RdmaMetadata.from_json(text), Descriptor(out)) as op:
         await op.wait_for_completion()                             # active side
 """
+from .._compiled import prefer_compiled
+
+prefer_compiled(__name__, __path__)  # the per-operation modules, compiled by the build when it could
+
 try:
     import numpy  # noqa: F401 - descriptors find buffer addresses with it
 except ImportError as e:  # pragma: no cover - depends on the environment

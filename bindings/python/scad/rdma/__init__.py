@@ -6,6 +6,10 @@ See docs/rdma.md.
     await buf.read_into(local)                           # any peer holding it
     buf.drop()                                           # the owner: revoke
 """
+from .._compiled import prefer_compiled
+
+prefer_compiled(__name__, __path__)  # the per-operation modules, compiled by the build when it could
+
 from ._buffer import RdmaBuffer
 from ._manager import RdmaManager
 from ._queue_pair import QueuePair
