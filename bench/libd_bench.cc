@@ -4,6 +4,8 @@
 //
 //   libd-bench transport IMPL CONFIG [--sizes 64,4096,...] [--inflight 1,16] [--budget-ms 300]
 //                                    [--ops read|write|both] [--count N]
+//     CONFIG "-": the transport's configuration is the first line of standard input (it carries
+//     the grant's secret, which has no place on a command line, where every user of the host sees it)
 //   libd-bench memcpy [--sizes ...]
 //   libd-bench pingpong [--busy-poll] [--size 64]
 //
@@ -354,6 +356,15 @@ int main(int argc, char **argv) {
     else if (a == "--busy-poll") busy = true;
     else if (a == "--size" && i + 1 < argc) pp_size = size_t(atol(argv[++i]));
     else pos.push_back(a);
+  }
+  if (mode == "transport" && pos.size() == 2 && pos[1] == "-") {
+    char line[4096];
+    if (!fgets(line, sizeof line, stdin)) {
+      fprintf(stderr, "libd-bench: CONFIG is '-' but standard input has no line\n");
+      return 2;
+    }
+    pos[1] = line;
+    while (!pos[1].empty() && (pos[1].back() == '\n' || pos[1].back() == '\r')) pos[1].pop_back();
   }
   if (mode == "transport" && pos.size() == 2) bench_transport(pos[0], pos[1], sizes, inflights, budget_s, ops);
   else if (mode == "memcpy") bench_memcpy(sizes, budget_s);

@@ -38,7 +38,13 @@ def human(n):
 
 
 def libd_bench(*args):
-    out = subprocess.run([str(ROOT / "build/bench/libd-bench"), *map(str, args)], capture_output=True, text=True,
+    """libd-bench's result lines. A transport's configuration (it holds the grant's secret) goes
+    through its standard input, never its command line."""
+    args = [str(a) for a in args]
+    config = ""
+    if len(args) > 2 and args[0] == "transport":
+        config, args[2] = args[2] + "\n", "-"
+    out = subprocess.run([str(ROOT / "build/bench/libd-bench"), *args], input=config, capture_output=True, text=True,
                          timeout=600, env=dict(os.environ, LIBD_ACTION_ID="bench"))
     if out.returncode != 0:
         raise RuntimeError(f"libd-bench {' '.join(map(str, args))} failed: {out.stderr}")

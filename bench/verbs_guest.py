@@ -52,7 +52,13 @@ def human(n):
 
 
 def libd_bench(*args):
-    out = subprocess.run([str(BENCH), *map(str, args)], capture_output=True, text=True, timeout=600,
+    """libd-bench's result lines; the transport's configuration (with the grant's secret) goes through
+    its standard input, as in bench/transports.py."""
+    args = [str(a) for a in args]
+    config = ""
+    if len(args) > 2 and args[0] == "transport":
+        config, args[2] = args[2] + "\n", "-"
+    out = subprocess.run([str(BENCH), *args], input=config, capture_output=True, text=True, timeout=600,
                          env={"LIBD_ACTION_ID": "bench", "PATH": "/usr/bin:/bin"})
     if out.returncode:
         raise RuntimeError(f"libd-bench failed: {out.stderr}")
