@@ -25,6 +25,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iostream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -336,7 +337,7 @@ void bench_pingpong(bool busy, size_t size, double budget_s) {
 
 int main(int argc, char **argv) {
   if (argc < 2) {
-    fprintf(stderr, "usage: libd-bench transport IMPL CONFIG | memcpy | pingpong [--busy-poll] [options]\n");
+    fprintf(stderr, "usage: libd-bench transport IMPL CONFIG|- | memcpy | pingpong [--busy-poll] [options]\n");
     return 2;
   }
   std::string mode = argv[1];
@@ -358,13 +359,11 @@ int main(int argc, char **argv) {
     else pos.push_back(a);
   }
   if (mode == "transport" && pos.size() == 2 && pos[1] == "-") {
-    char line[4096];
-    if (!fgets(line, sizeof line, stdin)) {
-      fprintf(stderr, "libd-bench: CONFIG is '-' but standard input has no line\n");
+    if (!std::getline(std::cin, pos[1]) || pos[1].empty()) {
+      fprintf(stderr, "libd-bench: CONFIG is '-' but standard input has no configuration line\n");
       return 2;
     }
-    pos[1] = line;
-    while (!pos[1].empty() && (pos[1].back() == '\n' || pos[1].back() == '\r')) pos[1].pop_back();
+    if (pos[1].back() == '\r') pos[1].pop_back();
   }
   if (mode == "transport" && pos.size() == 2) bench_transport(pos[0], pos[1], sizes, inflights, budget_s, ops);
   else if (mode == "memcpy") bench_memcpy(sizes, budget_s);

@@ -9,8 +9,10 @@ puts that directory first on its __path__, so that its submodules load compiled;
 since the last build runs its sources (and says so once). An installed scad (pip install) has
 the compiled modules beside the sources, where Python prefers them by itself.
 
-SCAD_PURE_PYTHON=1 in the environment runs the sources (a debugger then steps into them).
+SCAD_PURE_PYTHON=1 in the environment runs the sources of a build tree (a debugger then steps
+into them); an installed scad has only its compiled modules where Python looks first.
 """
+import importlib.machinery
 import importlib.util
 import logging
 import os
@@ -35,20 +37,26 @@ def compiled_root() -> Optional[str]:
 
 
 def stale_modules(compiled_dir: str, source_dir: str) -> List[str]:
-    """The modules in compiled_dir made from a source that has changed (or gone) since."""
-    stale = []
-    for entry in sorted(os.listdir(compiled_dir)):
-        if not entry.endswith(SOURCE_SUFFIX):
-            continue
-        name = entry[: -len(SOURCE_SUFFIX)]
+    """The modules in compiled_dir made from a source that has changed (or gone) since, or whose
+    copy of its source is missing (the build writes it last: its module may be older)."""
+    entries = os.listdir(compiled_dir)
+    copies = {e[: -len(SOURCE_SUFFIX)] for e in entries if e.endswith(SOURCE_SUFFIX)}
+    compiled = set()
+    for e in entries:
+        suffix = next((s for s in importlib.machinery.EXTENSION_SUFFIXES if e.endswith(s)), None)
+        # (a module built for another interpreter ends in .so only, its name keeps a dot: not ours)
+        if suffix is not None and "." not in e[: -len(suffix)]:
+            compiled.add(e[: -len(suffix)])
+    stale = sorted(compiled - copies)
+    for name in sorted(copies):
         try:
-            with open(os.path.join(compiled_dir, entry), "rb") as built, \
+            with open(os.path.join(compiled_dir, name + SOURCE_SUFFIX), "rb") as built, \
                     open(os.path.join(source_dir, name + ".py"), "rb") as now:
                 if built.read() != now.read():
                     stale.append(name)
         except OSError:
             stale.append(name)
-    return stale
+    return sorted(stale)
 
 
 def prefer_compiled(package: str, path: List[str], root: Optional[str] = None) -> bool:
