@@ -37,13 +37,18 @@ def human(n):
     return f"{n} B"
 
 
-def libd_bench(*args):
-    """libd-bench's result lines. A transport's configuration (it holds the grant's secret) goes
-    through its standard input, never its command line."""
+def config_on_stdin(args):
+    """libd-bench's arguments with a transport's configuration (it holds the grant's secret) taken
+    off the command line, and the standard input that carries it instead: (args, stdin text)."""
     args = [str(a) for a in args]
-    config = ""
     if len(args) > 2 and args[0] == "transport":
-        config, args[2] = args[2] + "\n", "-"
+        return args[:2] + ["-"] + args[3:], args[2] + "\n"
+    return args, ""
+
+
+def libd_bench(*args):
+    """libd-bench's result lines."""
+    args, config = config_on_stdin(args)
     out = subprocess.run([str(ROOT / "build/bench/libd-bench"), *args], input=config, capture_output=True, text=True,
                          timeout=600, env=dict(os.environ, LIBD_ACTION_ID="bench"))
     if out.returncode != 0:

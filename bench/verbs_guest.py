@@ -20,6 +20,8 @@ import sys
 import tempfile
 import time
 
+from transports import config_on_stdin  # bench/, the script's directory, is on sys.path
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 BENCH = ROOT / "build/bench/libd-bench"
 MEMD = ROOT / "build/libd/libd-memd"
@@ -52,12 +54,8 @@ def human(n):
 
 
 def libd_bench(*args):
-    """libd-bench's result lines; the transport's configuration (with the grant's secret) goes through
-    its standard input, as in bench/transports.py."""
-    args = [str(a) for a in args]
-    config = ""
-    if len(args) > 2 and args[0] == "transport":
-        config, args[2] = args[2] + "\n", "-"
+    """libd-bench's result lines (the transport's configuration on its standard input)."""
+    args, config = config_on_stdin(args)
     out = subprocess.run([str(BENCH), *args], input=config, capture_output=True, text=True, timeout=600,
                          env={"LIBD_ACTION_ID": "bench", "PATH": "/usr/bin:/bin"})
     if out.returncode:
