@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "io/sockio.h"
+#include "io/tcp_congestion.h"
 #include "proto/frame.h"
 #include "libd.h"
 
@@ -66,6 +67,7 @@ int connect_authenticated(const sockaddr *addr, socklen_t len, const Credentials
   setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
   if (int rc = connect_before(fd, addr, len, deadline))
     return fail(rc, std::string("cannot connect to the memory element: ") + strerror(-rc));
+  settle_local_congestion(fd);
 
   auto io_fail = [&](int rc) {
     return fail(rc, rc == -ETIMEDOUT ? "no handshake from the memory element in time"

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "io/tcp_congestion.h"
 #include "libd.h"
 
 namespace libd {
@@ -16,6 +17,8 @@ constexpr size_t kResumeReadingAt = 16ull << 20;
 void TcpServerConn::on_start() {
   uv_tcp_nodelay(&h_.tcp, 1);
   uv_tcp_keepalive(&h_.tcp, 1, 10);
+  uv_os_fd_t fd;
+  if (uv_fileno(reinterpret_cast<uv_handle_t *>(&h_.tcp), &fd) == 0) settle_local_congestion(fd);
 }
 
 void TcpServerConn::on_close() {
