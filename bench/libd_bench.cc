@@ -290,8 +290,18 @@ bool io_exact(int fd, char *p, size_t n, bool sending, bool busy) {
   return true;
 }
 
+// The algorithm libd gives a same-host connection whose default is BBR (docs/transports.md), so that
+// the raw baseline runs as libd's connections do. Where cubic cannot be set, the host's default.
+void like_libd_on_one_host(int fd) {
+  char name[16] = {};
+  socklen_t len = sizeof name;
+  if (getsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, name, &len) == 0 && std::strncmp(name, "bbr", 3) == 0)
+    setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, "cubic", 5);
+}
+
 void bench_pingpong(bool busy, size_t size, double budget_s) {
   int lfd = socket(AF_INET, SOCK_STREAM, 0);
+  like_libd_on_one_host(lfd);  // the connection it accepts inherits it
   sockaddr_in sa{};
   sa.sin_family = AF_INET;
   sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -308,6 +318,7 @@ void bench_pingpong(bool busy, size_t size, double budget_s) {
     close(fd);
   });
   int fd = socket(AF_INET, SOCK_STREAM, 0);
+  like_libd_on_one_host(fd);
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   if (connect(fd, reinterpret_cast<sockaddr *>(&sa), sizeof sa) != 0) { perror("connect"); exit(1); }
   std::vector<char> b(size, 'p');

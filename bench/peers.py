@@ -239,6 +239,20 @@ def _parse_redis_csv(res, cmd):
 
 # ---------------------------------------------------------------- iperf3
 
+def same_host_congestion(flag):
+    """[flag, "cubic"] where the host's default congestion control is BBR, else []: libd gives
+    its own same-host connections cubic instead of BBR (docs/transports.md), so a peer's loopback
+    stream gets the same."""
+    try:
+        with open("/proc/sys/net/ipv4/tcp_congestion_control") as f:
+            default = f.read().strip()
+        with open("/proc/sys/net/ipv4/tcp_available_congestion_control") as f:
+            available = f.read().split()
+    except OSError:
+        return []
+    return [flag, "cubic"] if default.startswith("bbr") and "cubic" in available else []
+
+
 def iperf3(seconds=3):
     """One TCP stream over loopback, as GB/s of payload received."""
     tool = _need("iperf3")
@@ -246,7 +260,7 @@ def iperf3(seconds=3):
     # -s -1: serve exactly one test then exit; -B: listen on loopback only.
     server = [tool, "-s", "-1", "-B", HOST, "-p", str(port)]
     # -J: JSON report; -t: duration; one stream is the default (-P 1).
-    client = [tool, "-c", HOST, "-p", str(port), "-J", "-t", str(seconds)]
+    client = [tool, "-c", HOST, "-p", str(port), "-J", "-t", str(seconds)] + same_host_congestion("-C")
     with _server(server, port, _listening, sigterm_ok=False):
         res = _run(client, timeout=seconds + 30)
     try:

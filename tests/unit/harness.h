@@ -37,6 +37,7 @@ struct Rig {
   ActionPtr action;
   libd_transport *t = nullptr;
   std::string config;  // what the control plane would relay
+  uint16_t port = 0;   // the server's tcp port (tcp and verbs)
   libd::Grant grant;
 };
 
@@ -58,8 +59,7 @@ inline Rig make_rig(const std::string &impl, uint64_t size, unsigned rights = 3,
       uint16_t port;
       EXPECT_EQ(0, r.server->listen_tcp("127.0.0.1", 0, &port)) << libd_last_error();
     } else if (impl == "tcp") {
-      uint16_t port;
-      EXPECT_EQ(0, r.server->listen_tcp("127.0.0.1", 0, &port)) << libd_last_error();
+      EXPECT_EQ(0, r.server->listen_tcp("127.0.0.1", 0, &r.port)) << libd_last_error();
     } else {
       EXPECT_EQ(0, r.server->listen_unix(unique_socket_path("rig"))) << libd_last_error();
     }

@@ -3,13 +3,15 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 
+#include <cstdlib>
 #include <cstring>
+#include <vector>
 
 namespace libd {
 
 namespace {
 
-// An IPv4 address in network order, also when written as an IPv4-mapped IPv6 one; false otherwise.
+// An IPv4 address, also when written as an IPv4-mapped IPv6 one; false otherwise.
 bool ipv4_of(const sockaddr_storage &a, in_addr *out) {
   if (a.ss_family == AF_INET) {
     *out = reinterpret_cast<const sockaddr_in &>(a).sin_addr;
@@ -25,16 +27,30 @@ bool ipv4_of(const sockaddr_storage &a, in_addr *out) {
   return false;
 }
 
+bool paces(const std::string &algorithm) { return algorithm.compare(0, 3, "bbr") == 0; }
+
+bool set_congestion(int fd, const std::string &algorithm) {
+  return setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, algorithm.data(), socklen_t(algorithm.size())) == 0;
+}
+
+// LIBD_TCP_CONGESTION, read once: "" for auto, "keep", or an algorithm's name.
+const std::string &policy() {
+  static const std::string value = [] {
+    const char *e = std::getenv("LIBD_TCP_CONGESTION");
+    std::string v = e ? e : "";
+    return v == "auto" ? std::string() : v;
+  }();
+  return value;
+}
+
+}  // namespace
+
 std::string congestion_of(int fd) {
   char name[64] = {};
   socklen_t len = sizeof name - 1;
   if (getsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, name, &len) != 0) return "";
   return std::string(name, strnlen(name, len));
 }
-
-bool paces(const std::string &algorithm) { return algorithm.compare(0, 3, "bbr") == 0; }
-
-}  // namespace
 
 bool same_host(const sockaddr_storage &local, const sockaddr_storage &peer) {
   in_addr l4, p4;
@@ -48,17 +64,27 @@ bool same_host(const sockaddr_storage &local, const sockaddr_storage &peer) {
   return IN6_IS_ADDR_LOOPBACK(&p6) || std::memcmp(&p6, &l6, sizeof p6) == 0;
 }
 
-std::string settle_local_congestion(int fd) {
-  std::string now = congestion_of(fd);
-  if (!paces(now)) return now;
+std::string prefer_unpaced(int fd) { return prefer_unpaced(fd, policy()); }
+
+std::string prefer_unpaced(int fd, const std::string &chosen) {
+  if (chosen == "keep") return "";
+  std::string had = congestion_of(fd);
+  if (had.empty() || (chosen.empty() && !paces(had)) || had == chosen) return "";
+  std::vector<std::string> instead = chosen.empty() ? std::vector<std::string>{"cubic", "reno"}
+                                                    : std::vector<std::string>{chosen};
+  for (const std::string &algorithm : instead)
+    if (set_congestion(fd, algorithm)) return had;
+  return "";
+}
+
+void restore_between_hosts(int fd, const std::string &original) {
+  if (original.empty()) return;
   sockaddr_storage local = {}, peer = {};
   socklen_t llen = sizeof local, plen = sizeof peer;
   if (getsockname(fd, reinterpret_cast<sockaddr *>(&local), &llen) != 0 ||
-      getpeername(fd, reinterpret_cast<sockaddr *>(&peer), &plen) != 0 || !same_host(local, peer))
-    return now;
-  for (const char *instead : {"cubic", "reno"})
-    if (setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, instead, socklen_t(std::strlen(instead))) == 0) return instead;
-  return now;
+      getpeername(fd, reinterpret_cast<sockaddr *>(&peer), &plen) != 0 || same_host(local, peer))
+    return;
+  set_congestion(fd, original);
 }
 
 }  // namespace libd

@@ -65,9 +65,11 @@ int connect_authenticated(const sockaddr *addr, socklen_t len, const Credentials
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
   setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+  // Chosen before the connection exists, so that a same-host one never runs BBR (tcp_congestion.h).
+  std::string between_hosts = prefer_unpaced(fd);
   if (int rc = connect_before(fd, addr, len, deadline))
     return fail(rc, std::string("cannot connect to the memory element: ") + strerror(-rc));
-  settle_local_congestion(fd);
+  restore_between_hosts(fd, between_hosts);
 
   auto io_fail = [&](int rc) {
     return fail(rc, rc == -ETIMEDOUT ? "no handshake from the memory element in time"

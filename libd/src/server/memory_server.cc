@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "io/tcp_congestion.h"
 #include "libd.h"
 #include "proto/auth.h"
 #include "proto/frame.h"
@@ -525,7 +526,10 @@ int MemoryServer::listen_tcp(const std::string &host, uint16_t port, uint16_t *b
     auto *l = new uv_tcp_t;
     uv_tcp_init(loop_.loop(), l);
     l->data = this;
-    if ((rc = uv_tcp_bind(l, reinterpret_cast<sockaddr *>(&addr), 0)) == 0)
+    if ((rc = uv_tcp_bind(l, reinterpret_cast<sockaddr *>(&addr), 0)) == 0) {
+      // The connections it accepts inherit the listener's algorithm (tcp_congestion.h).
+      uv_os_fd_t fd;
+      if (uv_fileno(reinterpret_cast<uv_handle_t *>(l), &fd) == 0) tcp_congestion_ = prefer_unpaced(fd);
       rc = uv_listen(reinterpret_cast<uv_stream_t *>(l), 128, [](uv_stream_t *ls, int status) {
         if (status < 0) return;
         auto *srv = static_cast<MemoryServer *>(ls->data);
@@ -533,6 +537,7 @@ int MemoryServer::listen_tcp(const std::string &host, uint16_t port, uint16_t *b
         if (uv_accept(ls, c->stream()) == 0) c->start();
         else c->close();
       });
+    }
     if (rc < 0) {
       why = "cannot listen on " + host + ":" + std::to_string(port) + ": " + uv_strerror(rc);
       uv_close(reinterpret_cast<uv_handle_t *>(l), [](uv_handle_t *h) { delete reinterpret_cast<uv_tcp_t *>(h); });

@@ -155,6 +155,7 @@ class MemoryServer {
   // the grants, the attachment counts and the verbs listener.
   friend class ServerConn;
   friend class UnixServerConn;
+  friend class TcpServerConn;
   friend class VerbsHandshake;
   std::shared_ptr<Element> find_element(const std::string &name);
   bool find_grant(const std::string &id, Grant *out);
@@ -246,6 +247,9 @@ class MemoryServer {
   uv_pipe_t *unix_listener_ = nullptr;
   std::string tcp_host_, unix_path_;
   uint16_t tcp_port_ = 0;
+  // The tcp listener's congestion control before libd changed it (io/tcp_congestion.h): what a
+  // connection between hosts gets back. Set before the loop accepts anything.
+  std::string tcp_congestion_;
   bool stopped_ = false;
 };
 

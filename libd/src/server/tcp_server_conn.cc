@@ -18,7 +18,7 @@ void TcpServerConn::on_start() {
   uv_tcp_nodelay(&h_.tcp, 1);
   uv_tcp_keepalive(&h_.tcp, 1, 10);
   uv_os_fd_t fd;
-  if (uv_fileno(reinterpret_cast<uv_handle_t *>(&h_.tcp), &fd) == 0) settle_local_congestion(fd);
+  if (uv_fileno(reinterpret_cast<uv_handle_t *>(&h_.tcp), &fd) == 0) restore_between_hosts(fd, srv_->tcp_congestion_);
 }
 
 void TcpServerConn::on_close() {
