@@ -56,9 +56,8 @@ inline Rig make_rig(const std::string &impl, uint64_t size, unsigned rights = 3,
       libd::Params vp;
       if (impl == "verbs_nomw") vp.set("mw", "0");  // per-grant registrations instead of windows
       EXPECT_EQ(0, r.server->enable_verbs(vp)) << libd_last_error();
-      uint16_t port;
-      EXPECT_EQ(0, r.server->listen_tcp("127.0.0.1", 0, &port)) << libd_last_error();
-    } else if (impl == "tcp") {
+    }
+    if (impl == "verbs" || impl == "verbs_nomw" || impl == "tcp") {
       EXPECT_EQ(0, r.server->listen_tcp("127.0.0.1", 0, &r.port)) << libd_last_error();
     } else {
       EXPECT_EQ(0, r.server->listen_unix(unique_socket_path("rig"))) << libd_last_error();
