@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Where one operation of each Python API spends its time, step by step, between two processes:
 
-    bench/api_steps.py connect|rdma|tensor [shm|tcp] [--size 64] [--runs 400]
+    bench/api_steps.py connect|rdma|tensor [shm|tcp] [--op read|write] [--size 64] [--runs 400]
 
 The owner lends memory and hands the record to the peer over a pipe; the peer parses it, moves
 the bytes into its own memory and ends its side; the owner learns it finished and ends the loan.
@@ -35,12 +35,12 @@ WARMUP = 100
 
 # Each API's steps: the owner's before the record goes, the peer's (stamped there), the owner's after.
 STEPS = {
-    "connect": (["owner: Descriptor, create_readable", "owner: the record (to_json)", "owner: record onto the pipe"],
-                ["pipe to the peer", "peer: RdmaMetadata.from_json", "peer: Descriptor, begin_read",
+    "connect": (["owner: Descriptor, create_readable|writable", "owner: the record (to_json)", "owner: record onto the pipe"],
+                ["pipe to the peer", "peer: RdmaMetadata.from_json", "peer: Descriptor, begin_read|write",
                  "peer: wait_for_completion (the notification sent)"],
                 ["the notification reaches the owner's wait"]),
     "rdma": (["owner: request_buffer", "owner: the record (to_json)", "owner: record onto the pipe"],
-             ["pipe to the peer", "peer: RdmaBuffer.from_json", "peer: read_into", "peer: drop (its queue pair let go)"],
+             ["pipe to the peer", "peer: RdmaBuffer.from_json", "peer: read_into|write_from", "peer: drop (its queue pair let go)"],
              ["the peer's word reaches the owner", "owner: drop (the key revoked)"]),
     "tensor": (["owner: extract_tensor_transport_metadata", "owner: the record (pickled)", "owner: record onto the pipe"],
                ["pipe to the peer", "peer: unpickled", "peer: recv_multiple_tensors", "peer: (nothing more)"],
@@ -48,7 +48,7 @@ STEPS = {
 }
 
 
-async def owner(api, transport, size, runs, chan):
+async def owner(api, transport, size, runs, chan, write):
     lent = numpy.full(size, 7, dtype=numpy.uint8)
     drive = None
     if api == "connect":
@@ -65,7 +65,7 @@ async def owner(api, transport, size, runs, chan):
     for i in range(runs):
         t = [perf()]
         if api == "connect":
-            op = connector.create_readable(Descriptor(lent))
+            op = (connector.create_writable if write else connector.create_readable)(Descriptor(lent))
             t.append(perf())
             msg = {"record": op.metadata().to_json()}
         elif api == "rdma":
@@ -96,7 +96,7 @@ async def owner(api, transport, size, runs, chan):
     return rows
 
 
-async def peer(api, transport, size, chan):
+async def peer(api, transport, size, chan, write):
     local = numpy.zeros(size, dtype=numpy.uint8)
     if api == "connect":
         from scad.connect import Connector, Descriptor, RdmaMetadata
@@ -118,13 +118,13 @@ async def peer(api, transport, size, chan):
         if api == "connect":
             md = RdmaMetadata.from_json(msg["record"])
             t.append(perf())
-            op = connector.begin_read(md, Descriptor(local))
+            op = connector.begin_write(Descriptor(local), md) if write else connector.begin_read(md, Descriptor(local))
             t.append(perf())
             await op.wait_for_completion()
         elif api == "rdma":
             buf = RdmaBuffer.from_json(msg["record"])
             t.append(perf())
-            await buf.read_into(local)
+            await (buf.write_from(local) if write else buf.read_into(local))
             t.append(perf())
             buf.drop()
         else:
@@ -140,22 +140,27 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("api", choices=tuple(STEPS))
     ap.add_argument("transport", nargs="?", default="shm", choices=("shm", "tcp"))
+    ap.add_argument("--op", choices=("read", "write"), default="read",
+                    help="the peer reads the lent memory or writes it (scad.tensor_transport only reads)")
     ap.add_argument("--size", type=int, default=64, help="bytes moved (default 64)")
     ap.add_argument("--runs", type=int, default=400)
     args = ap.parse_args()
     if args.size < 1 or args.runs < 1:
         ap.error("--size and --runs must be at least 1")
+    if args.api == "tensor" and args.op == "write":
+        ap.error("scad.tensor_transport only reads (Ray's receiver fetches the sender's tensors)")
+    write = args.op == "write"
     runs = args.runs + WARMUP
     to_peer, from_peer = os.pipe(), os.pipe()
     pid = os.fork()  # before either side has loaded libd
     if pid == 0:
         try:
             asyncio.run(peer(args.api, args.transport, args.size,
-                             Channel(os.fdopen(to_peer[0], "r"), os.fdopen(from_peer[1], "w"))))
+                             Channel(os.fdopen(to_peer[0], "r"), os.fdopen(from_peer[1], "w")), write))
         finally:
             os._exit(0)
     rows = asyncio.run(owner(args.api, args.transport, args.size, runs,
-                             Channel(os.fdopen(from_peer[0], "r"), os.fdopen(to_peer[1], "w"))))
+                             Channel(os.fdopen(from_peer[0], "r"), os.fdopen(to_peer[1], "w")), write))
     os.waitpid(pid, 0)
     before, at_peer, after = STEPS[args.api]
     names = before + at_peer + after + ["total (the owner's view)"]
@@ -166,7 +171,7 @@ def main():
         for name, a, b in zip(names, marks, marks[1:]):
             steps[name].append((b - a) * 1e6)
         steps[names[-1]].append((own[-1] - own[0]) * 1e6)
-    print(f"one {args.size}-byte read operation of scad.{args.api if args.api != 'tensor' else 'tensor_transport'} "
+    print(f"one {args.size}-byte {args.op} operation of scad.{args.api if args.api != 'tensor' else 'tensor_transport'} "
           f"over {args.transport}, median µs of {args.runs}:")
     for name, v in steps.items():
         print(f"  {name:52} {statistics.median(v):8.1f}")

@@ -350,6 +350,96 @@ TEST_P(TcpProgress, ASleeperIsServedWhileAnotherThreadPolls) {
   EXPECT_GE(polled.load(), first + 10) << "the poller did not poll while the sleeper read";
 }
 
+// An operation's own connect on the process's shared connection, as scad.connect makes one per
+// operation: a new holder of a new grant, its first transfer (the ATTACH goes out with it), the
+// owner's verdict waited for spinning (busy_poll_us), the transfer waited for, the holder gone.
+class TcpAttachingLeader : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    mem.resize(1 << 20);
+    test::fill_random(mem.data(), mem.size(), 11);
+    ASSERT_EQ(0, server.add_lent_element("buf", mem.data(), mem.size())) << libd_last_error();
+    ASSERT_EQ(0, server.listen_tcp("127.0.0.1", 0, &port)) << libd_last_error();
+    ASSERT_NO_FATAL_FAILURE(first = holder());
+    ASSERT_EQ(0, libd_transport_connect(first.t)) << libd_last_error();  // opens the session
+  }
+
+  struct Holder {
+    test::ActionPtr action;
+    libd_transport *t = nullptr;
+    char *buf = nullptr;
+  };
+
+  Holder holder() {
+    libd::Grant g;
+    g.element = "buf";
+    g.client = "*";
+    g.rights = LIBD_RIGHT_READ | LIBD_RIGHT_WRITE;
+    EXPECT_EQ(0, server.grant(&g)) << libd_last_error();
+    Holder h;
+    h.action = test::make_action("holder");
+    std::string durl = "t;tcp;share,1;timeout_ms,10000;busy_poll_us,1000000;" + server.client_config(g);
+    EXPECT_EQ(0, libd_action_add_transport(h.action.get(), durl.c_str())) << libd_last_error();
+    h.t = libd_action_get_transport(h.action.get(), "t");
+    EXPECT_EQ(0, libd_trdma_reg(h.t, mem.size(), reinterpret_cast<void **>(&h.buf)));
+    return h;
+  }
+
+  // Starts the holder's first transfer and waits for the verdict: whether the transfer was done
+  // when the verdict came back.
+  bool done_with_verdict(Holder &h, size_t size, bool write, libd_op **op) {
+    int rc = write ? libd_trdma_write_async(h.t, size, 0, h.buf, op) : libd_trdma_read_async(h.t, size, 0, h.buf, op);
+    EXPECT_EQ(0, rc) << libd_last_error();
+    if (rc) return false;
+    uint64_t remote_size;
+    unsigned rights;
+    EXPECT_EQ(0, libd_trdma_remote(h.t, &remote_size, &rights)) << libd_last_error();
+    return (*op)->op->done();
+  }
+
+  libd::MemoryServer server;
+  std::vector<char> mem;
+  uint16_t port = 0;
+  Holder first;
+};
+
+// The verdict's wait reads on until the transfer behind the ATTACH is answered too (the caller
+// waits for it next): handing the rest of the stream to the loop's thread would wake that thread
+// in the middle of the transfer, and it and the caller would take the socket from each other.
+TEST_F(TcpAttachingLeader, ASpinningVerdictReadsItsTransferToTheEnd) {
+  for (bool write : {false, true}) {
+    for (int i = 0; i < 5; i++) {
+      Holder h = holder();
+      if (write) test::fill_random(h.buf, 512 * 1024, 20 + i);
+      libd_op *op = nullptr;
+      EXPECT_TRUE(done_with_verdict(h, 512 * 1024, write, &op))
+          << (write ? "a write" : "a read") << " of 512 KiB was still under way when its verdict returned";
+      if (!op) continue;
+      EXPECT_EQ(0, libd_op_wait(op, 10000)) << libd_last_error();
+      libd_op_free(op);
+      EXPECT_EQ(0, memcmp(h.buf, mem.data(), 512 * 1024)) << (write ? "written" : "read") << " bytes differ";
+    }
+  }
+}
+
+// Operations one after the other, each on a grant of its own, cost the loop's thread no wake-up:
+// the caller's lease keeps it parked, and nothing the caller does needs it (the deadline tick of
+// the previous operations still runs, the session's watch is left on).
+TEST_F(TcpAttachingLeader, OperationsOneAfterTheOtherWakeNoLoopThread) {
+  pid_t loop = shared_loop_thread();
+  LongLease lease(5000000);
+  long slept = loop_sleeps_over_400(loop, [&] {
+    Holder h = holder();
+    libd_op *op = nullptr;
+    done_with_verdict(h, 256 * 1024, false, &op);
+    if (!op) return;
+    EXPECT_EQ(0, libd_op_wait(op, 10000)) << libd_last_error();
+    libd_op_free(op);
+  });
+  ASSERT_GE(slept, 0);
+  EXPECT_LT(slept, 100) << "the loop's thread slept and woke " << slept << " times for 400 operations";
+}
+
 // busy_poll_us: a blocking call looks at its socket without sleeping for that long before it
 // blocks, so a small read's answer finds it awake (no context switch of its own per read).
 TEST(TcpBusyPoll, ABlockingReadPollsInsteadOfSleeping) {

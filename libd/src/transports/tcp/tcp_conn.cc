@@ -308,6 +308,14 @@ uint32_t TcpConn::queue_attach_locked(const TcpCredentials &creds, bool flush) {
   return h;
 }
 
+bool TcpConn::handle_busy_locked(uint32_t handle) const {
+  for (auto &[id, p] : inflight_)
+    if (p.st->handle == handle) return true;
+  for (auto &c : sendq_)
+    if (c.st && c.st->op && c.st->handle == handle) return true;
+  return false;
+}
+
 bool TcpConn::handles_left_locked() {
   if (next_handle_ < UINT32_MAX) return true;
   spent_flag_.store(true, std::memory_order_release);
@@ -335,13 +343,21 @@ int TcpConn::verdict(uint32_t h, Deadline deadline, GrantBody *grant, uint32_t s
   Attaching &a = it->second;
   if (!sendq_.empty() && !flush_locked()) want_loop_locked();
   bool in_time = true;
-  while (!a.done && !closed_ && in_time) {
+  // A caller that polls (spin_us) reads on, while its spin lasts, until the operations it queued
+  // behind the ATTACH are answered too: it waits for them next, and handing them to the loop's
+  // thread would wake that thread to take over the stream in the middle of a transfer.
+  auto read_on_until = Clock::now() + std::chrono::microseconds(spin_us);
+  auto answered = [&] { return a.done && (closed_ || !handle_busy_locked(h) || Clock::now() >= read_on_until); };
+  while (!answered() && !closed_ && in_time) {
     // Read the answer here rather than wait for the loop to hand it over (one thread woken, not
-    // two); the loop, if it was reading, takes over again after.
+    // two); the loop, if it was reading (it may have read the answer already), takes over again
+    // after.
     if (reader_ != Reader::Leader) {
-      in_time = lead_locked(lk, [&] { return a.done; }, deadline, spin_us);
+      // (The deadline passing while it read on after the answer is no failure of the verdict.)
+      in_time = lead_locked(lk, answered, deadline, spin_us) || a.done;
       continue;
     }
+    if (a.done) break;  // another caller leads: the operations are its to read
     in_time = !(cv_.wait_until(lk, deadline.at()) == std::cv_status::timeout && !a.done && !closed_);
   }
   if (!in_time) {

@@ -84,7 +84,8 @@ class TcpConn : public proto::FrameReader::Handler, public OpDriver, public std:
   // once (the server takes them in order). verdict() waits for the answer; a refusal ends the
   // attachment (its requests fail with the refusal) whether or not anyone asks.
   int attach_async(const TcpCredentials &creds, FailFn on_fail, uint32_t *handle);
-  // spin_us: as run()'s, when this thread reads the answer itself.
+  // spin_us: as run()'s, when this thread reads the answer itself; while it spins it also reads
+  // on until the attachment's operations are answered (a polling caller waits for them next).
   int verdict(uint32_t handle, Deadline deadline, proto::GrantBody *grant, uint32_t spin_us = 0);
   void add_user(uint32_t handle, FailFn on_fail);
   // Lets an attachment go: its operations still running end with -ECONNABORTED (on return the
@@ -143,6 +144,8 @@ class TcpConn : public proto::FrameReader::Handler, public OpDriver, public std:
   // false if the deadline passed first (the caller decides what ends: see expire_locked).
   template <class Done> bool lead_locked(Lock &lk, Done done, Deadline deadline, uint32_t spin_us = 0);
   bool idle_locked() const { return inflight_.empty() && attaching_ == 0; }
+  // Whether operations of this attachment wait for answers or for their bytes to go out.
+  bool handle_busy_locked(uint32_t handle) const;
   bool refused_locked(uint32_t handle, const std::shared_ptr<Op> &op);  // the owner ended the handle
   void cut_handle_locked(uint32_t handle, int reason);                 // DETACHED
   void queue_locked(const char *hdr, const char *data, size_t len, const std::shared_ptr<OpState> &st);
