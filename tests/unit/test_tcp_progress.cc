@@ -62,9 +62,10 @@ pid_t shared_loop_thread() {
 // A longer lease for a test (a caller that stops without saying so holds the loop this long),
 // the default and the loop given back afterwards.
 struct LongLease {
+  uint32_t saved = libd::TcpConn::poll_lease_us();
   explicit LongLease(uint32_t us) { libd::TcpConn::set_poll_lease_us(us); }
   ~LongLease() {
-    libd::TcpConn::set_poll_lease_us(200);
+    libd::TcpConn::set_poll_lease_us(saved);
     libd::IoLoop::shared().release();
   }
 };

@@ -23,7 +23,11 @@ constexpr size_t kDirectMin = 16 * 1024;  // payloads this large are received st
 constexpr uint64_t kTickMs = 20;          // deadline check period while the loop has work
 // How long the shared client loop stays with a caller that polls after its last look: past it the
 // loop's thread takes it back, so a caller that stopped without saying so delays others this much.
-std::atomic<uint32_t> poll_lease_us{200};
+// A millisecond outlasts the gap between one operation and the next of a Python caller (a
+// scad.connect operation of 1 MiB spends 200 µs in Python between its transfers): with 200 µs
+// the lease lapsed in that gap, and the next operation had to wake the loop's thread to park it
+// again (two wake-ups an operation, 15-60 µs of each on two cores).
+std::atomic<uint32_t> lease_after_look_us{1000};
 
 // When this thread last polled an operation (steady clock, ns; 0: never). A thread that looks
 // again within a lease is polling: a single look (a status check) must not park the loop's
@@ -146,7 +150,7 @@ bool TcpConn::lead_locked(Lock &lk, Done done, Deadline deadline, uint32_t spin_
       // this socket too, is leased here meanwhile, so its thread stays parked and is not woken
       // by the answer only to find a leader reading it (a thread switch per answer on a busy
       // host). Given back before this thread sleeps; else it lapses as a poller's does.
-      IoLoop::shared().progress(poll_lease_us.load(std::memory_order_relaxed));
+      IoLoop::shared().progress(lease_after_look_us.load(std::memory_order_relaxed));
       leased = true;
     } else if (leased) {
       IoLoop::shared().release();
@@ -255,13 +259,15 @@ void TcpConn::looked(Op *) {
   // within a lease runs the loop, so that a caller polling only finished operations (a reaper)
   // serves the process's other operations instead of holding them up. No lock held here: the
   // loop's callbacks take mu_.
-  uint32_t lease_us = poll_lease_us.load(std::memory_order_relaxed);
+  uint32_t lease_us = lease_after_look_us.load(std::memory_order_relaxed);
   if (look_again(lease_us)) IoLoop::shared().progress(lease_us);
 }
 
 void TcpConn::polling_stopped() { IoLoop::shared().release(); }
 
-void TcpConn::set_poll_lease_us(uint32_t us) { poll_lease_us.store(us, std::memory_order_relaxed); }
+void TcpConn::set_poll_lease_us(uint32_t us) { lease_after_look_us.store(us, std::memory_order_relaxed); }
+
+uint32_t TcpConn::poll_lease_us() { return lease_after_look_us.load(std::memory_order_relaxed); }
 
 int TcpConn::notify(uint64_t value, int status, uint32_t handle, bool detach) {
   Lock lk(mu_);
@@ -341,7 +347,6 @@ int TcpConn::verdict(uint32_t h, Deadline deadline, GrantBody *grant, uint32_t s
   auto it = attaches_.find(h);
   if (it == attaches_.end() || !it->second.async) return 0;  // settled before
   Attaching &a = it->second;
-  if (!sendq_.empty() && !flush_locked()) want_loop_locked();
   bool in_time = true;
   // A caller that polls (spin_us) reads on, while its spin lasts, until the operations it queued
   // behind the ATTACH are answered too: it waits for them next, and handing them to the loop's
@@ -360,6 +365,9 @@ int TcpConn::verdict(uint32_t h, Deadline deadline, GrantBody *grant, uint32_t s
     if (a.done) break;  // another caller leads: the operations are its to read
     in_time = !(cv_.wait_until(lk, deadline.at()) == std::cv_status::timeout && !a.done && !closed_);
   }
+  // What is still queued (a large write's rest) goes out with a leader's turns, or the loop's
+  // (a leader hands it over when it is done).
+  if (reader_ != Reader::Leader && !sendq_.empty() && !flush_locked()) want_loop_locked();
   if (!in_time) {
     abandon_attach_locked(h, a.sent);
     return set_error(-ETIMEDOUT, "no answer to ATTACH from the memory element within the deadline");

@@ -67,8 +67,9 @@ class TcpConn : public proto::FrameReader::Handler, public OpDriver, public std:
   // A poller's look at an operation already finished counts as a look, and takes and runs the
   // loop as poll_progress does: the poller's next answers are its own to read.
   void looked(Op *op) override;
-  // How long the lease lasts after a polling caller's last look (default 200 µs). For tests.
+  // How long the lease lasts after a polling caller's last look (default 1 ms); set for tests.
   static void set_poll_lease_us(uint32_t us);
+  static uint32_t poll_lease_us();
   // Queues a NOTIFY behind everything sent so far (it has no answer). -ENOTCONN if closed.
   // detach: and the DETACH of `handle` in the same write (its operations are all done).
   int notify(uint64_t value, int status, uint32_t handle = 0, bool detach = false);
