@@ -358,9 +358,10 @@ int TcpConn::verdict(uint32_t h, Deadline deadline, GrantBody *grant, uint32_t s
     // two); the loop, if it was reading (it may have read the answer already), takes over again
     // after.
     if (reader_ != Reader::Leader) {
-      // (The deadline passing while it read on after the answer is no failure of the verdict.)
-      in_time = lead_locked(lk, answered, deadline, spin_us) || a.done;
-      continue;
+      if (lead_locked(lk, answered, deadline, spin_us)) continue;
+      // The deadline passed: while it read on after the answer, that is no failure of the verdict.
+      in_time = a.done;
+      break;
     }
     if (a.done) break;  // another caller leads: the operations are its to read
     in_time = !(cv_.wait_until(lk, deadline.at()) == std::cv_status::timeout && !a.done && !closed_);
