@@ -172,6 +172,9 @@ int Transport::settle(Deadline deadline) {
     fail(rc, why);
     return set_error(rc, "transport " + quote(name_) + ": " + why);
   }
+  // Outside the exclusive lock: operations, recover and terminate need not wait for it.
+  std::shared_lock<IoGate> io(io_mu_);
+  do_settled(io, deadline);
   return 0;
 }
 

@@ -134,6 +134,9 @@ class Transport : public libd_transport {
   // Waits for a verdict do_connect_lazy left open; 0 once the grant is confirmed (set_remote
   // called), else the refusal (the transport then fails). Called by connect() and remote().
   virtual int do_settle(Deadline deadline) { (void)deadline; return 0; }
+  // After a verdict settle() took, under the shared I/O lock (it may release `io`, as do_run may),
+  // with the verdict's deadline: an engine may go on with the operations that rode the handshake.
+  virtual void do_settled(std::shared_lock<IoGate> &io, Deadline deadline) { (void)io; (void)deadline; }
   virtual void do_disconnect() {}
   virtual void do_terminate() {}
 

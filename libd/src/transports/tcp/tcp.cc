@@ -116,8 +116,21 @@ class TcpTransport : public Transport {
     proto::GrantBody grant;
     int rc = conn_->verdict(handle_, deadline, &grant, spin_us_);
     unsettled_ = false;
-    if (rc == 0) set_remote(grant.offset, grant.length, grant.rights);
+    if (rc == 0) {
+      set_remote(grant.offset, grant.length, grant.rights);
+      read_on_ = spin_us_ > 0;
+    }
     return rc;
+  }
+
+  // A caller that polls reads on, while its spin lasts, until the transfers that rode the
+  // ATTACH are answered: it waits for them next (TcpConn::read_on).
+  void do_settled(std::shared_lock<IoGate> &io, Deadline deadline) override {
+    if (!read_on_.exchange(false) || !conn_) return;
+    auto conn = conn_;
+    uint32_t handle = handle_;
+    io.unlock();  // as do_run: recover/terminate must not wait for it
+    conn->read_on(handle, deadline, spin_us_);
   }
 
   void do_disconnect() override {
@@ -161,6 +174,7 @@ class TcpTransport : public Transport {
   bool shared_ = false;
   uint32_t handle_ = 0;  // this transport's attachment on a shared connection
   bool unsettled_ = false;  // attached by an operation: the server's verdict not read yet
+  std::atomic<bool> read_on_{false};  // do_settle took a verdict for a polling caller: do_settled reads on
   std::atomic<bool> detached_{false};  // its last word detached it already (notify_last); set under the shared I/O lock
   uint32_t spin_us_ = 0;    // busy_poll_us: a blocking call polls its answer this long before it sleeps
 };

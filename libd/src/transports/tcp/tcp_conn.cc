@@ -84,6 +84,7 @@ std::shared_ptr<TcpConn::OpState> TcpConn::enqueue_locked(const std::shared_ptr<
   st->handle = handle;
   st->segs_left = op->segments().size();
   st->posted = Clock::now();
+  unfinished_[handle]++;
   bool is_write = op->kind() == OpKind::Write;
   for (size_t i = 0; i < op->segments().size() && !closed_; i++) {
     const Segment &s = op->segments()[i];
@@ -128,7 +129,7 @@ void TcpConn::post(const std::shared_ptr<Op> &op, uint32_t handle) {
 }
 
 template <class Done>
-bool TcpConn::lead_locked(Lock &lk, Done done, Deadline deadline, uint32_t spin_us) {
+bool TcpConn::lead_locked(Lock &lk, Done done, Deadline deadline, uint32_t spin_us, const uint32_t *keep_for) {
   reader_ = Reader::Leader;
   auto spin_until = Clock::now() + std::chrono::microseconds(spin_us);
   bool in_time = true, leased = false;
@@ -174,8 +175,10 @@ bool TcpConn::lead_locked(Lock &lk, Done done, Deadline deadline, uint32_t spin_
     bool rewatch = session_ && !(watching_ & UV_READABLE);
     if (reader_ == Reader::Loop || !sendq_.empty() || rewatch) want_loop_locked();
     // Other threads' operations are the loop's now, and their waiters may sleep without a look
-    // that would end the lease: the loop's thread takes over at once.
-    if (leased && (reader_ == Reader::Loop || !sendq_.empty())) {
+    // that would end the lease: the loop's thread takes over at once. Only this caller's own,
+    // which it reads next, keep the lease (if it does not, the lease lapses within a lease).
+    bool only_mine = keep_for && (unfinished_.empty() || (unfinished_.size() == 1 && unfinished_.count(*keep_for)));
+    if (leased && !only_mine && (reader_ == Reader::Loop || !sendq_.empty())) {
       lk.unlock();
       IoLoop::shared().release();
       lk.lock();
@@ -218,8 +221,10 @@ void TcpConn::cancel(Op *op) {
   op_error(st, -ECANCELED, "cancelled");
   if (st->queued_sends > 0) {
     // Its bytes are queued and part may be on the wire: the stream needs them whole. Wait until
-    // they are sent (the deadline closes the connection if the peer never takes them).
+    // they are sent (the deadline closes the connection if the peer never takes them), by the
+    // loop's thread: a poller's lease, which would park it meanwhile, ends.
     want_loop_locked();
+    IoLoop::shared().release();
     cv_.wait(lk, [&] { return st->queued_sends == 0 || closed_; });
   }
   maybe_finish_locked(st);
@@ -314,14 +319,6 @@ uint32_t TcpConn::queue_attach_locked(const TcpCredentials &creds, bool flush) {
   return h;
 }
 
-bool TcpConn::handle_busy_locked(uint32_t handle) const {
-  for (auto &[id, p] : inflight_)
-    if (p.st->handle == handle) return true;
-  for (auto &c : sendq_)
-    if (c.st && c.st->op && c.st->handle == handle) return true;
-  return false;
-}
-
 bool TcpConn::handles_left_locked() {
   if (next_handle_ < UINT32_MAX) return true;
   spent_flag_.store(true, std::memory_order_release);
@@ -347,28 +344,21 @@ int TcpConn::verdict(uint32_t h, Deadline deadline, GrantBody *grant, uint32_t s
   auto it = attaches_.find(h);
   if (it == attaches_.end() || !it->second.async) return 0;  // settled before
   Attaching &a = it->second;
+  // Whatever is queued still (the ATTACH itself, if nothing sent it) goes out: with this thread's
+  // turns below, or, if another caller leads (it may be asleep in poll() for its answer alone),
+  // the loop's.
+  if (!sendq_.empty() && !flush_locked() && reader_ == Reader::Leader) want_loop_locked();
   bool in_time = true;
-  // A caller that polls (spin_us) reads on, while its spin lasts, until the operations it queued
-  // behind the ATTACH are answered too: it waits for them next, and handing them to the loop's
-  // thread would wake that thread to take over the stream in the middle of a transfer.
-  auto read_on_until = Clock::now() + std::chrono::microseconds(spin_us);
-  auto answered = [&] { return a.done && (closed_ || !handle_busy_locked(h) || Clock::now() >= read_on_until); };
-  while (!answered() && !closed_ && in_time) {
+  while (!a.done && !closed_ && in_time) {
     // Read the answer here rather than wait for the loop to hand it over (one thread woken, not
-    // two); the loop, if it was reading (it may have read the answer already), takes over again
-    // after.
+    // two); the loop, if it was reading, takes over again after.
     if (reader_ != Reader::Leader) {
-      if (lead_locked(lk, answered, deadline, spin_us)) continue;
-      // The deadline passed: while it read on after the answer, that is no failure of the verdict.
-      in_time = a.done;
-      break;
+      // A caller that polls reads the attachment's transfers next (read_on, or its looks).
+      in_time = lead_locked(lk, [&] { return a.done; }, deadline, spin_us, spin_us > 0 ? &h : nullptr);
+      continue;
     }
-    if (a.done) break;  // another caller leads: the operations are its to read
     in_time = !(cv_.wait_until(lk, deadline.at()) == std::cv_status::timeout && !a.done && !closed_);
   }
-  // What is still queued (a large write's rest) goes out with a leader's turns, or the loop's
-  // (a leader hands it over when it is done).
-  if (reader_ != Reader::Leader && !sendq_.empty() && !flush_locked()) want_loop_locked();
   if (!in_time) {
     abandon_attach_locked(h, a.sent);
     return set_error(-ETIMEDOUT, "no answer to ATTACH from the memory element within the deadline");
@@ -385,6 +375,14 @@ int TcpConn::verdict(uint32_t h, Deadline deadline, GrantBody *grant, uint32_t s
   return 0;
 }
 
+void TcpConn::read_on(uint32_t h, Deadline deadline, uint32_t spin_us) {
+  Lock lk(mu_);
+  if (spin_us == 0 || closed_ || reader_ == Reader::Leader || !handle_busy_locked(h)) return;
+  // lead_locked spins at least as long as this: it never sleeps in poll() here.
+  auto until = Clock::now() + std::chrono::microseconds(spin_us);
+  lead_locked(lk, [&] { return !handle_busy_locked(h) || Clock::now() >= until; }, deadline, spin_us);
+}
+
 int TcpConn::attach(const TcpCredentials &creds, Deadline deadline, FailFn on_fail, uint32_t *handle, GrantBody *grant) {
   Lock lk(mu_);
   if (closed_) return set_error(-ENOTCONN, "the connection to the memory element is closed (" + close_why_ + ")");
@@ -395,7 +393,9 @@ int TcpConn::attach(const TcpCredentials &creds, Deadline deadline, FailFn on_fa
   // reader (the loop or another caller leading) to hand it over.
   bool in_time = true;
   while (!a.done && !closed_ && in_time) {
-    if (reader_ == Reader::None) {
+    // Read here unless another caller does: the loop's thread, if it was reading, may be parked
+    // by a poller's lease, which would hold the answer up until it lapsed.
+    if (reader_ != Reader::Leader) {
       in_time = lead_locked(lk, [&] { return a.done; }, deadline);
       continue;
     }
@@ -460,6 +460,7 @@ void TcpConn::detach(uint32_t handle) {
   for (auto &st : mine) {
     if (st->queued_sends > 0) {
       want_loop_locked();
+      IoLoop::shared().release();  // the loop's thread sends them: not parked by a poller's lease
       cv_.wait(lk, [&] { return st->queued_sends == 0 || closed_; });
     }
     maybe_finish_locked(st);
@@ -602,6 +603,10 @@ void TcpConn::maybe_finish_locked(const std::shared_ptr<OpState> &st) {
   if (st->finished || st->queued_sends > 0) return;  // queued bytes still point into its buffer
   if (st->error == 0 && st->segs_left > 0) return;
   st->finished = true;
+  if (st->op) {
+    auto left = unfinished_.find(st->handle);
+    if (left != unfinished_.end() && --left->second == 0) unfinished_.erase(left);
+  }
   if (st->error) {
     // Forget its other segments: answers that still come are dropped.
     for (auto it = inflight_.begin(); it != inflight_.end();)

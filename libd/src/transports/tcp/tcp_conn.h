@@ -85,9 +85,12 @@ class TcpConn : public proto::FrameReader::Handler, public OpDriver, public std:
   // once (the server takes them in order). verdict() waits for the answer; a refusal ends the
   // attachment (its requests fail with the refusal) whether or not anyone asks.
   int attach_async(const TcpCredentials &creds, FailFn on_fail, uint32_t *handle);
-  // spin_us: as run()'s, when this thread reads the answer itself; while it spins it also reads
-  // on until the attachment's operations are answered (a polling caller waits for them next).
+  // spin_us: as run()'s, when this thread reads the answer itself.
   int verdict(uint32_t handle, Deadline deadline, proto::GrantBody *grant, uint32_t spin_us = 0);
+  // After the verdict, a caller that polls reads on, for spin_us at most, until the attachment's
+  // operations are answered (it waits for them next): left to the loop, the rest of a large
+  // transfer would wake the loop's thread in the middle of it. Nothing if another caller leads.
+  void read_on(uint32_t handle, Deadline deadline, uint32_t spin_us);
   void add_user(uint32_t handle, FailFn on_fail);
   // Lets an attachment go: its operations still running end with -ECONNABORTED (on return the
   // connection no longer touches their buffers), and the server is told (DETACH).
@@ -143,10 +146,14 @@ class TcpConn : public proto::FrameReader::Handler, public OpDriver, public std:
   std::shared_ptr<OpState> enqueue_locked(const std::shared_ptr<Op> &op, uint32_t handle);
   // Leads progress in the calling thread until done() or the connection closes (deadline: fails it).
   // false if the deadline passed first (the caller decides what ends: see expire_locked).
-  template <class Done> bool lead_locked(Lock &lk, Done done, Deadline deadline, uint32_t spin_us = 0);
+  // keep_for: an attachment whose operations this caller goes on to read itself (it polls next):
+  // if they are all that is left, the lease is kept (given back, it would wake the loop's thread
+  // only for the caller to take the loop from it again).
+  template <class Done>
+  bool lead_locked(Lock &lk, Done done, Deadline deadline, uint32_t spin_us = 0, const uint32_t *keep_for = nullptr);
   bool idle_locked() const { return inflight_.empty() && attaching_ == 0; }
   // Whether operations of this attachment wait for answers or for their bytes to go out.
-  bool handle_busy_locked(uint32_t handle) const;
+  bool handle_busy_locked(uint32_t handle) const { return unfinished_.count(handle) > 0; }
   bool refused_locked(uint32_t handle, const std::shared_ptr<Op> &op);  // the owner ended the handle
   void cut_handle_locked(uint32_t handle, int reason);                 // DETACHED
   void queue_locked(const char *hdr, const char *data, size_t len, const std::shared_ptr<OpState> &st);
@@ -201,6 +208,7 @@ class TcpConn : public proto::FrameReader::Handler, public OpDriver, public std:
   Reader reader_ = Reader::None;
   proto::FrameReader frames_;
   std::unordered_map<uint64_t, Pending> inflight_;
+  std::unordered_map<uint32_t, uint32_t> unfinished_;  // operations not finished yet, by attachment
   uint64_t next_id_ = 0;
   uint64_t current_id_ = 0;  // the response whose payload is arriving
   Clock::time_point last_rx_{};  // when bytes last came from the server
