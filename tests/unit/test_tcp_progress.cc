@@ -456,6 +456,34 @@ TEST(TcpBusyPoll, ABlockingReadPollsInsteadOfSleeping) {
   EXPECT_LT(after.ru_nvcsw - before.ru_nvcsw, 100) << "the reader slept waiting for its answers";
 }
 
+// The same for the wait of an asynchronous operation (libd_op_wait): it polls before it sleeps,
+// reading its answers itself, as a caller polling with libd_op_poll would; 16 writes at once
+// are then sent and answered without the loop's thread handing each completion over.
+TEST(TcpBusyPoll, AnOperationsWaitPollsInsteadOfSleeping) {
+  auto rig = test::make_rig("tcp", 1 << 20, 3, "busy_poll_us,200000");
+  ASSERT_EQ(0, libd_transport_connect(rig.t)) << libd_last_error();
+  char *buf = nullptr;
+  ASSERT_EQ(0, libd_trdma_reg(rig.t, 1 << 20, reinterpret_cast<void **>(&buf)));
+  test::fill_random(buf, 1 << 20, 9);
+  auto batch = [&] {
+    libd_op *ops[16];
+    for (int i = 0; i < 16; i++)
+      ASSERT_EQ(0, libd_trdma_write_async(rig.t, 64 * 1024, uint64_t(i) * 64 * 1024, buf + i * 64 * 1024, &ops[i]))
+          << libd_last_error();
+    for (auto *op : ops) {
+      EXPECT_EQ(0, libd_op_wait(op, 10000)) << libd_last_error();
+      libd_op_free(op);
+    }
+  };
+  batch();
+  struct rusage before, after;
+  getrusage(RUSAGE_THREAD, &before);
+  for (int i = 0; i < 50; i++) batch();
+  getrusage(RUSAGE_THREAD, &after);
+  // Sleeping waits: one or more a batch (50 and up); polled, a few at most.
+  EXPECT_LT(after.ru_nvcsw - before.ru_nvcsw, 25) << "the waiter slept for its writes' answers";
+}
+
 TEST(TcpBusyPoll, TheParameterIsChecked) {
   for (const char *bad : {"busy_poll_us,x", "busy_poll_us,2000000"}) {
     auto action = test::make_action("client-1");

@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -94,7 +96,17 @@ int Op::wait_until(Clock::time_point until) {
   }
   if (driver_looks_first_) {
     if (std::shared_ptr<OpDriver> d = driver_.lock()) {
-      d->progress(this);
+      if (spin_us_ == 0) {
+        d->progress(this);
+      } else {
+        // A caller that trades a core for latency (the transport's busy_poll_us): it polls, as
+        // libd_op_poll in a loop would, so that the completion needs no thread woken, then sleeps.
+        auto spin_end = std::min(until, Clock::now() + std::chrono::microseconds(spin_us_));
+        for (unsigned round = 0; status() == -EINPROGRESS; round++) {
+          if (round % kRoundsPerClockRead == 0 && Clock::now() >= spin_end) break;
+          d->poll_progress(this);
+        }
+      }
       if ((s = status()) != -EINPROGRESS) return s;
       d->polling_stopped();  // this thread sleeps now: whoever completes the operation must watch
     }

@@ -135,11 +135,13 @@ class Op {
   // driver->progress() in a loop instead of sleeping until someone else completes the operation.
   // Set before the operation is handed to anyone else.
   // `look_first`: a waiter that does not poll runs one round of progress before it sleeps (the
-  // completion may be waiting in a queue that only an event would otherwise make anyone read).
-  void set_driver(std::weak_ptr<OpDriver> driver, bool polls, bool look_first = false) {
+  // completion may be waiting in a queue that only an event would otherwise make anyone read);
+  // with `spin_us`, it polls (as libd_op_poll in a loop) for that long before it sleeps.
+  void set_driver(std::weak_ptr<OpDriver> driver, bool polls, bool look_first = false, uint32_t spin_us = 0) {
     driver_ = std::move(driver);
     driver_polls_ = polls;
     driver_looks_first_ = look_first;
+    spin_us_ = spin_us;
   }
   // The driver's own record of this operation, kept here so that progress(this) finds it
   // without a lookup. Written and read only by the driver, under its own lock.
@@ -171,6 +173,7 @@ class Op {
   std::weak_ptr<OpDriver> driver_;
   bool driver_polls_ = false;
   bool driver_looks_first_ = false;
+  uint32_t spin_us_ = 0;  // a waiter that looks first polls this long before it sleeps
   void *driver_state_ = nullptr;
   std::string why_;
   libd_op handle_;

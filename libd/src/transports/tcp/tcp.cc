@@ -146,7 +146,8 @@ class TcpTransport : public Transport {
   }
 
   int do_post(const std::shared_ptr<Op> &op) override {
-    op->set_driver(conn_, false, true);  // a waiter looks (reads the socket) before it sleeps
+    // A waiter looks (reads the socket) before it sleeps, and polls for busy_poll_us first.
+    op->set_driver(conn_, false, true, spin_us_);
     conn_->post(op, handle_);
     return 0;
   }
