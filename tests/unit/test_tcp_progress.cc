@@ -476,12 +476,48 @@ TEST(TcpBusyPoll, AnOperationsWaitPollsInsteadOfSleeping) {
     }
   };
   batch();
+  // A long lease: a preempted waiter (a loaded host) does not let the loop's thread take the loop
+  // back between batches, whose posts would then wait for its lock.
+  LongLease lease(5000000);
   struct rusage before, after;
   getrusage(RUSAGE_THREAD, &before);
   for (int i = 0; i < 50; i++) batch();
   getrusage(RUSAGE_THREAD, &after);
   // Sleeping waits: one or more a batch (50 and up); polled, a few at most.
   EXPECT_LT(after.ru_nvcsw - before.ru_nvcsw, 25) << "the waiter slept for its writes' answers";
+}
+
+// A polling wait that returns while another operation of the connection is still under way and
+// its waiter sleeps (on its eventfd) gives the loop back: that waiter is served by the loop's
+// thread at once, not when the poller's lease lapses.
+TEST(TcpBusyPoll, APollingWaitGivesTheLoopBackToASleepersOperation) {
+  constexpr size_t kLarge = 32 << 20;
+  auto rig = test::make_rig("tcp", kLarge + 4096, 3, "share,1;busy_poll_us,1000000");
+  ASSERT_EQ(0, libd_transport_connect(rig.t)) << libd_last_error();
+  char *buf = nullptr;
+  ASSERT_EQ(0, libd_trdma_reg(rig.t, kLarge + 4096, reinterpret_cast<void **>(&buf)));
+  int efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  ASSERT_GE(efd, 0);
+  LongLease lease(3000000);
+  for (int i = 0; i < 3; i++) {
+    libd_op *small = nullptr, *large = nullptr;
+    ASSERT_EQ(0, libd_trdma_read_async(rig.t, 64, 0, buf, &small)) << libd_last_error();
+    ASSERT_EQ(0, libd_trdma_read_async(rig.t, kLarge, 4096, buf + 4096, &large)) << libd_last_error();
+    ASSERT_EQ(0, libd_op_watch(large, efd));  // its waiter sleeps until the eventfd is written
+    EXPECT_EQ(0, libd_op_wait(small, 10000)) << libd_last_error();  // polls: takes the loop
+    auto t0 = std::chrono::steady_clock::now();
+    struct pollfd p = {efd, POLLIN, 0};
+    ASSERT_EQ(1, ::poll(&p, 1, 10000)) << "the large read's eventfd was not written";
+    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_LT(ms, 1500) << "the sleeper's read waited for the poller's 3 s lease to lapse";
+    uint64_t n;
+    ASSERT_EQ(ssize_t(sizeof n), ::read(efd, &n, sizeof n));
+    EXPECT_EQ(0, libd_op_poll(large));
+    ASSERT_EQ(0, libd_op_watch(large, -1));
+    libd_op_free(small);
+    libd_op_free(large);
+  }
+  close(efd);
 }
 
 TEST(TcpBusyPoll, TheParameterIsChecked) {

@@ -101,10 +101,15 @@ int Op::wait_until(Clock::time_point until) {
       } else {
         // A caller that trades a core for latency (the transport's busy_poll_us): it polls, as
         // libd_op_poll in a loop would, so that the completion needs no thread woken, then sleeps.
+        // At least one look, whatever the timeout (a wait of 0 takes what has come).
         auto spin_end = std::min(until, Clock::now() + std::chrono::microseconds(spin_us_));
         for (unsigned round = 0; status() == -EINPROGRESS; round++) {
-          if (round % kRoundsPerClockRead == 0 && Clock::now() >= spin_end) break;
+          if (round > 0 && (round == 1 || round % kRoundsPerClockRead == 0) && Clock::now() >= spin_end) break;
           d->poll_progress(this);
+        }
+        if ((s = status()) != -EINPROGRESS) {
+          d->wait_polled(this);
+          return s;
         }
       }
       if ((s = status()) != -EINPROGRESS) return s;

@@ -37,6 +37,10 @@ class OpDriver {
   // A caller polled `op` and found it finished already: a look all the same (the helper thread
   // may have taken the answer before the caller's first look; the caller polls nonetheless).
   virtual void looked(Op *op) { (void)op; }
+  // A wait that polled (the transport's busy_poll_us) saw `op` finish and returns: the engine
+  // gives its helper thread back what that thread must do for others (operations still running),
+  // and may otherwise keep it away until the caller's next wait or poll.
+  virtual void wait_polled(Op *op) { (void)op; }
 };
 
 struct Segment {
@@ -127,6 +131,10 @@ class Op {
   int wait_until(Clock::time_point until);
 
   int cancel();
+  // Whether someone waits for it without polling: asleep in a wait, or watching an fd.
+  bool waited_for_asleep() const {
+    return sleepers_.load(std::memory_order_seq_cst) > 0 || watch_fd_.load(std::memory_order_seq_cst) >= 0;
+  }
   // Has libd write to `fd` (an eventfd: 8 bytes, 1) once the operation has completed, at once if
   // it already has; fd < 0 stops that, and returns only when no write to the old fd can come any
   // more (so the caller may close it). For callers that wait in an event loop, not a thread.

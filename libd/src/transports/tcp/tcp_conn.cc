@@ -270,6 +270,16 @@ void TcpConn::looked(Op *) {
 
 void TcpConn::polling_stopped() { IoLoop::shared().release(); }
 
+void TcpConn::wait_polled(Op *) {
+  bool sleeper = false;
+  {
+    Lock lk(mu_);
+    for (auto &[id, p] : inflight_)
+      if (!p.st->finished && p.st->op->waited_for_asleep()) { sleeper = true; break; }
+  }
+  if (sleeper) IoLoop::shared().release();
+}
+
 void TcpConn::set_poll_lease_us(uint32_t us) { lease_after_look_us.store(us, std::memory_order_relaxed); }
 
 uint32_t TcpConn::poll_lease_us() { return lease_after_look_us.load(std::memory_order_relaxed); }

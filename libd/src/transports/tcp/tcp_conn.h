@@ -67,6 +67,10 @@ class TcpConn : public proto::FrameReader::Handler, public OpDriver, public std:
   // A poller's look at an operation already finished counts as a look, and takes and runs the
   // loop as poll_progress does: the poller's next answers are its own to read.
   void looked(Op *op) override;
+  // A polling wait returns: if an operation still running on this connection has a waiter that
+  // sleeps, the loop's thread takes the loop back for it; else the lease stays (the caller's next
+  // wait or poll takes it on), and lapses.
+  void wait_polled(Op *op) override;
   // How long the lease lasts after a polling caller's last look (default 1 ms); set for tests.
   static void set_poll_lease_us(uint32_t us);
   static uint32_t poll_lease_us();
