@@ -181,7 +181,7 @@ class Owner:
         self.lib.wait_notifs("active", [tag.encode()])  # NIXL's own completion signal
         self.lib.end(regs)
         t1 = perf()
-        self.peer.recv()
+        self.peer.recv_polling()  # untimed, polled as scad.connect's owner polls it (transfer_scad.py)
         return t1 - t0
 
     def mooncake_cycle(self, lent, op):
