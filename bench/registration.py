@@ -44,9 +44,12 @@ def scad_rounds(rounds):
     import numpy
     from scad.rdma import RdmaManager
     manager = RdmaManager.get()
-    arrays = [numpy.ones(SIZE, dtype=numpy.uint8) for _ in range(COUNT)]
-    first, again = [], []
+    first, again, kept = [], [], []
     for _ in range(rounds):
+        # New memory each round, the earlier rounds' kept alive: a round's first requests must
+        # not find the regions the last round's drops left idle (the same ranges asked again).
+        arrays = [numpy.ones(SIZE, dtype=numpy.uint8) for _ in range(COUNT)]
+        kept.append(arrays)
         t0 = time.perf_counter()
         bufs = [manager.request_buffer(a) for a in arrays]
         t1 = time.perf_counter()

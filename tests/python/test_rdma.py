@@ -259,6 +259,57 @@ def test_the_cache_never_hands_out_a_stale_region():
     assert cache.find(0x1040, 8) is small and cache.find(0x1000, 8) is big and cache.find(0x10f0, 32) is None
 
 
+def test_an_idle_region_answers_only_its_exact_range_and_the_oldest_go_past_the_cap():
+    cache = RegionCache(max_idle=2)
+    live, idle = Region("r1", 0x1000, 0x100), Region("r2", 0x1000, 0x40)
+    cache.add(live)
+    cache.add(idle)
+    cache.hold(live, "g1", object())
+    assert cache.find(0x1000, 0x40) is idle and cache.find(0x1000, 0x10) is idle
+    assert cache.park(idle) == []
+    assert cache.find(0x1000, 0x40) is idle, "idle: its exact range takes it back"
+    assert cache.find(0x1000, 0x10) is live, "idle: a slice of it is not served from it"
+    cache.hold(idle, "g2", object())
+    assert cache.idle() == [] and cache.find(0x1000, 0x10) is idle, "taken back: live again"
+    cache.release("g2")
+    assert cache.park(idle) == []
+    others = [Region(f"r{i}", 0x10000 * i, 0x100) for i in (3, 4)]
+    for r in others:
+        cache.add(r)
+    assert cache.park(others[0]) == []
+    assert cache.park(others[1]) == [idle], "past the cap, the oldest idle region goes"
+    assert cache.find(0x1000, 0x40) is live and cache.idle() == others, "withdrawn: the live region serves it again"
+
+
+def test_a_dropped_region_kept_idle_holds_no_memory_and_the_same_range_takes_it_back():
+    import gc
+    import weakref
+
+    async def main():
+        manager = RdmaManager.get()
+        array = numpy.arange(4 * KiB, dtype=numpy.uint8)
+        addr = array.ctypes.data
+        buf = manager.request_buffer(array)
+        buf.drop()
+        idle = manager._cache.idle()
+        if manager._endpoint["verbs"]:
+            assert idle == [], "a region that pins pages is withdrawn at once"
+            return
+        assert [(r.start, r.size, len(r.holders)) for r in idle] == [(addr, 4 * KiB, 0)] and manager.regions() == []
+        again = manager.request_buffer(array)
+        assert manager._cache.idle() == [] and manager._cache.find(addr, 4 * KiB) is idle[0], "taken back"
+        assert again.whole and again.offset == 0
+        dst = numpy.zeros(4 * KiB, numpy.uint8)
+        await again.read_into(dst)
+        assert (dst == array).all()
+        again.drop()
+        gone = weakref.ref(array)
+        del array, buf, again
+        gc.collect()
+        assert gone() is None, "an idle region keeps nothing of the caller's alive"
+    asyncio.run(main())
+
+
 def test_a_reused_address_range_is_registered_afresh_at_its_new_size():
     # Real memory: the same addresses, first as 4 KiB, dropped, then as 8 KiB.
     async def main():

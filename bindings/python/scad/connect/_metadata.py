@@ -30,7 +30,12 @@ _NEXT_RANGE_FIELDS = frozenset({"size", "device"})  # a descriptor under the gra
 _FIELD_TYPES = (("notification_key", str), ("owner", str), ("hostname", str), ("host", str), ("port", int),
                 ("path", str), ("verbs", bool), ("expires_at", (int, float)))
 _NOTIFICATION_KEY = re.compile(r"[0-9a-f]{16}")
-_CONFIG_VALUE = re.compile(r"[^;,]+")  # a value in a libd configuration string: no separators
+
+
+def _config_value_ok(value: Any) -> bool:
+    """A value that may go into a libd configuration string: a non-empty str without its
+    separators (two `in` tests: a regular expression's match took twice as long, per grant)."""
+    return type(value) is str and value != "" and ";" not in value and "," not in value
 
 
 @functools.lru_cache(maxsize=64)
@@ -160,9 +165,9 @@ class RdmaMetadata:
             if keys == _DESCRIPTOR_FIELDS:
                 grant, secret = d["grant"], d["secret"]
                 # Both end up in a libd configuration string: its separators must not appear.
-                if type(grant) is not str or not _CONFIG_VALUE.fullmatch(grant):
+                if not _config_value_ok(grant):
                     raise ValueError("RdmaMetadata: a descriptor's grant is malformed")
-                if type(secret) is not str or not _CONFIG_VALUE.fullmatch(secret):
+                if not _config_value_ok(secret):
                     raise ValueError("RdmaMetadata: a descriptor's secret is malformed")
             elif keys != _NEXT_RANGE_FIELDS or grant is None or version < 2:
                 raise ValueError("RdmaMetadata: a descriptor needs exactly size, device, grant and secret "

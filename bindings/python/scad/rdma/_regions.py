@@ -1,14 +1,21 @@
 """The owner's registration cache: which of its memory is served, as regions (libd elements).
 
 A buffer is a slice of a region. A request for memory inside a live region reuses it; anything
-else registers a new region of exactly the memory asked for. A region lives while one of its
-buffers does, and holds the objects that own its memory, so that memory cannot be freed and its
-addresses reused under it. When its last buffer is dropped it is withdrawn and forgotten: an
-address range used again later - at another size, or the same - is a miss, registered afresh,
-never a stale entry. Overlapping regions may coexist (a larger request over a smaller live one):
-each stays exactly the memory it was registered for.
+else registers a new region of exactly the memory asked for. A live region holds the objects that
+own its memory, so that memory cannot be freed and its addresses reused under it. Overlapping
+regions may coexist (a larger request over a smaller live one): each stays exactly the memory it
+was registered for.
+
+When its last buffer is dropped a region lets go of those objects. Where registering pins nothing
+(a server without verbs: a region is an address range its server and cross-memory attach read
+when a key allows), the owner may keep it idle for a while (`park`): a later request for exactly
+that range, which is the memory living there then, takes it back without registering again, as a
+loop that lends the same array each time does. An idle region answers nothing else: an address
+range used again at another size, or a slice of it, is a miss, registered afresh; and with no key
+on it, it opens nothing. Past `max_idle` the oldest idle region is withdrawn.
 """
 import bisect
+import collections
 from typing import Any, Dict, List, Optional
 
 
@@ -27,14 +34,17 @@ class Region:
 
 
 class RegionCache:
-    def __init__(self) -> None:
+    def __init__(self, max_idle: int = 64) -> None:
         self._starts: List[int] = []   # sorted, parallel to _regions
         self._regions: List[Region] = []
         self._largest = 0              # the largest size ever added: bounds how far back to look
         self._by_grant: Dict[str, Region] = {}
+        self.max_idle = max_idle
+        self._idle: "collections.OrderedDict[Region, None]" = collections.OrderedDict()  # oldest first
 
     def find(self, addr: int, size: int) -> Optional[Region]:
-        """A live region holding all of [addr, addr+size), the smallest such, or None."""
+        """A live region holding all of [addr, addr+size), the smallest such; else an idle region
+        of exactly that range; else None."""
         best = None
         # Only regions starting at or before addr, and no further back than the largest region
         # reaches, can hold it: a thousand regions cost a few steps, not a thousand.
@@ -43,9 +53,26 @@ class RegionCache:
             if self._starts[i] < lowest:
                 break
             r = self._regions[i]
+            if (r.start != addr or r.size != size) and r in self._idle:
+                continue  # idle: only its exact range takes it back
             if r.contains(addr, size) and (best is None or r.size < best.size):
                 best = r
         return best
+
+    def park(self, region: Region) -> List[Region]:
+        """Keeps a region whose last buffer was dropped, idle, for a request of exactly its range;
+        the idle regions it pushes past max_idle (oldest first), forgotten here: the caller
+        withdraws them."""
+        self._idle[region] = None
+        evicted = []
+        while len(self._idle) > self.max_idle:
+            oldest, _ = self._idle.popitem(last=False)
+            self.remove(oldest)
+            evicted.append(oldest)
+        return evicted
+
+    def idle(self) -> List[Region]:
+        return list(self._idle)
 
     def add(self, region: Region) -> None:
         i = bisect.bisect_right(self._starts, region.start)
@@ -54,6 +81,7 @@ class RegionCache:
         self._largest = max(self._largest, region.size)
 
     def remove(self, region: Region) -> None:
+        self._idle.pop(region, None)
         i = bisect.bisect_left(self._starts, region.start)
         while self._regions[i] is not region:
             i += 1
@@ -63,6 +91,8 @@ class RegionCache:
             self._by_grant.pop(grant, None)
 
     def hold(self, region: Region, grant: str, owner: Any) -> None:
+        if not region.holders:
+            self._idle.pop(region, None)  # taken back from idle (or new)
         region.holders[grant] = owner
         self._by_grant[grant] = region
 
