@@ -278,6 +278,8 @@ def test_an_idle_region_answers_only_its_exact_range_and_the_oldest_go_past_the_
         cache.add(r)
     assert cache.park(others[0]) == []
     assert cache.park(others[1]) == [idle], "past the cap, the oldest idle region goes"
+    assert cache.idle() == others
+    cache.remove(idle)  # as the manager does with what park returns (and withdraws it)
     assert cache.find(0x1000, 0x40) is live and cache.idle() == others, "withdrawn: the live region serves it again"
 
 
@@ -307,6 +309,16 @@ def test_a_dropped_region_kept_idle_holds_no_memory_and_the_same_range_takes_it_
         del array, buf, again
         gc.collect()
         assert gone() is None, "an idle region keeps nothing of the caller's alive"
+        oldest = manager._cache.idle()[0]
+        cap, manager._cache.max_idle = manager._cache.max_idle, len(manager._cache.idle()) + 1
+        try:
+            arrays = [numpy.zeros(KiB, numpy.uint8) for _ in range(2)]
+            for a in arrays:
+                manager.request_buffer(a).drop()
+            assert manager._cache.idle()[-1].start == arrays[1].ctypes.data and oldest not in manager._cache.idle()
+            assert oldest not in manager._cache.regions(), "past the cap the oldest idle region is forgotten"
+        finally:
+            manager._cache.max_idle = cap
     asyncio.run(main())
 
 

@@ -380,10 +380,7 @@ class RdmaManager:
             self._forget_locked(region)
             return
         for evicted in self._cache.park(region):
-            try:
-                self._server.withdraw(evicted.element)
-            except KeyError:
-                pass
+            self._forget_locked(evicted)
 
     def _forget_locked(self, region: Region) -> None:
         self._cache.remove(region)

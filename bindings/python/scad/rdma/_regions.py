@@ -61,15 +61,10 @@ class RegionCache:
 
     def park(self, region: Region) -> List[Region]:
         """Keeps a region whose last buffer was dropped, idle, for a request of exactly its range;
-        the idle regions it pushes past max_idle (oldest first), forgotten here: the caller
-        withdraws them."""
+        returns the idle regions it pushes past max_idle (oldest first), idle no more: the caller
+        removes and withdraws them."""
         self._idle[region] = None
-        evicted = []
-        while len(self._idle) > self.max_idle:
-            oldest, _ = self._idle.popitem(last=False)
-            self.remove(oldest)
-            evicted.append(oldest)
-        return evicted
+        return [self._idle.popitem(last=False)[0] for _ in range(len(self._idle) - self.max_idle)]
 
     def idle(self) -> List[Region]:
         return list(self._idle)
