@@ -359,6 +359,30 @@ def test_the_handle_is_written_as_json_would_write_it_and_read_strictly():
             RdmaBuffer.from_json(json.dumps(dict(raw, **{key: "a,b"})))
 
 
+def test_a_record_is_parsed_exactly_as_json_loads_parses_it():
+    import random
+
+    from scad._memserver import loads_record
+
+    def outcome(parse, text):
+        try:
+            return ("value", parse(text))
+        except Exception as e:  # the same kind of error, for every input json.loads refuses
+            return ("error", type(e))
+
+    record = RdmaBuffer(owner="o", hostname="h", host="127.0.0.1", port=1, path="/tmp/x.sock", verbs=False,
+                        grant="g1_7", secret="ab" * 32, offset=0, size=10, whole=True).to_json()
+    cases = [record, " " + record, record + "\n", record + "x", record[:-1], record.encode(), "", "[]", "1",
+             '{"a":1}{"b":2}', '{"a":NaN}', '"\ud800"', "{" * 5000, bytearray(record.encode())]
+    rng = random.Random(7)
+    for _ in range(3000):  # mutations of a real record: a character dropped, doubled or replaced
+        i = rng.randrange(len(record))
+        cases.append(rng.choice((record[:i] + record[i + 1:], record[:i] + record[i] + record[i:],
+                                 record[:i] + rng.choice(' {}[]",:0\\e-') + record[i + 1:])))
+    for text in cases:
+        assert outcome(loads_record, text) == outcome(json.loads, text), repr(text)[:80]
+
+
 def test_an_owner_that_polls_serves_the_peers_transfers_on_its_own_thread():
     import threading
     import time

@@ -5,11 +5,31 @@ A libd server transport started with size,0: no element of its own, only memory 
 this host: shm, by cross-memory attach) and takes RDMA verbs connections when this host has a
 device. Also where a peer decides how to reach such a server.
 """
+import json
+import json.scanner
 import os
 import socket
 import tempfile
+from typing import Any
 
 MAX_RANGES = 1024  # libd's LIBD_MAX_RANGES: the most memories one lent element (expose_ranges) holds
+
+_scan_json = json.scanner.c_make_scanner(json.JSONDecoder()) if json.scanner.c_make_scanner else None
+
+
+def loads_record(text: Any) -> Any:
+    """json.loads(text), for the record a peer parses before every transfer: json's C scanner called
+    directly, without the decoder's Python layers and whitespace expressions (0.7 µs of 2.3 for a
+    buffer's record). Whatever it does not take whole (bytes, whitespace around the value, bad
+    JSON) goes to json.loads, which parses it, or raises its own error, as before."""
+    if type(text) is str and _scan_json is not None:
+        try:
+            value, end = _scan_json(text, 0)
+        except (StopIteration, ValueError):
+            end = -1
+        if end == len(text):
+            return value
+    return json.loads(text)
 
 
 def has_rdma_device() -> bool:

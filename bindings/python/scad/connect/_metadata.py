@@ -18,6 +18,7 @@ from json.encoder import encode_basestring
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from .._memserver import loads_record
 from ._operation_kind import OperationKind
 
 VERSION = 2  # 2: descriptors after the first under one grant carry only size and device
@@ -132,7 +133,7 @@ class RdmaMetadata:
     @classmethod
     def from_json(cls, text: str | bytes) -> "RdmaMetadata":
         try:
-            raw = json.loads(text)
+            raw = loads_record(text)
         except (TypeError, ValueError) as e:
             raise ValueError(f"RdmaMetadata: not JSON ({e})") from None
         return cls.from_dict(raw)

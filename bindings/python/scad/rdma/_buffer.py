@@ -17,7 +17,7 @@ import json
 from json.encoder import encode_basestring
 from typing import Any, Optional, Sequence, Tuple
 
-from .._memserver import MAX_RANGES
+from .._memserver import MAX_RANGES, loads_record
 
 VERSION = 1  # a buffer over one memory
 LIST_VERSION = 2  # over several: the fields of version 1 and "ranges"
@@ -129,7 +129,7 @@ class RdmaBuffer:
     @classmethod
     def from_json(cls, text: str | bytes) -> "RdmaBuffer":
         try:
-            raw = json.loads(text)
+            raw = loads_record(text)
         except (TypeError, ValueError) as e:
             raise ValueError(f"RdmaBuffer: not JSON ({e})") from None
         if type(raw) is not dict:

@@ -62,6 +62,27 @@ class _Counters:
             for name, delta in deltas.items():
                 self._values[name] += delta
 
+    # What every operation counts, without add's keywords (a loan and a receive take a few µs).
+    def lent(self, tensors: int, nbytes: int) -> None:
+        with self._lock:
+            values = self._values
+            values["lent_objects"] += 1
+            values["lent_tensors"] += tensors
+            values["lent_bytes"] += nbytes
+
+    def released(self) -> None:
+        with self._lock:
+            self._values["released_objects"] += 1
+
+    def received(self, tensors: int, nbytes: int, impls: List[str]) -> None:
+        with self._lock:
+            values = self._values
+            values["received_objects"] += 1
+            values["received_tensors"] += tensors
+            values["received_bytes"] += nbytes
+            for impl in impls:
+                values[impl + "_reads"] += 1
+
     def snapshot(self) -> Dict[str, int]:
         with self._lock:
             return dict(self._values)
@@ -81,11 +102,7 @@ def _count_received(reads: List[tuple], impls: List[str] = ()) -> None:
         else:
             tensors += 1
             nbytes += local.nbytes
-    deltas = {"received_objects": 1, "received_tensors": tensors, "received_bytes": nbytes}
-    for impl in impls:
-        name = impl + "_reads"
-        deltas[name] = deltas.get(name, 0) + 1
-    _counters.add(**deltas)
+    _counters.received(tensors, nbytes, impls)
 
 
 def _nbytes_of(shape: Any, dtype: Any) -> int:
@@ -269,7 +286,7 @@ class ScadTensorTransport(_Base):
         with self._lock:
             # A retried task describes the same object again: the loan covers both descriptions.
             self._lent.setdefault(obj_id, []).extend(b for b in buffers if b is not None)
-        _counters.add(lent_objects=1, lent_tensors=len(memories), lent_bytes=sum(m.nbytes for m in memories))
+        _counters.lent(len(memories), sum(m.nbytes for m in memories))
         meta = [(t.shape if _is_torch(t) else tuple(t.shape), t.dtype) for t in rdt_object]
         if listed is not None:
             # A version-1 record, which receivers of every version read: they know each tensor's
@@ -295,7 +312,7 @@ class ScadTensorTransport(_Base):
             return
         for b in buffers:
             b.drop()
-        _counters.add(released_objects=1)
+        _counters.released()
 
     # ---- the destination ----------------------------------------------------------------
     def recv_multiple_tensors(self, obj_id: str, tensor_transport_metadata: ScadTransportMetadata,
@@ -325,23 +342,24 @@ class ScadTensorTransport(_Base):
         try:
             try:
                 for buf, local in reads:
-                    qp, new = manager._queue_pair(buf)
+                    made = manager._queue_pair(buf)
+                    qp, new = made
                     receive.track(qp)
                     started.append((buf, qp, new))
-                    receive.start(lambda: manager._transfer_start(buf, local, 0, True))
-                deadline = time.monotonic() + self._timeout
+                    receive.start(lambda: manager._transfer_start(buf, local, 0, True, made))
                 # Reads over shm complete as they start: then there is nothing to wait for.
                 if not all(qp.finished() for _, qp, _ in started):
+                    deadline = time.monotonic() + self._timeout
                     poll_until(lambda: all(qp.poll_done() for _, qp, _ in started), self._busy_poll_us)
-                for buf, qp, new in started:
-                    try:
-                        qp._wait_all(max(0.0, deadline - time.monotonic()))  # in libd, the GIL released
-                    except TimeoutError:
-                        raise TimeoutError(f"the receive of object {receive.obj_id} took longer than {self._timeout} s "
-                                           "and was cancelled") from None
-                    except (PermissionError, ConnectionError) as e:
-                        receive.check()  # aborted meanwhile: that is what it ended with
-                        raise _refusal(e, qp.impl, new) from None
+                    for buf, qp, new in started:
+                        try:
+                            qp._wait_all(max(0.0, deadline - time.monotonic()))  # in libd, the GIL released
+                        except TimeoutError:
+                            raise TimeoutError(f"the receive of object {receive.obj_id} took longer than "
+                                               f"{self._timeout} s and was cancelled") from None
+                        except (PermissionError, ConnectionError) as e:
+                            receive.check()  # aborted meanwhile: that is what it ended with
+                            raise _refusal(e, qp.impl, new) from None
                 receive.check()
                 for _, qp, _ in started:
                     qp.reusable = True  # done, nothing runs: may serve another buffer once let go of
@@ -488,7 +506,7 @@ class ScadTensorTransport(_Base):
                         await wait_in_thread(qp._t.connect)
                     except (PermissionError, ConnectionError) as e:
                         raise _refusal(e, qp.impl, True) from None
-                receive.start(lambda: manager._transfer_start(buf, local, 0, True))
+                receive.start(lambda: manager._transfer_start(buf, local, 0, True, (qp, new)))
                 try:
                     await qp.wait(max(0.0, deadline - time.monotonic()), self._busy_poll_us)
                 except TimeoutError:
