@@ -383,6 +383,35 @@ def test_a_record_is_parsed_exactly_as_json_loads_parses_it():
         assert outcome(loads_record, text) == outcome(json.loads, text), repr(text)[:80]
 
 
+def test_a_grant_and_its_secret_are_read_from_any_layout_of_its_configuration():
+    from scad._memserver import config_value, grant_of
+
+    def both(config):
+        try:
+            return (config_value(config, "grant"), config_value(config, "secret"))
+        except RuntimeError:
+            return RuntimeError
+
+    def fast(config):
+        try:
+            return grant_of(config)
+        except RuntimeError:
+            return RuntimeError
+
+    manager = RdmaManager(host=None, transport=None, timeout=10.0)
+    memory = numpy.zeros(64, dtype=numpy.uint8)
+    buf = manager.request_buffer(memory)  # a configuration libd made, read through grant_of
+    made = manager._server.grant_ex(manager._cache.find(memory.ctypes.data, 64).element, "*")
+    assert fast(made) == both(made) and made.endswith(f"grant,{fast(made)[0]};secret,{fast(made)[1]}")
+    assert (buf.grant, buf._secret) != fast(made), "each grant its own id and secret"
+    manager._server.revoke(fast(made)[0])
+    for config in ("grant,g1;secret,ab", "host,h;path,/p;grant,g1;secret,ab", "secret,ab;grant,g1",
+                   "host,h;secret,ab;port,1;grant,g1", "host,h;xgrant,g0;secret,ab", "host,h;grant,g1",
+                   "secret,ab", "host,h;grant,g1;secret,ab;extra,1", ""):
+        assert fast(config) == both(config), config
+    manager.drop(buf)
+
+
 def test_an_owner_that_polls_serves_the_peers_transfers_on_its_own_thread():
     import threading
     import time

@@ -110,6 +110,37 @@ def test_the_interface_says_what_ray_asks():
         ScadTensorTransport(busy_poll_us=-1)
 
 
+def test_the_metadata_pickles_as_its_fields_and_comes_back_the_same():
+    import pickle
+
+    from scad.tensor_transport._metadata import ScadTransportMetadata, _rebuild
+
+    plain = [numpy.dtype(d) for d in ("float32", ">i8", "bool", "complex64", "uint8", "<f2")]
+    meta = ScadTransportMetadata(tensor_meta=[((2, i + 1), d) for i, d in enumerate(plain)], tensor_device="cpu",
+                                 buffers=['{"a":1}', ""], lent_list="")
+    data = pickle.dumps(meta)
+    assert b"numpy" not in data, "plain dtypes travel by name"
+    back = pickle.loads(data)
+    assert type(back) is ScadTransportMetadata and back == meta
+    assert [d.str for _, d in back.tensor_meta] == [d.str for d in plain], "byte order and size kept"
+    # A structured dtype travels as itself, and so does a record with an attribute of its own.
+    odd = ScadTransportMetadata(tensor_meta=[((3,), numpy.dtype([("a", "<i4"), ("b", "<f8")]))], buffers=[""])
+    odd.note = "kept"
+    back = pickle.loads(pickle.dumps(odd))
+    assert back.tensor_meta == odd.tensor_meta and back.tensor_meta[0][1].names == ("a", "b") and back.note == "kept"
+
+    class Forged:  # a record whose dtype name is not a plain numpy dtype's
+        def __init__(self, name):
+            self.name = name
+
+        def __reduce__(self):
+            return (_rebuild, ([((1,), self.name)], "cpu", [""], ""))
+
+    for name in ("O", "V8", "(2,)i4", "no such dtype"):
+        with pytest.raises((ValueError, TypeError)):
+            pickle.loads(pickle.dumps(Forged(name)))
+
+
 @pytest.mark.parametrize("actors", [None, "tcp"], indirect=True)
 def test_the_counters_say_what_moved_and_how(actors):
     src, dst = actors

@@ -22,7 +22,7 @@ from typing import Any, Optional
 from ._descriptor import Descriptor, as_list
 from ._metadata import RdmaMetadata, SerializedDescriptor
 from ._operation_kind import TERMINAL as _TERMINAL, OperationBase, OperationKind, OperationStatus
-from .._memserver import MAX_RANGES, config_value
+from .._memserver import MAX_RANGES, grant_of
 from .._waiter import wait_ready
 
 # How long the server's loop stays with a polling wait after its last look (libd's progress lease):
@@ -79,7 +79,7 @@ class PassiveOperation(OperationBase):
                     server.expose_ranges(element, [(d.ptr, d.size) for d in descs])
                 self._elements.append(element)
                 config = server.grant_ex(element, "*", rights=rights, ttl=ttl)
-                grant, secret = config_value(config, "grant"), config_value(config, "secret")
+                grant, secret = grant_of(config)
                 self._grants.append(grant)
                 # Descriptors in a row under one grant are its ranges, in order.
                 serialized += [SerializedDescriptor(d.size, grant, secret) for d in descs]

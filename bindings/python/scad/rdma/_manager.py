@@ -173,8 +173,8 @@ class RdmaManager:
         the grant lies (offset, size, whole, ranges)."""
         ep = self._endpoint
         buf = RdmaBuffer.__new__(RdmaBuffer)  # positionally: a keyword call of twelve costs a microsecond
-        buf._fill(self.name, self.hostname, ep["host"], ep["port"], ep["path"], ep["verbs"],
-                  _memserver.config_value(config, "grant"), _memserver.config_value(config, "secret"),
+        grant, secret = _memserver.grant_of(config)
+        buf._fill(self.name, self.hostname, ep["host"], ep["port"], ep["path"], ep["verbs"], grant, secret,
                   offset, size, whole, ranges)
         return buf
 

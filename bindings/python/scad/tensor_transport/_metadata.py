@@ -1,8 +1,11 @@
 """The metadata Ray's tensor transports exchange, with Ray's names, usable without Ray."""
 from __future__ import annotations
 
+import copyreg
 from dataclasses import dataclass, field
-from typing import Any, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy
 
 try:  # with Ray installed, ours are Ray's classes, so Ray accepts them as they are
     from ray.experimental.rdt.tensor_transport_manager import (CommunicatorMetadata, FetchRequest,
@@ -35,6 +38,50 @@ class ScadTransportMetadata(TensorTransportMetadata):
 
     buffers: List[str] = field(default_factory=list)
     lent_list: str = ""
+
+    def __reduce__(self):
+        # Pickled (Ray pickles it for every object) as its four fields, numpy's plain dtypes by
+        # name: a dtype pickled as itself is a reduce of its own, a fifth of the record's cost.
+        # Anything else (a subclass, attributes set on it) pickles as a dataclass does.
+        state = self.__dict__
+        if type(self) is not ScadTransportMetadata or state.keys() != _FIELDS:
+            return (copyreg.__newobj__, (type(self),), state)
+        return (_rebuild, ([(shape, _dtype_name(dtype)) for shape, dtype in self.tensor_meta], self.tensor_device,
+                           self.buffers, self.lent_list))
+
+
+_FIELDS = frozenset({"tensor_meta", "tensor_device", "buffers", "lent_list"})
+_PLAIN = frozenset("?bBhHiIlLqQefdgFDG")  # numpy's type codes for booleans, integers, floats, complex
+_DTYPES: Dict[str, Any] = {}  # name -> numpy dtype, for the names unpickled so far (a few)
+
+
+def _plain(dtype: Any) -> bool:
+    """A numpy dtype its name ("<f4", ">i8") makes again exactly: no fields, no subarray, no
+    metadata, no Python objects."""
+    return dtype.char in _PLAIN and dtype.metadata is None
+
+
+def _dtype_name(dtype: Any) -> Any:
+    """A plain numpy dtype's name; any other dtype (torch's, a structured one) as is."""
+    return dtype.str if isinstance(dtype, numpy.dtype) and _plain(dtype) else dtype
+
+
+def _dtype_of(name: Any) -> Any:
+    if type(name) is not str:
+        return name
+    dtype = _DTYPES.get(name)
+    if dtype is None:
+        dtype = numpy.dtype(name)
+        if not _plain(dtype):
+            raise ValueError(f"ScadTransportMetadata: {name!r} is not a plain numpy dtype")
+        if len(_DTYPES) < 64:  # plain dtypes are few: anything past that is looked up each time
+            _DTYPES[name] = dtype
+    return dtype
+
+
+def _rebuild(tensor_meta: list, tensor_device: Optional[str], buffers: List[str], lent_list: str) -> "ScadTransportMetadata":
+    return ScadTransportMetadata(tensor_meta=[(shape, _dtype_of(name)) for shape, name in tensor_meta],
+                                 tensor_device=tensor_device, buffers=buffers, lent_list=lent_list)
 
 
 @dataclass
