@@ -45,18 +45,25 @@ def _extent(d: Descriptor) -> Descriptor:
     return d
 
 
+def _check_placement(read_into_readonly: bool, offset: int, size: int, remote: RdmaBuffer) -> None:
+    if read_into_readonly:
+        raise ValueError("a read needs local memory it may write (bytes is read-only)")
+    if offset < 0 or offset + size > remote.size():
+        raise ValueError(f"[{offset}, +{size}) is outside the remote buffer of {remote.size()} bytes")
+
+
 def lay_out(remote: RdmaBuffer, memory: Any, offset: int, read: bool) -> List[tuple]:
     """[(Descriptor, offset in remote)]: the local memory (one, or a list laid end to end) placed
     from `offset` in remote, each piece cut where one of remote's memories ends (one transfer
     moves within one of them)."""
+    if remote.ranges is None and not isinstance(memory, list):  # one memory into one: placed as it is
+        d = _local(memory)
+        _check_placement(read and d.readonly, offset, d.size, remote)
+        return [(d, offset)]
     descs = [_local(m) for m in memory] if isinstance(memory, list) else [_local(memory)]
     if not descs or len(descs) > MAX_RANGES:
         raise ValueError(f"a transfer moves 1..{MAX_RANGES} local memories, not {len(descs)}")
-    if read and any(d.readonly for d in descs):
-        raise ValueError("a read needs local memory it may write (bytes is read-only)")
-    total = sum(d.size for d in descs)
-    if offset < 0 or offset + total > remote.size():
-        raise ValueError(f"[{offset}, +{total}) is outside the remote buffer of {remote.size()} bytes")
+    _check_placement(read and any(d.readonly for d in descs), offset, sum(d.size for d in descs), remote)
     ends = remote.range_ends()
     i, at, out = bisect.bisect_right(ends, offset), offset, []
     for d in descs:
