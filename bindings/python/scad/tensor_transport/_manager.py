@@ -9,6 +9,7 @@ recv_multiple_tensors does both.
 """
 from __future__ import annotations
 
+import _thread
 import asyncio
 import concurrent.futures
 from concurrent.futures import CancelledError
@@ -154,7 +155,7 @@ class _Receive:
         self.obj_id = obj_id
         self.error: Optional[BaseException] = None
         self._qps: List[Any] = []
-        self._lock = threading.RLock()  # abort() may run in a finalizer, on any thread
+        self._lock = _thread.RLock()  # abort() may run in a finalizer, on any thread (threading.RLock's own type)
 
     def fail(self, error: BaseException) -> None:
         with self._lock:
@@ -285,9 +286,10 @@ class ScadTensorTransport(_Base):
                 raise
         with self._lock:
             # A retried task describes the same object again: the loan covers both descriptions.
-            self._lent.setdefault(obj_id, []).extend(b for b in buffers if b is not None)
-        _counters.lent(len(memories), sum(m.nbytes for m in memories))
-        meta = [(t.shape if _is_torch(t) else tuple(t.shape), t.dtype) for t in rdt_object]
+            self._lent.setdefault(obj_id, []).extend([b for b in buffers if b is not None])
+        _counters.lent(len(memories), sum([m.nbytes for m in memories]))
+        meta = [(t.shape, t.dtype) if type(t) is numpy.ndarray or _is_torch(t) else (tuple(t.shape), t.dtype)
+                for t in rdt_object]  # a numpy array's shape is a tuple already
         if listed is not None:
             # A version-1 record, which receivers of every version read: they know each tensor's
             # bytes from tensor_meta, and cut the transfer there.
