@@ -13,7 +13,8 @@ Both sides run in one process, over shm, as bench/transfer.py's pair runs them: 
 64-byte array and writes the record into a JSON line (base64 of the pickle for
 scad.tensor_transport), the peer parses it and reads the bytes into its own array, then each
 side ends its part (the peer lets go of its queue pair, the owner ends the loan; scad.connect's
-owner waits for the peer's notification). Per operation: the instructions of a run of --ops
+owner waits for the peer's notification, polling as bench/transfer.py's does: its count varies by
+about 2% from run to run, the others' by less than 0.3%). Per operation: the instructions of a run of --ops
 operations less those of a run of none, after 50 operations of warm-up in both (the first
 connects). --top K also lists the K functions (inclusive) that cost most per operation.
 """
@@ -44,7 +45,7 @@ def run_operations(api: str, ops: int) -> None:
     local = numpy.zeros(SIZE, dtype=numpy.uint8)
     if api == "connect":
         from scad.connect import Connector, Descriptor, RdmaMetadata
-        owner, peer = Connector(), Connector(transport="shm")
+        owner, peer = Connector(busy_poll_us=500), Connector(transport="shm", busy_poll_us=500)  # as the bench polls
 
         async def operation(i):
             passive = owner.create_readable(Descriptor(lent))
