@@ -66,6 +66,8 @@ def test_a_torch_tensor_is_a_descriptor_and_is_read_in_place():
     t = torch.arange(10, dtype=torch.float32)
     d = Descriptor(t)
     assert (d.ptr, d.size) == (t.data_ptr(), 40)
+    with pytest.raises(ValueError, match="at least one byte"):  # as an empty array or bytearray is
+        Descriptor(torch.zeros(0))
 
     async def main():
         with Connector() as owner, Connector() as reader:

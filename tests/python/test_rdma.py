@@ -141,6 +141,18 @@ def test_transfers_are_cut_where_the_buffers_memories_meet():
     assert len(lay_out(remote, bytes(4), 0, False)) == 1  # a source may be read-only
     with pytest.raises(ValueError, match="1..1024 local memories"):
         lay_out(remote, [bytearray(1)] * 1025, 0, False)
+    # A buffer over one memory: one piece, placed as it is, checked as a list's are.
+    single = RdmaBuffer(owner="o", hostname="h", host="127.0.0.1", port=1, path="", verbs=False, grant="g",
+                        secret="s", offset=0, size=13, whole=True)
+    assert [(d.ptr, d.size, at) for d, at in lay_out(single, one[2:], 1, True)] == [(one.ctypes.data + 2, 11, 1)]
+    assert [(d.size, at) for d, at in lay_out(single, [one[:3], one[3:5]], 2, True)] == [(3, 2), (2, 5)]
+    with pytest.raises(ValueError, match="outside"):
+        lay_out(single, one, 1, True)
+    with pytest.raises(ValueError, match="outside"):
+        lay_out(single, bytes(4), -1, False)
+    with pytest.raises(ValueError, match="read-only"):
+        lay_out(single, bytes(4), 0, True)
+    assert len(lay_out(single, bytes(4), 9, False)) == 1
 
 
 def test_a_buffer_over_a_list_is_read_strictly():
@@ -373,7 +385,7 @@ def test_a_record_is_parsed_exactly_as_json_loads_parses_it():
     record = RdmaBuffer(owner="o", hostname="h", host="127.0.0.1", port=1, path="/tmp/x.sock", verbs=False,
                         grant="g1_7", secret="ab" * 32, offset=0, size=10, whole=True).to_json()
     cases = [record, " " + record, record + "\n", record + "x", record[:-1], record.encode(), "", "[]", "1",
-             '{"a":1}{"b":2}', '{"a":NaN}', '"\ud800"', "{" * 5000, bytearray(record.encode())]
+             '{"a":1}{"b":2}', '{"a":NaN}', '"\ud800"', "{" * 5000, "[" * 5000, bytearray(record.encode())]
     rng = random.Random(7)
     for _ in range(3000):  # mutations of a real record: a character dropped, doubled or replaced
         i = rng.randrange(len(record))
@@ -381,6 +393,12 @@ def test_a_record_is_parsed_exactly_as_json_loads_parses_it():
                                  record[:i] + rng.choice(' {}[]",:0\\e-') + record[i + 1:])))
     for text in cases:
         assert outcome(loads_record, text) == outcome(json.loads, text), repr(text)[:80]
+    import scad._memserver as memserver
+    scan, memserver._scan_json = memserver._scan_json, None  # a Python without json's C scanner
+    try:
+        assert loads_record(record) == json.loads(record)
+    finally:
+        memserver._scan_json = scan
 
 
 def test_a_grant_and_its_secret_are_read_from_any_layout_of_its_configuration():
@@ -401,15 +419,20 @@ def test_a_grant_and_its_secret_are_read_from_any_layout_of_its_configuration():
     manager = RdmaManager(host=None, transport=None, timeout=10.0)
     memory = numpy.zeros(64, dtype=numpy.uint8)
     buf = manager.request_buffer(memory)  # a configuration libd made, read through grant_of
-    made = manager._server.grant_ex(manager._cache.find(memory.ctypes.data, 64).element, "*")
-    assert fast(made) == both(made) and made.endswith(f"grant,{fast(made)[0]};secret,{fast(made)[1]}")
-    assert (buf.grant, buf._secret) != fast(made), "each grant its own id and secret"
-    manager._server.revoke(fast(made)[0])
+    try:
+        made = manager._server.grant_ex(manager._cache.find(memory.ctypes.data, 64).element, "*")
+        manager._server.revoke(fast(made)[0])
+        assert fast(made) == both(made) and made.endswith(f"grant,{fast(made)[0]};secret,{fast(made)[1]}")
+        assert (buf.grant, buf._secret) != fast(made), "each grant its own id and secret"
+    finally:
+        manager.drop(buf)
     for config in ("grant,g1;secret,ab", "host,h;path,/p;grant,g1;secret,ab", "secret,ab;grant,g1",
                    "host,h;secret,ab;port,1;grant,g1", "host,h;xgrant,g0;secret,ab", "host,h;grant,g1",
-                   "secret,ab", "host,h;grant,g1;secret,ab;extra,1", ""):
+                   "secret,ab", "host,h;grant,g1;secret,ab;extra,1", "",
+                   # a key given twice: the first counts
+                   "secret,a;grant,g;secret,b", "grant,a;grant,b;secret,s", "h,1;secret,a;grant,g;secret,b",
+                   "h,1;grant,a;grant,b;secret,s", "xsecret,a;grant,g;secret,b"):
         assert fast(config) == both(config), config
-    manager.drop(buf)
 
 
 def test_an_owner_that_polls_serves_the_peers_transfers_on_its_own_thread():

@@ -8,6 +8,7 @@ import pytest
 
 from peer_process import PeerProc
 from scad.tensor_transport import ScadTensorTransport
+from scad.tensor_transport._metadata import ScadTransportMetadata
 
 PEER = os.path.join(os.path.dirname(__file__), "tensor_peer.py")
 
@@ -110,10 +111,16 @@ def test_the_interface_says_what_ray_asks():
         ScadTensorTransport(busy_poll_us=-1)
 
 
+class SlottedMetadata(ScadTransportMetadata):
+    """A subclass with a slot of its own (pickled by reference: defined at module level)."""
+
+    __slots__ = ("extra",)
+
+
 def test_the_metadata_pickles_as_its_fields_and_comes_back_the_same():
     import pickle
 
-    from scad.tensor_transport._metadata import ScadTransportMetadata, _rebuild
+    from scad.tensor_transport._metadata import _rebuild
 
     plain = [numpy.dtype(d) for d in ("float32", ">i8", "bool", "complex64", "uint8", "<f2")]
     meta = ScadTransportMetadata(tensor_meta=[((2, i + 1), d) for i, d in enumerate(plain)], tensor_device="cpu",
@@ -128,6 +135,21 @@ def test_the_metadata_pickles_as_its_fields_and_comes_back_the_same():
     odd.note = "kept"
     back = pickle.loads(pickle.dumps(odd))
     assert back.tensor_meta == odd.tensor_meta and back.tensor_meta[0][1].names == ("a", "b") and back.note == "kept"
+
+    # Records extract does not make pickle as a dataclass does, and come back as they were: dtypes
+    # given as strings, shapes in a tuple, no shapes at all, a subclass with slots of its own.
+    for other in (ScadTransportMetadata(tensor_meta=[((4,), "float32")], tensor_device="cpu", buffers=[""]),
+                  ScadTransportMetadata(tensor_meta=(((4,), numpy.dtype("f4")),), buffers=[""]),
+                  ScadTransportMetadata(tensor_meta=None)):
+        for protocol in range(pickle.HIGHEST_PROTOCOL + 1):
+            back = pickle.loads(pickle.dumps(other, protocol))
+            assert back == other and type(back.tensor_meta) is type(other.tensor_meta)
+        assert back.tensor_meta is None or type(back.tensor_meta[0][1]) is type(other.tensor_meta[0][1])
+
+    slotted = SlottedMetadata(tensor_meta=[((1,), numpy.dtype("u1"))], buffers=[""])
+    slotted.extra = 9
+    back = pickle.loads(pickle.dumps(slotted))
+    assert type(back) is SlottedMetadata and back.extra == 9 and back == slotted
 
     class Forged:  # a record whose dtype name is not a plain numpy dtype's
         def __init__(self, name):

@@ -79,9 +79,11 @@ def grant_of(config: str) -> tuple:
     five times that (a lender makes one per buffer). Any other layout is searched as config_value
     does."""
     head, sep, secret = config.rpartition(";secret,")
-    if sep and ";" not in secret and "," not in secret:
+    # Taken from the end only where each key is there once (config_value takes the first).
+    if sep and ";" not in secret and "," not in secret and ";secret," not in head and not head.startswith("secret,"):
         before, sep, grant = head.rpartition("grant,")
-        if sep and (not before or before[-1] == ";") and ";" not in grant and "," not in grant:
+        if sep and (not before or before[-1] == ";") and ";" not in grant and "," not in grant \
+                and ";grant," not in before and not before.startswith("grant,"):
             return grant, secret
     return config_value(config, "grant"), config_value(config, "secret")
 

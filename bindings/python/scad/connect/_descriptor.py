@@ -140,6 +140,8 @@ class Descriptor:
             self._ptr = data.data_ptr()
             self._size = data.numel() * data.element_size()
             self._readonly = False
+            if self._size == 0:
+                raise ValueError("a descriptor needs at least one byte")
         elif isinstance(data, (bytes, bytearray, memoryview)):
             self._ptr, self._size, self._readonly = _from_buffer(data)
         else:

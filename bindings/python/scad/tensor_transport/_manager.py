@@ -9,7 +9,6 @@ recv_multiple_tensors does both.
 """
 from __future__ import annotations
 
-import _thread
 import asyncio
 import concurrent.futures
 from concurrent.futures import CancelledError
@@ -155,7 +154,7 @@ class _Receive:
         self.obj_id = obj_id
         self.error: Optional[BaseException] = None
         self._qps: List[Any] = []
-        self._lock = _thread.RLock()  # abort() may run in a finalizer, on any thread (threading.RLock's own type)
+        self._lock = threading.RLock()  # abort() may run in a finalizer, on any thread
 
     def fail(self, error: BaseException) -> None:
         with self._lock:
@@ -499,6 +498,7 @@ class ScadTensorTransport(_Base):
                 receive.check()
                 qp, new = manager._queue_pair(buf)
                 receive.track(qp)
+                attaches = new  # the read's start attaches the key (what fails there: never reached)
                 if new and not manager._reached(buf):
                     # The first contact with this owner's server runs the handshake (an owner that
                     # does not answer holds it up to the deadline): in a thread, so that the loop
@@ -508,7 +508,8 @@ class ScadTensorTransport(_Base):
                         await wait_in_thread(qp._t.connect)
                     except (PermissionError, ConnectionError) as e:
                         raise _refusal(e, qp.impl, True) from None
-                receive.start(lambda: manager._transfer_start(buf, local, 0, True, (qp, new)))
+                    attaches = False
+                receive.start(lambda: manager._transfer_start(buf, local, 0, True, (qp, attaches)))
                 try:
                     await qp.wait(max(0.0, deadline - time.monotonic()), self._busy_poll_us)
                 except TimeoutError:

@@ -1,7 +1,6 @@
 """The metadata Ray's tensor transports exchange, with Ray's names, usable without Ray."""
 from __future__ import annotations
 
-import copyreg
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -39,14 +38,17 @@ class ScadTransportMetadata(TensorTransportMetadata):
     buffers: List[str] = field(default_factory=list)
     lent_list: str = ""
 
-    def __reduce__(self):
+    def __reduce_ex__(self, protocol: int):
         # Pickled (Ray pickles it for every object) as its four fields, numpy's plain dtypes by
         # name: a dtype pickled as itself is a reduce of its own, a fifth of the record's cost.
-        # Anything else (a subclass, attributes set on it) pickles as a dataclass does.
-        state = self.__dict__
-        if type(self) is not ScadTransportMetadata or state.keys() != _FIELDS:
-            return (copyreg.__newobj__, (type(self),), state)
-        return (_rebuild, ([(shape, _dtype_name(dtype)) for shape, dtype in self.tensor_meta], self.tensor_device,
+        # Only the record as extract_tensor_transport_metadata makes it (a list of (shape, dtype)
+        # pairs, no dtype given as a string); anything else (a subclass, attributes set on it)
+        # pickles as a dataclass does.
+        meta = self.tensor_meta
+        if (type(self) is not ScadTransportMetadata or self.__dict__.keys() != _FIELDS or type(meta) is not list
+                or not all(type(m) is tuple and len(m) == 2 and type(m[1]) is not str for m in meta)):
+            return super().__reduce_ex__(protocol)
+        return (_rebuild, ([(shape, _dtype_name(dtype)) for shape, dtype in meta], self.tensor_device,
                            self.buffers, self.lent_list))
 
 
