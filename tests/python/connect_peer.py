@@ -16,8 +16,6 @@ checks the bytes that arrived without moving them through the pipe.
   {"cmd": "usage"} -> {"fds": n, "rss_kib": n, "objects": n}   (objects: Python's, after a collection)
 """
 import asyncio
-import ctypes
-import gc
 import hashlib
 import json
 import os
@@ -30,12 +28,7 @@ import numpy
 from scad.connect import Connector, Descriptor, RdmaMetadata
 from scad.connect import _passive
 
-
-def no_huge_pages():
-    """Transparent huge pages make resident memory jump by 2 MiB at a time, which a leak test
-    would read as growth: this process does without them (PR_SET_THP_DISABLE)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(41, 1, 0, 0, 0)
+from peer_usage import no_huge_pages, usage
 
 
 def buffers(sizes, seed):
@@ -46,14 +39,6 @@ def buffers(sizes, seed):
 
 def digests(bufs):
     return [hashlib.sha256(b.tobytes()).hexdigest() for b in bufs]
-
-
-def usage():
-    fds = len(os.listdir("/proc/self/fd"))
-    with open("/proc/self/status") as f:
-        rss = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
-    gc.collect()
-    return {"fds": fds, "rss_kib": rss, "objects": len(gc.get_objects())}
 
 
 class Peer:

@@ -14,6 +14,7 @@ class PeerProc:
     def __init__(self, script, transport):
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(BUILD / "python"), str(ROOT / "bindings" / "python")]),
                    PEER_TRANSPORT=transport or "")
+        self.transport = transport
         self.proc = subprocess.Popen([sys.executable, script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True, env=env)
 

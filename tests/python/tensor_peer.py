@@ -9,7 +9,11 @@
   {"cmd": "wait", "obj": id} -> like recv's answer, for the receive fetch started
   {"cmd": "abort", "obj": id} -> {"ok": true}
   {"cmd": "counters"} -> ScadTensorTransport.counters()
+  {"cmd": "fetch", ..., "stop": true} -> {"pending": true}: a receive started and seen posted (its
+        read on the wire), then the process stops itself (SIGSTOP) until continued or killed
+  {"cmd": "recv", ..., "timeout": s}: that receive with the transport's timeout set to s
   {"cmd": "stop"} -> {"ok": true}, then the process stops itself (SIGSTOP) until continued
+  {"cmd": "usage"} -> {"fds": n, "rss_kib": n, "objects": n}
 Errors come back as {"error": type name, "message": ...}.
 """
 import base64
@@ -19,11 +23,14 @@ import os
 import pickle
 import signal
 import sys
+import time
 
 import numpy
 
 from scad.rdma import RdmaManager
 from scad.tensor_transport import ScadTensorTransport
+
+from peer_usage import no_huge_pages, usage
 
 
 def digest(a):
@@ -35,7 +42,19 @@ def received(out, into):
             "same": into is not None and all(a is b for a, b in zip(out, into))}
 
 
+def posted(transport, obj, request, timeout=30.0):
+    """Waits until the receive of obj has a read on the wire (its link has a transfer pending), or
+    has finished (over shm a read is done as it starts)."""
+    deadline = time.monotonic() + timeout
+    while not (request.future.done()
+               or any(link._pending for r in transport._receiving.get(obj, ()) for link in r._links)):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the receive of {obj} posted no read within {timeout} s")
+        time.sleep(0.001)
+
+
 def main():
+    no_huge_pages()
     RdmaManager.get(transport=os.environ.get("PEER_TRANSPORT") or None)  # the libd transport a test forces
     transport = ScadTensorTransport(timeout=20)
     lent, fetching = {}, {}
@@ -51,6 +70,7 @@ def main():
             elif msg["cmd"] == "recv":
                 meta = pickle.loads(base64.b64decode(msg["meta"]))
                 into = [numpy.empty(shape, dtype) for shape, dtype in meta.tensor_meta] if msg.get("into") else None
+                transport._timeout = msg.get("timeout", 20)
                 out = transport.recv_multiple_tensors(msg["obj"], meta, transport.get_communicator_metadata(), into)
                 reply = received(out, into)
             elif msg["cmd"] == "fetch":
@@ -58,6 +78,12 @@ def main():
                 into = [numpy.zeros(shape, dtype) for shape, dtype in meta.tensor_meta] if msg.get("into") else None
                 request = transport.fetch_multiple_tensors(msg["obj"], meta, transport.get_communicator_metadata(), into)
                 fetching[msg["obj"]] = (request, into)
+                if msg.get("stop"):
+                    posted(transport, msg["obj"], request)
+                    sys.stdout.write(json.dumps({"pending": True}) + "\n")
+                    sys.stdout.flush()
+                    os.kill(os.getpid(), signal.SIGSTOP)  # the test continues us (or kills us)
+                    continue
                 try:
                     transport.wait_fetch_complete(request, msg["poll"])
                     reply = {"pending": False}
@@ -72,6 +98,8 @@ def main():
             elif msg["cmd"] == "abort":
                 transport.abort_transport(msg["obj"], transport.get_communicator_metadata())
                 reply = {"ok": True}
+            elif msg["cmd"] == "usage":
+                reply = usage()
             elif msg["cmd"] == "counters":
                 reply = ScadTensorTransport.counters()
             elif msg["cmd"] == "stop":

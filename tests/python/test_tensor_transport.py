@@ -7,6 +7,7 @@ import numpy
 import pytest
 
 from peer_process import PeerProc
+from scadtest import wait_until
 from scad.tensor_transport import ScadTensorTransport
 from scad.tensor_transport._metadata import ScadTransportMetadata
 
@@ -209,3 +210,86 @@ def test_a_fetch_not_finished_within_a_wait_goes_on(actors):
     src.resume()
     r = ok(dst.call(cmd="wait", obj="o6"))
     assert r["digests"] == lent["digests"] and r["same"]
+
+
+MiB = 1 << 20
+
+
+@pytest.mark.parametrize("actors", [None, "tcp"], indirect=True)
+def test_a_thousand_objects_lent_received_and_collected_leak_neither_memory_nor_descriptors(actors):
+    src, dst = actors
+    count = [0]
+
+    def one():
+        obj = f"loop-{count[0]}"
+        lent = ok(src.call(cmd="lend", obj=obj, shapes=[[256], [16]], dtypes=["float32", "int64"], seed=count[0]))
+        assert ok(dst.call(cmd="recv", obj=obj, meta=lent["meta"], into=True))["digests"] == lent["digests"]
+        ok(src.call(cmd="gc", obj=obj))
+        count[0] += 1
+
+    def usage():
+        return [ok(src.call(cmd="usage")), ok(dst.call(cmd="usage"))]
+
+    # As scad.connect's loop test: warm-up, then two windows of 500.
+    for _ in range(200):
+        one()
+    start = usage()
+    for _ in range(500):
+        one()
+    middle = usage()
+    for _ in range(500):
+        one()
+    end = usage()
+    for i, side in enumerate(("source", "destination")):
+        seen = f"{side}: {start[i]} -> {middle[i]} -> {end[i]}"
+        assert start[i]["fds"] == middle[i]["fds"] == end[i]["fds"], f"file descriptors leak: {seen}"
+        assert end[i]["objects"] - middle[i]["objects"] < 50, f"Python objects leak: {seen}"
+        assert end[i]["rss_kib"] - start[i]["rss_kib"] < 3072, f"memory leaks: {seen}"
+    counters = ok(src.call(cmd="counters"))
+    assert (counters["lent_objects"], counters["released_objects"]) == (1200, 1200), counters
+
+
+# Over tcp a destination that stops itself once its 64 MiB read is on the wire cannot have it all
+# (its loop thread, which reads the answer, is stopped too); over shm the read is done as it starts.
+@pytest.mark.parametrize("actors", ["tcp"], indirect=True)
+def test_the_source_killed_mid_transfer_fails_the_receive(actors):
+    src, dst = actors
+    lent = ok(src.call(cmd="lend", obj="k1", shapes=[[8 * MiB]], dtypes=["float64"], seed=7))
+    assert ok(dst.call(cmd="fetch", obj="k1", meta=lent["meta"], into=True, stop=True))["pending"]
+    dst.wait_stopped()
+    src.kill()
+    dst.resume()
+    r = dst.call(cmd="wait", obj="k1")
+    assert r.get("error") == "ConnectionError" and "cut the transfer off" in r["message"], r
+    assert ok(dst.call(cmd="counters"))["failed_receives"] == 1
+
+
+@pytest.mark.parametrize("actors", [None, "tcp"], indirect=True)
+def test_a_destination_killed_mid_transfer_leaves_the_source_serving(actors):
+    src, dst = actors
+    lent = ok(src.call(cmd="lend", obj="k2", shapes=[[8 * MiB]], dtypes=["float64"], seed=8))
+    before = ok(src.call(cmd="usage"))["fds"]  # its server runs, no destination has come yet
+    assert ok(dst.call(cmd="fetch", obj="k2", meta=lent["meta"], into=True, stop=True))["pending"]
+    dst.wait_stopped()
+    dst.kill()
+    other = PeerProc(PEER, src.transport)
+    try:
+        assert ok(other.call(cmd="recv", obj="k2", meta=lent["meta"]))["digests"] == lent["digests"]
+    finally:
+        other.close()
+    ok(src.call(cmd="gc", obj="k2"))
+    assert wait_until(lambda: ok(src.call(cmd="usage"))["fds"] == before, 30), \
+        "the source's server did not close the dead destinations' connections within 30 s"
+
+
+@pytest.mark.parametrize("actors", ["tcp"], indirect=True)
+def test_a_receive_past_the_transports_timeout_is_cancelled_and_the_next_goes_through(actors):
+    src, dst = actors
+    lent = ok(src.call(cmd="lend", obj="t1", shapes=[[MiB]], dtypes=["uint8"], seed=9))
+    assert ok(dst.call(cmd="recv", obj="t1", meta=lent["meta"]))["digests"] == lent["digests"]
+    ok(src.call(cmd="stop"))
+    src.wait_stopped()  # its server does not answer now
+    r = dst.call(cmd="recv", obj="t1", meta=lent["meta"], timeout=0.5)
+    assert r.get("error") == "TimeoutError" and "longer than 0.5 s and was cancelled" in r["message"], r
+    src.resume()
+    assert ok(dst.call(cmd="recv", obj="t1", meta=lent["meta"]))["digests"] == lent["digests"]

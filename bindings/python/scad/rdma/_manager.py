@@ -2,7 +2,8 @@
 
 As the owner of memory it runs a lending memory server (scad/_memserver.py), keeps the
 registration cache (_regions.py) and hands out RdmaBuffers: slices of registered regions, each
-with a grant on exactly that slice. As a peer it keeps one QueuePair per route, reused.
+with a grant on exactly that slice. As a peer it keeps a link per remote buffer's key (_key_link.py),
+reused, and hands out one QueuePair per owner's manager (_queue_pair.py) over those links.
 """
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ from ..connect import Descriptor
 from .._waiter import wait_in_thread
 from .._memserver import MAX_RANGES
 from ._buffer import RdmaBuffer
-from ._queue_pair import QueuePair
+from ._key_link import KeyLink, refusal as _refusal
+from ._queue_pair import QueuePair, owner_of
 from ._regions import Region, RegionCache
 
 
@@ -35,10 +37,10 @@ def _forget_after_fork() -> None:
 _inherited: list = []
 
 
-# Idle queue pairs kept per owner's server (enough for a few buffers moved at once in a loop),
+# Idle links kept per owner's server (enough for a few buffers moved at once in a loop),
 # and in all.
-_IDLE_QPS_PER_SERVER = 4
-_IDLE_QPS_TOTAL = 16
+_IDLE_LINKS_PER_SERVER = 4
+_IDLE_LINKS_TOTAL = 16
 
 
 class RdmaManager:
@@ -51,7 +53,7 @@ class RdmaManager:
             timeout: float = 30.0, busy_poll_us: float = 0.0) -> "RdmaManager":
         """This process's manager, made on first use. host: the address its memory server
         advertises (default $SCAD_RDMA_HOST, else 127.0.0.1); transport: force "shm", "tcp" or
-        "verbs" for its queue pairs; timeout: libd's per-transfer deadline in seconds;
+        "verbs" for its transfers; timeout: libd's per-transfer deadline in seconds;
         busy_poll_us: how long a wait for transfers polls before it sleeps (0: sleep at once).
         Options are taken on first use only; asking for others later is an error."""
         instance = cls._instance
@@ -88,13 +90,15 @@ class RdmaManager:
         self._cache = RegionCache()
         self._lists: Dict[str, tuple] = {}  # grant -> (element, the objects owning its memory): _request_list
         self._next = 0
-        self._qps: Dict[tuple, QueuePair] = {}
-        # Per owner's server: queue pairs let go of after a transfer, kept for the next buffer of
-        # that server (a few; QueuePair.park).
-        self._idle_qps: "collections.OrderedDict[tuple, list]" = collections.OrderedDict()
-        self._qp_locks: Dict[tuple, asyncio.Lock] = {}
+        self._links: Dict[tuple, KeyLink] = {}
+        # Per owner's manager: the QueuePair handed out for it (request_queue_pair).
+        self._queue_pairs: Dict[tuple, QueuePair] = {}
+        # Per owner's server: links let go of after a transfer, kept for the next buffer of that
+        # server (a few; KeyLink.park).
+        self._idle_links: "collections.OrderedDict[tuple, list]" = collections.OrderedDict()
+        self._link_locks: Dict[tuple, asyncio.Lock] = {}
         # Per owner's server: how this process reaches it (transport, and the durl up to the
-        # grant), decided once, not per queue pair (the decision looks at the file system).
+        # grant), decided once, not per link (the decision looks at the file system).
         self._servers: Dict[tuple, tuple] = {}
         self._reached_servers: set = set()  # servers a transfer of this process has reached
 
@@ -223,37 +227,47 @@ class RdmaManager:
                     if not region.holders:
                         self._idle_locked(region)
             return
-        self._forget_qp(buf.route, reuse=True)
+        self._forget_link(buf.route, reuse=True)
 
     # ---- the peer's side ----------------------------------------------------------------
     def release_queue_pair(self, remote: RdmaBuffer) -> None:
-        """Closes this process's queue pair to remote's route, if there is one (the owner's
-        grant stays). For a peer done with a buffer, even in the owner's own process."""
-        self._forget_qp(remote.route, reuse=True)
-
-    def _queue_pair(self, remote: RdmaBuffer, expose: bool = False) -> tuple:
-        """The queue pair to remote's route and whether it is new (made now, not connected yet:
-        its first transfer connects, and learns the owner's verdict on the key then). expose:
-        for a caller that keeps it (request_queue_pair): it is never kept for another buffer."""
-        route = remote.route
-        qp = self._qps.get(route)
+        """Closes this process's queue pair to remote's owner (every link it made, the keys let
+        go of; the owner's grants stay), or, where there is none, this process's link to remote.
+        For a peer done with an owner's buffers, even in the owner's own process."""
+        qp = self._queue_pairs.pop(owner_of(remote), None)
         if qp is not None:
+            qp._close_links()
+            return
+        self._forget_link(remote.route, reuse=True)
+
+    def _release_link(self, remote: RdmaBuffer) -> None:
+        """This side is done with remote for now: its link is kept for the next buffer of the same
+        server, or closed (one a QueuePair holds is left to it)."""
+        self._forget_link(remote.route, reuse=True)
+
+    def _link(self, remote: RdmaBuffer, expose: bool = False) -> tuple:
+        """The link to remote's route and whether it is new (made now, not connected yet: its
+        first transfer connects, and learns the owner's verdict on the key then). expose: for a
+        QueuePair handed to a caller: it is never kept for another buffer."""
+        route = remote.route
+        link = self._links.get(route)
+        if link is not None:
             if expose:
-                qp.exposed = True
-            return qp, False
+                link.exposed = True
+            return link, False
         server = (remote.hostname, remote.host, remote.port, remote.path, remote.verbs, remote.whole)
         how = self._servers.get(server)
         if how is None:
             impl = _memserver.choose_transport(self._transport, remote.hostname, remote.path, remote.verbs, remote.whole)
             where = _memserver.where(impl, remote.host, remote.port, remote.path)
             if impl == "shm":
-                # An owner waits for no word from a queue pair (Monarch's buffers have none), so
-                # its server need not hear of one: announce,0 wakes nothing there per transfer.
-                # The owner's grant table still cuts the queue pair off when the buffer is dropped.
+                # An owner waits for no word from a link (Monarch's buffers have none), so its
+                # server need not hear of one: announce,0 wakes nothing there per transfer. The
+                # owner's grant table still cuts the link off when the buffer is dropped.
                 where += ";announce,0"
             how = self._servers[server] = (impl, f"qp;{impl};{where};timeout_ms,{self._timeout_ms};")
         impl, durl = how
-        idle = self._idle_qps.get(server)
+        idle = self._idle_links.get(server)
         while idle:
             try:
                 parked = idle.pop()
@@ -261,80 +275,91 @@ class RdmaManager:
                 break
             if parked.rebind(route, remote.grant, remote._secret):
                 parked.exposed = expose
-                qp = self._qps.setdefault(route, parked)
-                if qp is parked:
-                    return qp, True  # not connected to this key yet: its first transfer attaches it
+                link = self._links.setdefault(route, parked)
+                if link is parked:
+                    return link, True  # not connected to this key yet: its first transfer attaches it
                 self._park(parked)  # another thread made the same route's meanwhile
-                return qp, False
+                return link, False
         from disagg import LibdAction
 
-        # An action per queue pair: closing it lets go of its grant entirely (an action keeps
-        # every transport it ever had until it is freed). Over shm and tcp the queue pair rides
-        # the process's shared connection to the owner's server.
+        # An action per link: closing it lets go of its grant entirely (an action keeps every
+        # transport it ever had until it is freed). Over shm and tcp the link rides the process's
+        # shared connection to the owner's server.
         action = LibdAction(self.name)
         action.add_transport(f"{durl}grant,{remote.grant};secret,{remote._secret}")
-        made = QueuePair(action, action.get_transport("qp", "rdma"), route, impl)
+        made = KeyLink(action, action.get_transport("qp", "rdma"), route, impl)
         made.server = server
         made.exposed = expose
-        qp = self._qps.setdefault(route, made)
-        if qp is not made:
+        link = self._links.setdefault(route, made)
+        if link is not made:
             action.terminate()  # another thread made the same route's meanwhile: use that one
-        return qp, qp is made
+        return link, link is made
+
+    async def _connect(self, remote: RdmaBuffer, link: KeyLink) -> None:
+        """Connects a new link now (the owner checks the key: a refusal is an error here); the
+        handshake runs in a thread, so the caller's event loop goes on meanwhile."""
+        try:
+            await wait_in_thread(link._t.connect)
+        except (PermissionError, ConnectionError) as e:
+            self._forget_link(remote.route)
+            raise _refusal(e, link.impl, True) from None
+
+    async def request_queue_pair(self, remote: RdmaBuffer) -> QueuePair:
+        """The queue pair to the manager that owns remote (made on first use, then the same
+        object for every buffer of that owner), with remote's key connected: a refused key is an
+        error here. Its get/put take any buffer that owner lent."""
+        key = owner_of(remote)
+        qp = self._queue_pairs.get(key)
+        if qp is None:
+            qp = self._queue_pairs.setdefault(key, QueuePair(self, key))
+        link, new = self._link(remote, expose=True)  # the caller holds it: never pointed elsewhere
+        if new:
+            await self._connect(remote, link)
+        return qp
 
     def _reached(self, remote: RdmaBuffer) -> bool:
         """Whether a transfer of this process has reached remote's server (its connection, which
-        queue pairs to that server share, is then open: a new one connects without a handshake)."""
+        links to that server share, is then open: a new one connects without a handshake)."""
         return (remote.host, remote.port, remote.path) in self._reached_servers
 
     def _mark_reached(self, remote: RdmaBuffer) -> None:
         self._reached_servers.add((remote.host, remote.port, remote.path))
 
-    async def request_queue_pair(self, remote: RdmaBuffer) -> QueuePair:
-        """The queue pair to remote's route, connected (made on first use, then reused)."""
-        qp, new = self._queue_pair(remote, expose=True)  # the caller holds it: never pointed elsewhere
-        if new:
-            try:
-                await wait_in_thread(qp._t.connect)  # the owner checks the key now: a refusal is an error here
-            except (PermissionError, ConnectionError) as e:
-                self._forget_qp(remote.route)
-                raise _refusal(e, qp.impl, True) from None
-        return qp
-
     def _transfer_start(self, remote: RdmaBuffer, memory: Any, offset: int, read: bool,
                         made: Optional[tuple] = None) -> tuple:
-        """Starts a transfer on remote's queue pair (made, and connected by this transfer, on first
-        use; `made`: the (queue pair, new) the caller took from _queue_pair already); the queue
-        pair and whether it was new."""
-        qp, new = made or self._queue_pair(remote)
+        """Starts a transfer on remote's link (made, and connected by this transfer, on first use;
+        `made`: the (link, new) the caller took from _link already); the link and whether it was
+        new."""
+        link, new = made or self._link(remote)
         try:
-            (qp.get if read else qp.put)(memory, remote, offset)  # a list of memories: one transfer
+            (link.get if read else link.put)(memory, remote, offset)  # a list of memories: one transfer
         except (PermissionError, ConnectionError) as e:
-            self._forget_qp(remote.route)
-            raise _refusal(e, qp.impl, new) from None
-        return qp, new
+            self._forget_link(remote.route)
+            raise _refusal(e, link.impl, new) from None
+        return link, new
 
     async def transfer(self, remote: RdmaBuffer, memory: Any, offset: int, timeout: Optional[float], read: bool) -> None:
-        lock = self._qp_locks.get(remote.route)
+        lock = self._link_locks.get(remote.route)
         if lock is None:
-            lock = self._qp_locks.setdefault(remote.route, asyncio.Lock())
+            lock = self._link_locks.setdefault(remote.route, asyncio.Lock())
         async with lock:  # one read_into/write_from at a time per route: one local region at a time
-            qp, new = self._transfer_start(remote, memory, offset, read)
+            link, new = self._transfer_start(remote, memory, offset, read)
             try:
-                if not qp.finished():  # shm copies complete as they start: no wait at all
+                if not link.finished():  # shm copies complete as they start: no wait at all
                     # One pass of the event loop first: transfers that other tasks are starting
                     # (a gather of reads) go out before this one waits, and fly together.
                     await asyncio.sleep(0)
-                    await qp.wait(timeout, self.busy_poll_us)
+                    await link.wait(timeout, self.busy_poll_us)
                 self._mark_reached(remote)
-                qp.reusable = True  # done, nothing runs: may serve another buffer once let go of
+                link.reusable = True  # done, nothing runs: may serve another buffer once let go of
             except TimeoutError:
-                qp.cancel()  # the caller's memory is not written after it was told "timed out"
+                link.cancel()  # the caller's memory is not written after it was told "timed out"
                 raise TimeoutError(f"the transfer did not finish within {timeout} s and was cancelled") from None
             except (ConnectionError, PermissionError) as e:
                 # The connection is of no more use (the key was revoked, or the owner is gone):
                 # the next transfer connects afresh and gets the owner's answer.
-                self._forget_qp(remote.route)
-                raise _refusal(e, qp.impl, new) from None
+                self._forget_link(remote.route)
+                raise _refusal(e, link.impl, new) from None
 
     # ---- internals ----------------------------------------------------------------------
     def _serve_locked(self) -> Any:
@@ -342,36 +367,36 @@ class RdmaManager:
             self._server_action, self._server, self._endpoint = _memserver.start(self.name, self._host, self._verbs)
         return self._server
 
-    def _forget_qp(self, route: tuple, reuse: bool = False) -> None:
-        """Lets go of the queue pair to route. reuse: the peer is done with the buffer (nothing
+    def _forget_link(self, route: tuple, reuse: bool = False) -> None:
+        """Lets go of the link to route. reuse: the peer is done with the buffer (nothing
         failed): kept, its key let go of, for the next buffer of the same server."""
-        qp = self._qps.pop(route, None)
-        self._qp_locks.pop(route, None)
-        if qp is None:
+        link = self._links.pop(route, None)
+        self._link_locks.pop(route, None)
+        if link is None:
             return
-        if reuse and not qp.exposed and qp.impl in ("shm", "tcp"):
-            self._park(qp)
+        if reuse and not link.exposed and link.impl in ("shm", "tcp"):
+            self._park(link)
         else:
-            qp.close()
+            link.close()
 
-    def _park(self, qp: QueuePair) -> None:
-        idle = self._idle_qps.setdefault(qp.server, [])
-        if len(idle) >= _IDLE_QPS_PER_SERVER or not qp.park():
-            qp.close()
+    def _park(self, link: KeyLink) -> None:
+        idle = self._idle_links.setdefault(link.server, [])
+        if len(idle) >= _IDLE_LINKS_PER_SERVER or not link.park():
+            link.close()
             return
-        idle.append(qp)
-        # The servers parked at most recently last; past the cap the oldest's pairs are closed
+        idle.append(link)
+        # The servers parked at most recently last; past the cap the oldest's links are closed
         # (an owner gone for good leaves at most that many behind, for a while).
-        self._idle_qps.move_to_end(qp.server)
-        while sum(len(v) for v in self._idle_qps.values()) > _IDLE_QPS_TOTAL:
-            oldest = next(iter(self._idle_qps))
+        self._idle_links.move_to_end(link.server)
+        while sum(len(v) for v in self._idle_links.values()) > _IDLE_LINKS_TOTAL:
+            oldest = next(iter(self._idle_links))
             try:
-                victim = self._idle_qps[oldest].pop(0)
+                victim = self._idle_links[oldest].pop(0)
             except (IndexError, KeyError):  # emptied by another thread meanwhile
-                self._idle_qps.pop(oldest, None)
+                self._idle_links.pop(oldest, None)
                 continue
-            if not self._idle_qps[oldest]:
-                self._idle_qps.pop(oldest, None)
+            if not self._idle_links[oldest]:
+                self._idle_links.pop(oldest, None)
             victim.close()
 
     def _idle_locked(self, region: Region) -> None:
@@ -391,16 +416,6 @@ class RdmaManager:
             self._server.withdraw(region.element)
         except KeyError:
             pass
-
-
-def _refusal(e: OSError, impl: str, new: bool) -> OSError:
-    """What a transfer's failure means to the caller: a refused key, an owner out of reach (on the
-    first contact), or a transfer cut off."""
-    if isinstance(e, PermissionError):
-        return PermissionError(e.errno, f"the owner refused this buffer's key (dropped or expired): {e}")
-    if new:
-        return ConnectionError(e.errno, f"cannot reach the buffer's owner over {impl}: {e}")
-    return ConnectionError(e.errno, f"the buffer's owner cut the transfer off (it dropped the buffer, or is gone): {e}")
 
 
 os.register_at_fork(after_in_child=_forget_after_fork)

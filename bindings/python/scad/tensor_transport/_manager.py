@@ -21,7 +21,7 @@ from typing import Any, Dict, List, Optional, Set
 import numpy
 
 from ..rdma import RdmaBuffer, RdmaManager
-from ..rdma._manager import _refusal
+from ..rdma._key_link import refusal as _refusal
 from .._waiter import poll_until, wait_in_thread
 from ._metadata import CommunicatorMetadata, FetchRequest, ScadCommunicatorMetadata, ScadTransportMetadata
 
@@ -147,23 +147,23 @@ def _memory(tensor: Any) -> numpy.ndarray:
 
 
 class _Receive:
-    """One receive of an object's tensors: its queue pairs, and the first error, which cancels the
+    """One receive of an object's tensors: its links, and the first error, which cancels the
     rest (a read that failed, abort_transport, or a FetchRequest dropped before it finished)."""
 
     def __init__(self, obj_id: str) -> None:
         self.obj_id = obj_id
         self.error: Optional[BaseException] = None
-        self._qps: List[Any] = []
+        self._links: List[Any] = []
         self._lock = threading.RLock()  # abort() may run in a finalizer, on any thread
 
     def fail(self, error: BaseException) -> None:
         with self._lock:
             if self.error is None:
                 self.error = error
-            # Under the lock: a queue pair the receive let go of (untrack) may serve another
+            # Under the lock: a link the receive let go of (untrack) may serve another
             # receive next, and this cancel must not reach that one's transfers.
-            for qp in self._qps:
-                qp.cancel()  # once it returns, libd writes none of the receive's targets
+            for link in self._links:
+                link.cancel()  # once it returns, libd writes none of the receive's targets
 
     def abort(self) -> None:
         self.fail(ConnectionAbortedError(f"the receive of object {self.obj_id} was aborted"))
@@ -179,24 +179,24 @@ class _Receive:
             self.check()
             begin()
 
-    def track(self, qp: Any) -> None:
+    def track(self, link: Any) -> None:
         with self._lock:
             if self.error is None:
-                self._qps.append(qp)
+                self._links.append(link)
                 return
         self.check()
 
-    def untrack(self, qp: Any) -> None:
-        """The receive is done with qp (before it is let go of): an abort no longer touches it."""
+    def untrack(self, link: Any) -> None:
+        """The receive is done with link (before it is let go of): an abort no longer touches it."""
         with self._lock:
-            if qp in self._qps:
-                self._qps.remove(qp)
+            if link in self._links:
+                self._links.remove(link)
 
 
 class _Route:
-    """A route (a remote buffer's queue pair) in use by this process's receives: one at a time,
-    since a queue pair reads into one local region at a time and each receive closes its queue
-    pair when done. Receives on the loop take turns on `lock`; a direct one (recv_multiple_tensors
+    """A route (a remote buffer's link) in use by this process's receives: one at a time,
+    since a link reads into one local region at a time and each receive lets go of its link
+    when done. Receives on the loop take turns on `lock`; a direct one (recv_multiple_tensors
     in the caller's thread) takes a route only while nobody else has it, and the loop's wait for
     `freed` when it has."""
 
@@ -343,40 +343,40 @@ class ScadTensorTransport(_Base):
         try:
             try:
                 for buf, local in reads:
-                    made = manager._queue_pair(buf)
-                    qp, new = made
-                    receive.track(qp)
-                    started.append((buf, qp, new))
+                    made = manager._link(buf)
+                    link, new = made
+                    receive.track(link)
+                    started.append((buf, link, new))
                     receive.start(lambda: manager._transfer_start(buf, local, 0, True, made))
                 # Reads over shm complete as they start: then there is nothing to wait for.
-                if not all(qp.finished() for _, qp, _ in started):
+                if not all(link.finished() for _, link, _ in started):
                     deadline = time.monotonic() + self._timeout
-                    poll_until(lambda: all(qp.poll_done() for _, qp, _ in started), self._busy_poll_us)
-                    for buf, qp, new in started:
+                    poll_until(lambda: all(link.poll_done() for _, link, _ in started), self._busy_poll_us)
+                    for buf, link, new in started:
                         try:
-                            qp._wait_all(max(0.0, deadline - time.monotonic()))  # in libd, the GIL released
+                            link._wait_all(max(0.0, deadline - time.monotonic()))  # in libd, the GIL released
                         except TimeoutError:
                             raise TimeoutError(f"the receive of object {receive.obj_id} took longer than "
                                                f"{self._timeout} s and was cancelled") from None
                         except (PermissionError, ConnectionError) as e:
                             receive.check()  # aborted meanwhile: that is what it ended with
-                            raise _refusal(e, qp.impl, new) from None
+                            raise _refusal(e, link.impl, new) from None
                 receive.check()
-                for _, qp, _ in started:
-                    qp.reusable = True  # done, nothing runs: may serve another buffer once let go of
+                for _, link, _ in started:
+                    link.reusable = True  # done, nothing runs: may serve another buffer once let go of
             except BaseException as e:
                 receive.fail(e)  # cancels what still runs: the targets are not written after this
                 _counters.add(failed_receives=1)
                 raise
             finally:
-                for buf, qp, _ in started:
-                    receive.untrack(qp)
-                    manager.release_queue_pair(buf)  # this side is done; the loan stays
+                for buf, link, _ in started:
+                    receive.untrack(link)
+                    manager._release_link(buf)  # this side is done; the loan stays
         except CancelledError:
             raise ConnectionAbortedError(f"the receive of object {receive.obj_id} was aborted") from None
-        for buf, qp, _ in started:
+        for buf, link, _ in started:
             manager._mark_reached(buf)
-        _count_received(reads, [qp.impl for _, qp, _ in started])
+        _count_received(reads, [link.impl for _, link, _ in started])
 
     def _begin(self, obj_id: str, routes: Optional[List[tuple]] = None) -> tuple:
         """A new receive of obj_id, listed for abort_transport, and whether it took `routes` for
@@ -493,41 +493,41 @@ class ScadTensorTransport(_Base):
     async def _read(self, receive: _Receive, buf: RdmaBuffer, local: numpy.ndarray, deadline: float) -> None:
         manager = RdmaManager.get()
         async with self._route(buf.route):
-            qp = None
+            link = None
             try:
                 receive.check()
-                qp, new = manager._queue_pair(buf)
-                receive.track(qp)
+                link, new = manager._link(buf)
+                receive.track(link)
                 attaches = new  # the read's start attaches the key (what fails there: never reached)
                 if new and not manager._reached(buf):
                     # The first contact with this owner's server runs the handshake (an owner that
                     # does not answer holds it up to the deadline): in a thread, so that the loop
                     # serves other receives meanwhile, and an abort meanwhile is seen before the
-                    # read starts. Later queue pairs to it connect with their first read.
+                    # read starts. Later links to it connect with their first read.
                     try:
-                        await wait_in_thread(qp._t.connect)
+                        await wait_in_thread(link._t.connect)
                     except (PermissionError, ConnectionError) as e:
-                        raise _refusal(e, qp.impl, True) from None
+                        raise _refusal(e, link.impl, True) from None
                     attaches = False
-                receive.start(lambda: manager._transfer_start(buf, local, 0, True, (qp, attaches)))
+                receive.start(lambda: manager._transfer_start(buf, local, 0, True, (link, attaches)))
                 try:
-                    await qp.wait(max(0.0, deadline - time.monotonic()), self._busy_poll_us)
+                    await link.wait(max(0.0, deadline - time.monotonic()), self._busy_poll_us)
                 except TimeoutError:
                     raise TimeoutError(f"the receive of object {receive.obj_id} took longer than {self._timeout} s "
                                        "and was cancelled") from None
                 except (PermissionError, ConnectionError) as e:
-                    raise _refusal(e, qp.impl, new) from None
+                    raise _refusal(e, link.impl, attaches) from None  # connected above: the owner cut it off
                 receive.check()  # cancelled before the wait began: nothing was waited for
-                qp.reusable = True  # done, nothing runs: may serve another buffer once let go of
+                link.reusable = True  # done, nothing runs: may serve another buffer once let go of
                 manager._mark_reached(buf)
-                _counters.add(**{f"{qp.impl}_reads": 1})
+                _counters.add(**{f"{link.impl}_reads": 1})
             except BaseException as e:
                 receive.fail(e)
                 raise
             finally:
-                if qp is not None:
-                    receive.untrack(qp)
-                manager.release_queue_pair(buf)  # closed (what still runs is cancelled); the loan stays
+                if link is not None:
+                    receive.untrack(link)
+                manager._release_link(buf)  # closed (what still runs is cancelled); the loan stays
 
     @contextlib.asynccontextmanager
     async def _route(self, route: tuple):
