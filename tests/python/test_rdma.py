@@ -98,7 +98,7 @@ def test_a_buffer_over_a_list_is_its_memories_end_to_end_under_one_key(pair):
     slices = [[0, 4 * KiB], [8 * KiB, 16 * KiB], [20 * KiB, 21 * KiB]]  # gaps between them stay the owner's
     made = owner.call(cmd="buffers", slices=slices)
     if _has_rdma_device():  # the owner's server serves verbs on this host, where a remote key reaches one memory
-        assert made["error"] == "NotImplementedError" and "over verbs" in made["message"], made
+        assert made["error"] == "NotImplementedError" and "serves verbs" in made["message"], made
         return
     made = ok(made)
     record = json.loads(made["json"])
@@ -387,10 +387,12 @@ def test_a_buffer_is_refused_once_its_ttl_has_passed(pair):
     assert wait_until(expired, 30), f"the key did not expire within 30 s: {refused[-1]}"
     assert time.monotonic() - lent >= 3.0, "refused before its ttl"
     # A new link's key is refused (PermissionError); a link connected before the key expired is
-    # cut off, and says why (ConnectionError, as for a buffer dropped under it).
+    # cut off, and says why (ConnectionError, as for a buffer dropped under it: over verbs the
+    # owner's server closes the link's connection, and cannot tell it more).
     r = refused[-1]
     assert (r["error"] == "PermissionError" and "dropped or expired" in r["message"]) or \
-        (r["error"] == "ConnectionError" and "let this grant expire" in r["message"]), r
+        (r["error"] == "ConnectionError" and ("let this grant expire" in r["message"]
+                                              or "grant revoked or server gone" in r["message"])), r
 
 
 def test_the_handle_is_data_and_hides_its_key():

@@ -199,6 +199,12 @@ class KeyLink:
         for op in pending:
             op.cancel()
 
+    def broken(self) -> bool:
+        """True when the link is of no more use: in ERROR (over verbs a transfer cancelled while on
+        the wire resets its RC connection, as RDMA cannot withdraw a posted request). The manager
+        then lets go of it, and the next transfer to the buffer makes a new one."""
+        return self._t.state == "ERROR"
+
     def close(self) -> None:
         self.cancel()
         self._action.terminate()

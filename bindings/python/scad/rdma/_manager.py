@@ -354,6 +354,8 @@ class RdmaManager:
                 link.reusable = True  # done, nothing runs: may serve another buffer once let go of
             except TimeoutError:
                 link.cancel()  # the caller's memory is not written after it was told "timed out"
+                if link.broken():
+                    self._forget_link(remote.route)
                 raise TimeoutError(f"the transfer did not finish within {timeout} s and was cancelled") from None
             except (ConnectionError, PermissionError) as e:
                 # The connection is of no more use (the key was revoked, or the owner is gone):

@@ -94,11 +94,14 @@ class QueuePair:
                     del self._started[route]
 
     def cancel(self) -> None:
-        """Cancels every transfer started: once it returns, libd touches none of their memory."""
+        """Cancels every transfer started: once it returns, libd touches none of their memory. The
+        queue pair goes on working (a link the cancel broke is replaced at its next transfer)."""
         with self._lock:
-            started, self._started = list(self._started.values()), {}
-        for link, _, _ in started:
+            started, self._started = list(self._started.items()), {}
+        for route, (link, _, _) in started:
             link.cancel()
+            if link.broken():
+                self._failed(route, link)
 
     def __repr__(self) -> str:
         return f"QueuePair(owner={self.owner[0]!r}, keys={len(self._links)}, closed={self._closed})"
