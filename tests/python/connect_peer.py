@@ -38,7 +38,14 @@ def buffers(sizes, seed):
 
 
 def digests(bufs):
-    return [hashlib.sha256(b.tobytes()).hexdigest() for b in bufs]
+    return [hashlib.sha256(memoryview(b)).hexdigest() for b in bufs]
+
+
+def memories(msg):
+    """The operation's memory: seeded (or zero) arrays, or the same bytes as `bytes` objects
+    (read-only: a readable's memory or a write's source)."""
+    bufs = buffers(msg["sizes"], msg.get("seed"))
+    return [bytes(memoryview(b)) for b in bufs] if msg.get("as_bytes") else bufs
 
 
 class Peer:
@@ -50,13 +57,13 @@ class Peer:
     async def handle(self, msg):
         cmd = msg["cmd"]
         if cmd == "create":
-            self.bufs = buffers(msg["sizes"], msg.get("seed"))
+            self.bufs = memories(msg)
             descs = [Descriptor(b) for b in self.bufs]
             make = self.connector.create_readable if msg["kind"] == "read" else self.connector.create_writable
             self.op = make(descs if len(descs) > 1 else descs[0], expires_in=msg.get("expires_in"))
             return {"metadata": self.op.metadata().to_json()}
         if cmd == "begin":
-            self.bufs = buffers(msg["sizes"], msg.get("seed"))
+            self.bufs = memories(msg)
             descs = [Descriptor(b) for b in self.bufs]
             local = descs if len(descs) > 1 else descs[0]
             md = RdmaMetadata.from_json(msg["metadata"])
@@ -103,7 +110,10 @@ async def main():
         if not line:
             return
         msg = json.loads(line)
-        reply = await peer.handle(msg)
+        try:
+            reply = await peer.handle(msg)
+        except Exception as e:  # reported to the test, which asserts on it
+            reply = {"error": type(e).__name__, "message": str(e)}
         sys.stdout.write(json.dumps(reply) + "\n")
         sys.stdout.flush()
         if msg.get("stop"):

@@ -137,6 +137,26 @@ def test_write_into_the_owners_memory(peers, impl):
 
 
 @pytest.mark.parametrize("impl", ALL_IMPLS)
+def test_bytes_are_lent_to_readers_and_written_from(peers, impl):
+    passive, active = pair(peers, impl)
+    sizes = [4096, 100]
+    md = passive.call(cmd="create", kind="read", sizes=sizes, seed=21, as_bytes=True)["metadata"]
+    assert active.call(cmd="begin", kind="read", metadata=md, sizes=sizes)["ok"]
+    assert active.call(cmd="wait", timeout=30)["digests"] == expected_digests(sizes, 21)
+    assert passive.call(cmd="wait", timeout=30)["status"] == "COMPLETE"
+    md = passive.call(cmd="create", kind="write", sizes=sizes)["metadata"]
+    assert active.call(cmd="begin", kind="write", metadata=md, sizes=sizes, seed=22, as_bytes=True)["ok"]
+    assert active.call(cmd="wait", timeout=30)["status"] == "COMPLETE"
+    assert passive.call(cmd="wait", timeout=30)["digests"] == expected_digests(sizes, 22)
+    # bytes are read-only: a writable over them, or a read into them, is refused.
+    r = passive.call(cmd="create", kind="write", sizes=sizes, as_bytes=True)
+    assert r.get("error") == "ValueError", r
+    md = passive.call(cmd="create", kind="read", sizes=sizes, seed=23)["metadata"]
+    r = active.call(cmd="begin", kind="read", metadata=md, sizes=sizes, as_bytes=True)
+    assert r.get("error") == "ValueError", r
+
+
+@pytest.mark.parametrize("impl", ALL_IMPLS)
 def test_the_wrong_pairing_is_refused(peers, impl):
     passive, active = pair(peers, impl)
     md = passive.call(cmd="create", kind="read", sizes=[4096], seed=1)["metadata"]
@@ -206,24 +226,30 @@ def test_a_wait_timeout_leaves_the_operation_running(peers, impl):
 
 
 @pytest.mark.parametrize("impl", ALL_IMPLS)
-def test_the_active_side_cancelling_is_seen_by_the_owner(peers, impl):
+@pytest.mark.parametrize("kind", ["read", "write"])
+@pytest.mark.parametrize("end", ["cancel", "drop"])
+def test_the_active_side_cancelling_is_seen_by_the_owner(peers, impl, kind, end):
     passive, active = pair(peers, impl)
-    md = passive.call(cmd="create", kind="read", sizes=[8 * MiB], seed=1)["metadata"]
-    assert active.call(cmd="begin", kind="read", metadata=md, sizes=[8 * MiB])["ok"]
-    assert active.call(cmd="cancel")["status"] == "CANCELLED"
+    md = passive.call(cmd="create", kind=kind, sizes=[8 * MiB], seed=1)["metadata"]
+    assert active.call(cmd="begin", kind=kind, metadata=md, sizes=[8 * MiB], seed=2)["ok"]
+    if end == "cancel":
+        assert active.call(cmd="cancel")["status"] == "CANCELLED"
+    else:  # dropped unfinished: its finaliser cancels it
+        assert active.call(cmd="drop")["ok"]
     owner = passive.call(cmd="wait", timeout=30)
     assert (owner["status"], owner["error"]) == ("CANCELLED", "OperationCancelledError"), owner
     assert "the peer cancelled" in owner["message"]
 
 
 @pytest.mark.parametrize("impl", IMPLS)
-def test_the_owner_cancelling_mid_transfer_fails_the_peer(peers, impl):
+@pytest.mark.parametrize("kind", ["read", "write"])
+def test_the_owner_cancelling_mid_transfer_fails_the_peer(peers, impl, kind):
     # The reader stops itself right after posting a 64 MiB read: the transfer cannot be complete
     # over tcp (and over shm the copy is done but the owner has not been told) when the owner
     # cancels. Continued, the reader must fail with the owner's reason, not hang.
     passive, active = pair(peers, impl)
-    md = passive.call(cmd="create", kind="read", sizes=[64 * MiB], seed=1)["metadata"]
-    assert active.call(cmd="begin", kind="read", metadata=md, sizes=[64 * MiB], stop=True)["ok"]
+    md = passive.call(cmd="create", kind=kind, sizes=[64 * MiB], seed=1)["metadata"]
+    assert active.call(cmd="begin", kind=kind, metadata=md, sizes=[64 * MiB], seed=2, stop=True)["ok"]
     active.wait_stopped()
     assert passive.call(cmd="cancel")["status"] == "CANCELLED"
     active.resume()
@@ -232,10 +258,11 @@ def test_the_owner_cancelling_mid_transfer_fails_the_peer(peers, impl):
 
 
 @pytest.mark.parametrize("impl", ALL_IMPLS)
-def test_the_reader_killed_mid_transfer_fails_the_owners_wait(peers, impl):
+@pytest.mark.parametrize("kind", ["read", "write"])
+def test_the_active_side_killed_mid_transfer_fails_the_owners_wait(peers, impl, kind):
     passive, active = pair(peers, impl)
-    md = passive.call(cmd="create", kind="read", sizes=[64 * MiB], seed=1)["metadata"]
-    assert active.call(cmd="begin", kind="read", metadata=md, sizes=[64 * MiB], stop=True)["ok"]
+    md = passive.call(cmd="create", kind=kind, sizes=[64 * MiB], seed=1)["metadata"]
+    assert active.call(cmd="begin", kind=kind, metadata=md, sizes=[64 * MiB], seed=2, stop=True)["ok"]
     active.wait_stopped()
     active.kill()
     owner = passive.call(cmd="wait", timeout=30)
@@ -244,10 +271,11 @@ def test_the_reader_killed_mid_transfer_fails_the_owners_wait(peers, impl):
 
 
 @pytest.mark.parametrize("impl", IMPLS)
-def test_the_owner_killed_mid_transfer_fails_the_reader(peers, impl):
+@pytest.mark.parametrize("kind", ["read", "write"])
+def test_the_owner_killed_mid_transfer_fails_the_active_side(peers, impl, kind):
     passive, active = pair(peers, impl)
-    md = passive.call(cmd="create", kind="read", sizes=[64 * MiB], seed=1)["metadata"]
-    assert active.call(cmd="begin", kind="read", metadata=md, sizes=[64 * MiB], stop=True)["ok"]
+    md = passive.call(cmd="create", kind=kind, sizes=[64 * MiB], seed=1)["metadata"]
+    assert active.call(cmd="begin", kind=kind, metadata=md, sizes=[64 * MiB], seed=2, stop=True)["ok"]
     active.wait_stopped()
     passive.kill()
     active.resume()
@@ -265,12 +293,13 @@ def test_an_owner_that_is_gone_is_an_error_at_once(peers, impl):
 
 
 @pytest.mark.parametrize("impl", ALL_IMPLS)
-def test_a_thousand_operations_leak_neither_memory_nor_descriptors(peers, impl):
+@pytest.mark.parametrize("kind", ["read", "write"])
+def test_a_thousand_operations_leak_neither_memory_nor_descriptors(peers, impl, kind):
     passive, active = pair(peers, impl)
 
     def one():
-        md = passive.call(cmd="create", kind="read", sizes=[4096, 100], seed=3)["metadata"]
-        assert active.call(cmd="begin", kind="read", metadata=md, sizes=[4096, 100])["ok"]
+        md = passive.call(cmd="create", kind=kind, sizes=[4096, 100], seed=3)["metadata"]
+        assert active.call(cmd="begin", kind=kind, metadata=md, sizes=[4096, 100], seed=4)["ok"]
         assert active.call(cmd="wait", timeout=30)["status"] == "COMPLETE"
         assert passive.call(cmd="wait", timeout=30)["status"] == "COMPLETE"
 

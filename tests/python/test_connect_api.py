@@ -1,9 +1,11 @@
 """scad.connect's objects on their own: descriptors over every kind of memory, the metadata record,
 argument checks. Transfers between processes are in test_connect.py."""
 import asyncio
+import copy
 import ctypes
 import json
 import os
+import pickle
 
 import numpy
 import pytest
@@ -88,6 +90,16 @@ def test_register_memory_is_idempotent_and_binds_one_connector():
     d.register_memory(a)
     with pytest.raises(ValueError, match="another Connector"):
         d.register_memory(b)
+    # Dynamo's later names for the same binding.
+    assert d.is_registered
+    with pytest.raises(ValueError, match="not registered with that Connector"):
+        d.deregister_with_connector(b)
+    d.deregister_with_connector(a)
+    assert not d.is_registered
+    d.register_with_connector(b)
+    assert d.is_registered
+    with pytest.raises(ValueError, match="another Connector"):
+        d.register_with_connector(a)
     a.close()
     b.close()
 
@@ -111,6 +123,9 @@ def test_metadata_round_trips_hides_its_secrets_and_refuses_anything_else():
                 assert len({d.grant for d in md.descriptors}) == (2 if c._endpoint["verbs"] else 1)
                 for d in md.descriptors:
                     assert d.secret not in repr(md) and d.secret not in str(md) and d.secret not in repr(d)
+                with pytest.raises(TypeError, match="to_json"):  # data only: no pickle form
+                    pickle.dumps(md)
+                assert copy.deepcopy(md) is md
                 raw = json.loads(text)
                 for bad in (dict(raw, version=3), dict(raw, version=True), dict(raw, extra=1), {k: v for k, v in raw.items() if k != "port"},
                             dict(raw, operation_kind=3), dict(raw, operation_kind=True), dict(raw, descriptors=[]),

@@ -101,7 +101,8 @@ class Descriptor:
     """Memory for an operation: a numpy array, bytes (read-only: a source only), bytearray,
     memoryview, an (ndarray, device) tuple, an (address, size, device[, owner]) tuple, or a CPU
     torch.Tensor. `size`, `device`, `ptr`; register_memory(connector) binds it to a connector
-    (idempotent; operations do it on first use)."""
+    (idempotent; operations do it on first use), also under Dynamo's later names
+    register_with_connector / deregister_with_connector / is_registered."""
 
     def __init__(self, data: Any) -> None:
         self._ref: Any = data  # keeps the memory's owner alive as long as the descriptor
@@ -181,6 +182,22 @@ class Descriptor:
         if self._connector is not None:
             raise ValueError("this descriptor is already registered with another Connector")
         self._connector = connector
+
+    # Dynamo's later names for the same binding (its operations call them; code written for it
+    # may too). Dynamo binds a descriptor to one of the connector's connections; here the
+    # connector is the connection.
+    def register_with_connector(self, connector: Any) -> None:
+        self.register_memory(connector)
+
+    def deregister_with_connector(self, connector: Any) -> None:
+        """Unbinds the descriptor from `connector`, which it must be bound to."""
+        if self._connector is not connector:
+            raise ValueError("this descriptor is not registered with that Connector")
+        self._connector = None
+
+    @property
+    def is_registered(self) -> bool:
+        return self._connector is not None
 
     def __repr__(self) -> str:
         ro = ", readonly" if self._readonly else ""

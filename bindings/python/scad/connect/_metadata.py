@@ -88,6 +88,17 @@ class RdmaMetadata:
         md.__dict__.setdefault("version", VERSION)
         return md
 
+    # The record travels as JSON only (a peer that unpickles what it is sent runs what it is
+    # sent): pickling it is refused. Frozen, it is its own copy.
+    def __reduce_ex__(self, protocol: int):
+        raise TypeError("RdmaMetadata is not pickled: send metadata.to_json() and read it with RdmaMetadata.from_json()")
+
+    def __copy__(self) -> "RdmaMetadata":
+        return self
+
+    def __deepcopy__(self, memo: dict) -> "RdmaMetadata":
+        return self
+
     # ---- JSON ---------------------------------------------------------------------------
     def to_dict(self) -> dict:
         return {
