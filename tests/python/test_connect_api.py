@@ -198,3 +198,36 @@ def test_a_list_longer_than_one_lent_element_holds_is_lent_as_several():
                 await readable.wait_for_completion(timeout=30)
             assert dst == src
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_a_waiting_owner_sleeps_until_the_peers_word_wakes_it(monkeypatch, transport):
+    """wait_for_completion is completion-driven: the owner looks at its operation once, arms the
+    eventfd libd writes when the peer's word comes, and sleeps; it looks again only when woken.
+    A wait that polled (Dynamo polls every 100 ms) would look several times in the half second
+    nobody reads."""
+    from scad.connect import _passive
+    looks = []
+    wait_ready = _passive.wait_ready
+
+    async def counting(ready, *args):
+        def look():
+            looks.append(1)
+            return ready()
+        return await wait_ready(look, *args)
+
+    monkeypatch.setattr(_passive, "wait_ready", counting)
+
+    async def main():
+        with Connector() as owner, Connector(transport=transport) as peer:
+            src, dst = numpy.arange(4096, dtype=numpy.uint8), numpy.zeros(4096, numpy.uint8)
+            passive = owner.create_readable(Descriptor(src))
+            waiting = asyncio.create_task(passive.wait_for_completion(timeout=30))
+            await asyncio.sleep(0.5)  # the window in which nobody reads
+            assert not waiting.done() and len(looks) == 2, f"{len(looks)} looks while nobody read"
+            await peer.begin_read(passive.metadata(), Descriptor(dst)).wait_for_completion(timeout=30)
+            await asyncio.wait_for(waiting, 30)
+            assert passive.status == OperationStatus.COMPLETE and (dst == src).all()
+            assert len(looks) >= 3, "it returned without looking at the peer's word"
+
+    asyncio.run(main())
