@@ -62,6 +62,14 @@ class Memd:
 
 
 
+def needs_torch():
+    """torch, or a skip; the torch tier (SCAD_REQUIRE_TORCH=1, scripts/test) turns the skip into a failure."""
+    if os.environ.get("SCAD_REQUIRE_TORCH") == "1":
+        import torch
+        return torch
+    return pytest.importorskip("torch")
+
+
 def wait_until(condition, timeout_s):
     """Checks condition() every 10 ms until it is true (returns True) or timeout_s passes (False)."""
     import time

@@ -10,6 +10,7 @@ import pickle
 import numpy
 import pytest
 
+from scadtest import needs_torch
 from scad.connect import (Connector, Descriptor, Device, DeviceKind, OperationKind, OperationStatus, RdmaMetadata)
 
 
@@ -53,14 +54,6 @@ def test_descriptors_refuse_what_cannot_be_moved_in_place():
         Descriptor([1, 2, 3])
     with pytest.raises(ValueError, match="non-null"):
         Descriptor((0, 10, "cpu"))
-
-
-def needs_torch():
-    """torch, or a skip; the torch tier (SCAD_REQUIRE_TORCH=1, scripts/test) turns the skip into a failure."""
-    if os.environ.get("SCAD_REQUIRE_TORCH") == "1":
-        import torch
-        return torch
-    return pytest.importorskip("torch")
 
 
 def test_a_torch_tensor_is_a_descriptor_and_is_read_in_place():

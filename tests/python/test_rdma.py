@@ -11,7 +11,7 @@ import numpy
 import pytest
 
 from peer_process import PeerProc
-from scadtest import wait_until
+from scadtest import needs_torch, wait_until
 from scad.rdma import RdmaBuffer, RdmaManager
 from scad.rdma._regions import Region, RegionCache
 
@@ -632,3 +632,23 @@ def test_busy_polling_is_a_duration():
     with pytest.raises(ValueError, match="busy_poll_us"):
         RdmaManager(host=None, transport=None, timeout=30.0, busy_poll_us=-1)
     assert RdmaManager(host=None, transport=None, timeout=30.0, busy_poll_us=250).busy_poll_us == 250.0
+
+
+def test_a_torch_tensor_is_lent_read_into_and_written_from_in_place():
+    torch = needs_torch()
+    manager = RdmaManager.get()
+    weights = torch.arange(1 << 12, dtype=torch.float32)
+    buf = manager.request_buffer(weights)
+    assert buf.size() == weights.numel() * 4
+    row = torch.zeros(256, dtype=torch.float32)
+
+    async def main():
+        await buf.read_into(row, offset=1024 * 4)
+        await buf.write_from(torch.full((4,), -1.0), offset=0)
+    try:
+        asyncio.run(main())
+        assert torch.equal(row, torch.arange(1024, 1280, dtype=torch.float32))
+        assert weights[:4].tolist() == [-1.0] * 4 and weights[4] == 4.0, "written into the owner's own tensor"
+    finally:
+        manager.release_queue_pair(buf)
+        buf.drop()

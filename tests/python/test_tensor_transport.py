@@ -7,7 +7,7 @@ import numpy
 import pytest
 
 from peer_process import PeerProc
-from scadtest import wait_until
+from scadtest import needs_torch, wait_until
 from scad.tensor_transport import ScadTensorTransport
 from scad.tensor_transport._metadata import ScadTransportMetadata
 
@@ -296,3 +296,22 @@ def test_a_receive_past_the_transports_timeout_is_cancelled_and_the_next_goes_th
     assert r.get("error") == "TimeoutError" and "longer than 0.5 s and was cancelled" in r["message"], r
     src.resume()
     assert ok(dst.call(cmd="recv", obj="t1", meta=lent["meta"]))["digests"] == lent["digests"]
+
+
+@pytest.mark.parametrize("into", [False, True])
+def test_torch_tensors_are_lent_and_received_as_torch_tensors(into):
+    torch = needs_torch()
+    transport = ScadTensorTransport()
+    lent = [torch.arange(64 * 64, dtype=torch.float32).reshape(64, 64), torch.tensor([1, 2, 3], dtype=torch.int64),
+            torch.ones(5, dtype=torch.bfloat16)]
+    meta = transport.extract_tensor_transport_metadata("torch-obj", lent)
+    assert [dtype for _, dtype in meta.tensor_meta] == [torch.float32, torch.int64, torch.bfloat16]
+    targets = [torch.zeros_like(t) for t in lent] if into else None
+    try:
+        got = transport.recv_multiple_tensors("torch-obj", meta, transport.get_communicator_metadata(), targets)
+        assert all(type(g) is torch.Tensor for g in got)
+        assert [g.shape for g in got] == [t.shape for t in lent] and all(torch.equal(g, t) for g, t in zip(got, lent))
+        if into:
+            assert all(g is t for g, t in zip(got, targets)), "given targets are filled in place"
+    finally:
+        transport.garbage_collect("torch-obj", meta)
