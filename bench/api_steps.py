@@ -40,7 +40,7 @@ STEPS = {
                  "peer: wait_for_completion (the notification sent)"],
                 ["the notification reaches the owner's wait"]),
     "rdma": (["owner: request_buffer", "owner: the record (to_json)", "owner: record onto the pipe"],
-             ["pipe to the peer", "peer: RdmaBuffer.from_json", "peer: read_into|write_from", "peer: drop (its queue pair let go)"],
+             ["pipe to the peer", "peer: RdmaBuffer.from_json", "peer: read_into|write_from", "peer: (nothing more)"],
              ["the peer's word reaches the owner", "owner: drop (the key revoked)"]),
     "tensor": (["owner: extract_tensor_transport_metadata", "owner: the record (pickled)", "owner: record onto the pipe"],
                ["pipe to the peer", "peer: unpickled", "peer: recv_multiple_tensors", "peer: (nothing more)"],
@@ -61,7 +61,7 @@ async def owner(api, transport, size, runs, chan, write):
         if api == "tensor":
             from scad.tensor_transport import ScadTensorTransport
             tensors = ScadTensorTransport()
-    rows = []
+    rows, drops = [], []
     for i in range(runs):
         t = [perf()]
         if api == "connect":
@@ -83,8 +83,11 @@ async def owner(api, transport, size, runs, chan, write):
             await op.wait_for_completion()
             t.append(perf())
             peer = chan.recv_polling()["t"]
+            drops.append(0.0)
         else:
-            peer = chan.recv_polling(drive)["t"]
+            word = chan.recv_polling(drive)
+            peer = word["t"]
+            drops.append(word["dropped_us"])
             t.append(perf())
             if api == "rdma":
                 buf.drop()
@@ -93,7 +96,7 @@ async def owner(api, transport, size, runs, chan, write):
             t.append(perf())
         rows.append((t, peer))
     chan.send({"quit": True})
-    return rows
+    return rows, drops[1:]  # each is the operation before's
 
 
 async def peer(api, transport, size, chan, write):
@@ -109,6 +112,7 @@ async def peer(api, transport, size, chan, write):
             RdmaManager.get(transport=transport)  # the transport the tensor transport's reads use
             from scad.tensor_transport import ScadTensorTransport
             tensors = ScadTensorTransport(busy_poll_us=BUSY_POLL_US)
+    dropped_us = 0.0  # scad.rdma: how long the last operation's drop took, after its word
     while True:
         chan.wait_readable()  # polled, as bench/transfer.py's active sides wait for a command
         t = [perf()]
@@ -126,14 +130,17 @@ async def peer(api, transport, size, chan, write):
             t.append(perf())
             await (buf.write_from(local) if write else buf.read_into(local))
             t.append(perf())
-            buf.drop()
         else:
             meta = pickle.loads(base64.b64decode(msg["meta"]))
             t.append(perf())
             tensors.recv_multiple_tensors(msg["object"], meta, tensors.get_communicator_metadata(), target_buffers=[local])
             t.append(perf())
         t.append(perf())
-        chan.send({"t": t})
+        chan.send({"t": t, "dropped_us": dropped_us})
+        if api == "rdma":  # its link let go of once the owner has its word, as transfer_scad.py's peer does
+            t0 = perf()
+            buf.drop()
+            dropped_us = (perf() - t0) * 1e6
 
 
 def main():
@@ -159,7 +166,7 @@ def main():
                              Channel(os.fdopen(to_peer[0], "r"), os.fdopen(from_peer[1], "w")), write))
         finally:
             os._exit(0)
-    rows = asyncio.run(owner(args.api, args.transport, args.size, runs,
+    rows, drops = asyncio.run(owner(args.api, args.transport, args.size, runs,
                              Channel(os.fdopen(from_peer[0], "r"), os.fdopen(to_peer[1], "w")), write))
     os.waitpid(pid, 0)
     before, at_peer, after = STEPS[args.api]
@@ -175,6 +182,8 @@ def main():
           f"over {args.transport}, median µs of {args.runs}:")
     for name, v in steps.items():
         print(f"  {name:52} {statistics.median(v):8.1f}")
+    if args.api == "rdma":
+        print(f"  {'peer, after its word: drop (its link let go)':52} {statistics.median(drops[WARMUP:]):8.1f}")
 
 
 if __name__ == "__main__":

@@ -165,8 +165,10 @@ class Active:
             elif cmd == "verify":
                 self.chan.send({"verified": check(self.local, self.value)})
             elif cmd == "go":
-                await getattr(self, f"{self.api}_go")(msg)
+                after = await getattr(self, f"{self.api}_go")(msg)
                 self.chan.send({"done": True})
+                if after is not None:
+                    after()  # clean-up the owner need not wait for (as NIXL's initiator releases its handle)
 
     def xfer(self, msg):
         from disagg import LibdAction
@@ -221,8 +223,10 @@ class Active:
         else:  # a buffer each, moved at once
             await asyncio.gather(*[(b.read_into(l) if self.op == "read" else b.write_from(l))
                                    for b, l in zip(bufs, self.local)])
-        for b in bufs:
-            b.drop()  # a peer done with a buffer closes its queue pair to it
+        # A peer done with a buffer lets go of its link to it, once it has told the owner: the
+        # owner waits for its word, not for that (NIXL's initiator releases its transfer handle
+        # after its notification has gone, scad.connect's active side after its notification).
+        return lambda: [b.drop() for b in bufs]
 
     async def tensor_go(self, msg):
         from scad.rdma import RdmaManager

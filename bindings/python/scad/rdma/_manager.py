@@ -390,6 +390,8 @@ class RdmaManager:
         # The servers parked at most recently last; past the cap the oldest's links are closed
         # (an owner gone for good leaves at most that many behind, for a while).
         self._idle_links.move_to_end(link.server)
+        if len(self._idle_links) * _IDLE_LINKS_PER_SERVER <= _IDLE_LINKS_TOTAL:
+            return  # so few servers that their links cannot exceed the cap (no count per park)
         while sum(len(v) for v in self._idle_links.values()) > _IDLE_LINKS_TOTAL:
             oldest = next(iter(self._idle_links))
             try:
