@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from peer_process import PeerProc
+from peer_process import PeerProc, assert_a_thousand_leak_nothing
 
 PEER = os.path.join(os.path.dirname(__file__), "connect_peer.py")
 
@@ -303,25 +303,4 @@ def test_a_thousand_operations_leak_neither_memory_nor_descriptors(peers, impl, 
         assert active.call(cmd="wait", timeout=30)["status"] == "COMPLETE"
         assert passive.call(cmd="wait", timeout=30)["status"] == "COMPLETE"
 
-    def usage():
-        return [passive.call(cmd="usage"), active.call(cmd="usage")]
-
-    # Warm-up first (caches, imports, the allocator's arenas for the waiting threads), then two
-    # windows of 500. File descriptors must not change at all; Python objects not grow in the
-    # second window (a leaked operation, descriptor or transport object shows at once); resident
-    # memory, which the allocator grows in steps, not by more than 3 MiB over the 1,000 (a leaked
-    # connection holds tens of KiB: 1,000 of them are tens of MiB).
-    for _ in range(200):
-        one()
-    start = usage()
-    for _ in range(500):
-        one()
-    middle = usage()
-    for _ in range(500):
-        one()
-    end = usage()
-    for i, side in enumerate(("owner", "reader")):
-        seen = f"{side}: {start[i]} -> {middle[i]} -> {end[i]}"
-        assert start[i]["fds"] == middle[i]["fds"] == end[i]["fds"], f"file descriptors leak: {seen}"
-        assert end[i]["objects"] - middle[i]["objects"] < 50, f"Python objects leak: {seen}"
-        assert end[i]["rss_kib"] - start[i]["rss_kib"] < 3072, f"memory leaks: {seen}"
+    assert_a_thousand_leak_nothing(one, [passive, active], ["owner", "reader"])

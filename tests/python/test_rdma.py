@@ -10,7 +10,7 @@ import time
 import numpy
 import pytest
 
-from peer_process import PeerProc
+from peer_process import PeerProc, assert_a_thousand_leak_nothing
 from scadtest import needs_torch, wait_until
 from scad.rdma import RdmaBuffer, RdmaManager
 from scad.rdma._regions import Region, RegionCache
@@ -253,27 +253,8 @@ def test_a_thousand_buffers_lent_read_and_dropped_leak_neither_memory_nor_descri
         assert ok(owner.call(cmd="drop", index=buf["index"]))["regions"] == []
         made[0] += 1
 
-    def usage():
-        return [ok(owner.call(cmd="usage")), ok(peer.call(cmd="usage"))]
-
-    # As scad.connect's loop test: warm-up, then two windows of 500. File descriptors must not
-    # change at all, Python objects not grow in the second window, resident memory not by more
-    # than 3 MiB over the 1,000 (a leaked link or region holds tens of KiB).
-    for _ in range(200):
-        one()
-    start = usage()
-    for _ in range(500):
-        one()
-    middle = usage()
-    for _ in range(500):
-        one()
-    end = usage()
+    assert_a_thousand_leak_nothing(one, [owner, peer], ["owner", "peer"])
     assert made[0] == 1200
-    for i, side in enumerate(("owner", "peer")):
-        seen = f"{side}: {start[i]} -> {middle[i]} -> {end[i]}"
-        assert start[i]["fds"] == middle[i]["fds"] == end[i]["fds"], f"file descriptors leak: {seen}"
-        assert end[i]["objects"] - middle[i]["objects"] < 50, f"Python objects leak: {seen}"
-        assert end[i]["rss_kib"] - start[i]["rss_kib"] < 3072, f"memory leaks: {seen}"
 
 
 @pytest.mark.parametrize("pair", [None], indirect=True)

@@ -6,7 +6,7 @@ import os
 import numpy
 import pytest
 
-from peer_process import PeerProc
+from peer_process import PeerProc, assert_a_thousand_leak_nothing
 from scadtest import needs_torch, wait_until
 from scad.tensor_transport import ScadTensorTransport
 from scad.tensor_transport._metadata import ScadTransportMetadata
@@ -230,24 +230,7 @@ def test_a_thousand_objects_lent_received_and_collected_leak_neither_memory_nor_
         ok(src.call(cmd="gc", obj=obj))
         count[0] += 1
 
-    def usage():
-        return [ok(src.call(cmd="usage")), ok(dst.call(cmd="usage"))]
-
-    # As scad.connect's loop test: warm-up, then two windows of 500.
-    for _ in range(200):
-        one()
-    start = usage()
-    for _ in range(500):
-        one()
-    middle = usage()
-    for _ in range(500):
-        one()
-    end = usage()
-    for i, side in enumerate(("source", "destination")):
-        seen = f"{side}: {start[i]} -> {middle[i]} -> {end[i]}"
-        assert start[i]["fds"] == middle[i]["fds"] == end[i]["fds"], f"file descriptors leak: {seen}"
-        assert end[i]["objects"] - middle[i]["objects"] < 50, f"Python objects leak: {seen}"
-        assert end[i]["rss_kib"] - start[i]["rss_kib"] < 3072, f"memory leaks: {seen}"
+    assert_a_thousand_leak_nothing(one, [src, dst], ["source", "destination"])
     counters = ok(src.call(cmd="counters"))
     assert (counters["lent_objects"], counters["released_objects"]) == (1200, 1200), counters
 
