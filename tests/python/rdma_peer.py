@@ -11,7 +11,7 @@ Commands arrive as JSON lines on stdin, answers leave as JSON lines on stdout.
           {"cmd": "digest", "start": a, "stop": b}               -> {"digest": ...}
           {"cmd": "digest", "slices": [[a, b], ...]}  of the slices end to end -> {"digest": ...}
           {"cmd": "regions"}                                      -> {"regions": [...]}
-  peer:   {"cmd": "read", "buffer": json|pickle, "size": n, "offset": o} -> {"digest": ..., "same_pair": bool (as the previous read's), "impl": ...} | error
+  peer:   {"cmd": "read", "buffer": json|pickle, "size": n, "offset": o} -> {"digest": ..., "same_link": bool (as the previous read's), "impl": ...} | error
           ("sizes": [n, ...] instead of "size": into a list of arrays, with one read_into; the
           digest is of them end to end; the same for "write")
           {"cmd": "write", "buffer": ..., "size": n, "seed": s, "offset": o} -> {"digest": ...} | error
@@ -25,7 +25,8 @@ Commands arrive as JSON lines on stdin, answers leave as JSON lines on stdout.
                 of the whole buffer started through the queue pair; with stop the process stops
                 itself (SIGSTOP) right after answering, the transfer posted -> {"ok": true}
           {"cmd": "finish", "timeout": t}  waits for it -> {"digest": ...} | error
-          {"cmd": "cancel"}  cancels it -> {"idle": bool}
+          {"cmd": "cancel"}  cancels it -> {"stopped": bool (its transfers all ended), "idle": bool}
+          {"cmd": "links", "buffer": ...} -> {"count": n} the links the manager holds to its owner
   both:   {"cmd": "usage"} -> {"fds": n, "rss_kib": n, "objects": n}
           {"cmd": "stop"} -> {"ok": true}, then the process stops itself until continued
 Errors come back as {"error": type name, "message": ...}.
@@ -69,7 +70,7 @@ class Peer:
         self.buffers = []
         self.lent = {}  # buffer index -> the array "lend" made for it
         self.started = None  # (queue pair, local memory) of "start", for "finish"
-        self.last_pair = None
+        self.last_link = None
         self.last_dst = None
 
     async def handle(self, msg):
@@ -113,13 +114,13 @@ class Peer:
             dst = numpy.zeros(msg["size"], numpy.uint8)
             buf = load(msg)
             await buf.read_into(dst, offset=msg.get("offset", 0), timeout=msg.get("timeout", 20))
-            # Which queue pair carried it: the one of the previous read again? (A weak reference:
-            # one closed and freed meanwhile is not mistaken for a new one at the same address.)
-            qp = self.manager._links.get(buf.route)
-            same = self.last_pair is not None and self.last_pair() is qp
-            self.last_pair = weakref.ref(qp)
+            # Which link carried it: the one of the previous read again? (A weak reference: one
+            # closed and freed meanwhile is not mistaken for a new one at the same address.)
+            link = self.manager._links.get(buf.route)
+            same = self.last_link is not None and self.last_link() is link
+            self.last_link = weakref.ref(link)
             self.last_dst = weakref.ref(dst)
-            return {"digest": digest(dst), "same_pair": same, "impl": qp.impl}
+            return {"digest": digest(dst), "same_link": same, "impl": link.impl}
         if cmd == "write":
             if "sizes" in msg:
                 src = seeded(sum(msg["sizes"]), msg["seed"])
@@ -182,10 +183,14 @@ class Peer:
             qp, local = self.started
             await qp.wait(msg["timeout"])
             return {"digest": digest(local)}
-        if cmd == "cancel":  # cancels what "start" started, then says whether anything still runs
+        if cmd == "cancel":  # cancels what "start" started, then says whether any of it still runs
             qp, _ = self.started
+            ops = [s.op for s in qp._started]
             qp.cancel()
-            return {"idle": qp.poll()}
+            return {"stopped": bool(ops) and all(op.done() for op in ops), "idle": qp.poll()}
+        if cmd == "links":  # how many links this process's manager holds to the buffer's owner
+            buf = load(msg)
+            return {"count": sum(1 for route in self.manager._links if route[:3] == (buf.host, buf.port, buf.path))}
         if cmd == "stop":  # this process stops itself once it has answered, until continued
             return {"ok": True, "stop": True}
         if cmd == "usage":

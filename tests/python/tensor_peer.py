@@ -46,8 +46,12 @@ def posted(transport, obj, request, timeout=30.0):
     """Waits until the receive of obj has a read on the wire (its link has a transfer pending), or
     has finished (over shm a read is done as it starts)."""
     deadline = time.monotonic() + timeout
-    while not (request.future.done()
-               or any(link._pending for r in transport._receiving.get(obj, ()) for link in r._links)):
+    def on_the_wire():
+        with transport._lock:  # the module's loop thread adds and removes receives under it
+            receives = list(transport._receiving.get(obj, ()))
+        return any(link._pending for r in receives for link in list(r._links))
+
+    while not (request.future.done() or on_the_wire()):
         if time.monotonic() > deadline:
             raise TimeoutError(f"the receive of {obj} posted no read within {timeout} s")
         time.sleep(0.001)

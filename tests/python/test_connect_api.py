@@ -217,7 +217,9 @@ def test_a_waiting_owner_sleeps_until_the_peers_word_wakes_it(monkeypatch, trans
             passive = owner.create_readable(Descriptor(src))
             waiting = asyncio.create_task(passive.wait_for_completion(timeout=30))
             await asyncio.sleep(0.5)  # the window in which nobody reads
-            assert not waiting.done() and len(looks) == 2, f"{len(looks)} looks while nobody read"
+            # It looks before it arms the eventfd and once after (no word is missed between):
+            # two looks, perhaps a third; never one per interval.
+            assert not waiting.done() and len(looks) <= 3, f"{len(looks)} looks while nobody read"
             await peer.begin_read(passive.metadata(), Descriptor(dst)).wait_for_completion(timeout=30)
             await asyncio.wait_for(waiting, 30)
             assert passive.status == OperationStatus.COMPLETE and (dst == src).all()

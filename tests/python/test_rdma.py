@@ -84,7 +84,7 @@ def test_dropping_revokes_and_the_last_drop_releases_the_region(pair):
     ok(owner.call(cmd="buffer", start=0, stop=KiB))
     assert ok(peer.call(cmd="read", size=16 * KiB, buffer=first["json"]))["digest"]
     assert [r[2] for r in ok(owner.call(cmd="drop", index=0))["regions"]] == [1]
-    r = peer.call(cmd="read", size=16 * KiB, buffer=first["json"])  # its queue pair was cut off
+    r = peer.call(cmd="read", size=16 * KiB, buffer=first["json"])  # its link was cut off
     assert r["error"] in ("ConnectionError", "PermissionError"), r
     r = peer.call(cmd="read", size=16 * KiB, buffer=first["json"])  # and a new one is refused
     assert r["error"] == "PermissionError" and "dropped or expired" in r["message"], r
@@ -217,23 +217,24 @@ def test_a_queue_pair_refuses_a_dropped_key_and_another_owners_buffer(pair):
     finally:
         other.close()
     ok(peer.call(cmd="qp_release", buffer=a["json"]))  # closes its links; the owner's keys stay
+    assert ok(peer.call(cmd="links", buffer=a["json"]))["count"] == 0, "a released queue pair left a link behind"
     assert ok(peer.call(cmd="qp_get", buffer=a["json"]))["digest"] == a["digest"]
 
 
 @pytest.mark.parametrize("pair", IMPLS, indirect=True)
-def test_a_queue_pair_let_go_of_serves_the_next_buffer_and_only_that_one(pair):
+def test_a_link_let_go_of_serves_the_next_buffer_and_only_that_one(pair):
     owner, peer = pair
     a = ok(owner.call(cmd="lend", size=8 * KiB, seed=21))
     b = ok(owner.call(cmd="lend", size=8 * KiB, seed=22))
     got_a = ok(peer.call(cmd="read", size=8 * KiB, buffer=a["json"]))
     assert not ok(peer.call(cmd="forget", buffer=a["json"]))["last_read_kept"], \
-        "the queue pair kept for the next buffer holds on to the memory the read went into"
+        "the link kept for the next buffer holds on to the memory the read went into"
     got_b = ok(peer.call(cmd="read", size=8 * KiB, buffer=b["json"]))
     assert (got_a["digest"], got_b["digest"]) == (a["digest"], b["digest"])
-    if got_a["impl"] in ("shm", "tcp"):  # (verbs: a queue pair is a connection of its own per key)
-        assert got_b["same_pair"], "the queue pair the peer let go of carried the next buffer"
+    if got_a["impl"] in ("shm", "tcp"):  # (verbs: a link is a connection of its own per key, closed)
+        assert got_b["same_link"], "the link the peer let go of carried the next buffer"
     ok(peer.call(cmd="forget", buffer=b["json"]))
-    # The idle queue pair once held a's key: with a dropped, taking it for a is still refused.
+    # The idle link once held a's key: with a dropped, taking it for a is still refused.
     ok(owner.call(cmd="drop", index=a["index"]))
     r = peer.call(cmd="read", size=8 * KiB, buffer=a["json"])
     assert r.get("error") == "PermissionError" and "refused" in r["message"], r
@@ -330,11 +331,24 @@ def test_a_cancelled_transfer_leaves_the_queue_pair_working(pair):
     big = ok(owner.call(cmd="lend", size=64 * MiB, seed=16))
     small = ok(owner.call(cmd="lend", size=64 * KiB, seed=17))
     ok(peer.call(cmd="start", op="read", buffer=big["json"]))
-    assert ok(peer.call(cmd="cancel"))["idle"], "a cancelled transfer still runs"
+    cancelled = ok(peer.call(cmd="cancel"))
+    assert cancelled["stopped"], "a cancelled transfer still runs"
+    assert cancelled["idle"], "the queue pair still counts the cancelled transfer"
     # The same queue pair, the same connection: what the cancelled read still had coming is not
     # taken for the next one's answer.
     assert ok(peer.call(cmd="qp_get", buffer=small["json"]))["digest"] == small["digest"]
     assert ok(peer.call(cmd="qp_get", buffer=big["json"]))["digest"] == big["digest"]
+
+
+@pytest.mark.parametrize("pair", ["tcp"], indirect=True)
+def test_a_buffer_dropped_here_under_a_queue_pairs_transfer_fails_its_wait(pair):
+    owner, peer = pair
+    buf = ok(owner.call(cmd="lend", size=64 * MiB, seed=20))
+    ok(peer.call(cmd="start", op="read", buffer=buf["json"]))
+    ok(peer.call(cmd="forget", buffer=buf["json"]))  # the peer's own drop closes the buffer's link
+    r = peer.call(cmd="finish", timeout=30)
+    assert r.get("error") == "ConnectionAbortedError" and "cancelled" in r["message"], r
+    assert ok(peer.call(cmd="qp_get", buffer=buf["json"]))["digest"] == buf["digest"], "the queue pair goes on"
 
 
 @pytest.mark.parametrize("pair", ["tcp"], indirect=True)
@@ -355,9 +369,8 @@ def test_a_buffer_is_refused_once_its_ttl_has_passed(pair):
     owner, peer = pair
     whole = ok(owner.call(cmd="array", size=KiB, seed=19))["digest"]
     lent = time.monotonic()
-    buf = ok(owner.call(cmd="buffer", ttl=3.0))
+    buf = ok(owner.call(cmd="buffer", ttl=5.0))
     assert ok(peer.call(cmd="read", size=KiB, buffer=buf["json"]))["digest"] == whole
-    assert time.monotonic() - lent < 3.0, "the host was too slow to read before the key expired"
     refused = []
 
     def expired():
@@ -366,7 +379,7 @@ def test_a_buffer_is_refused_once_its_ttl_has_passed(pair):
         return "error" in r
 
     assert wait_until(expired, 30), f"the key did not expire within 30 s: {refused[-1]}"
-    assert time.monotonic() - lent >= 3.0, "refused before its ttl"
+    assert time.monotonic() - lent >= 5.0, "refused before its ttl"
     # A new link's key is refused (PermissionError); a link connected before the key expired is
     # cut off, and says why (ConnectionError, as for a buffer dropped under it: over verbs the
     # owner's server closes the link's connection, and cannot tell it more).

@@ -160,6 +160,25 @@ TEST_P(Lent, AHolderThatNotifiedThenLeftIsNotALoss) {
   EXPECT_EQ(-ETIMEDOUT, libd_trdma_server_wait_notify(p.srv, p.grant_id.c_str(), &value, &status, 100));
 }
 
+// A holder on this host whose transfer completed before the owner ended the grant, and that only
+// then says so: its word is refused at once (the grant's slot in the owner's table, which a
+// holder on the process's shared connection follows), not sent or left to the race with the
+// owner's DETACHED on the socket.
+TEST_P(Lent, AWordAfterTheOwnerEndedTheGrantIsRefused) {
+  if (GetParam() != "shm+share")
+    GTEST_SKIP() << "only a holder on the shared connection follows its grant's slot (elsewhere the word is sent "
+                    "and the owner drops it)";
+  std::vector<char> mem(4096, 'x');
+  auto p = make_owner_and_holder(GetParam(), mem);
+  char *buf = nullptr;
+  ASSERT_EQ(0, libd_trdma_reg(p.t, 64, reinterpret_cast<void **>(&buf)));
+  ASSERT_EQ(0, libd_trdma_read(p.t, 8, 0, buf)) << libd_last_error();
+  EXPECT_EQ(0, std::memcmp(buf, "xxxxxxxx", 8));
+  ASSERT_EQ(0, libd_trdma_server_revoke(p.srv, p.grant_id.c_str())) << libd_last_error();
+  EXPECT_EQ(-ECONNRESET, libd_trdma_notify(p.t, 7, 0));
+  EXPECT_NE(std::string(libd_last_error()).find("ended this grant"), std::string::npos) << libd_last_error();
+}
+
 TEST_P(Lent, AnExpiredGrantEndsTheWaitAndCutsTheHolderOff) {
   std::vector<char> mem(4096);
   auto p = make_owner_and_holder(GetParam(), mem, 3, /*ttl_ms=*/300);

@@ -79,7 +79,7 @@ class RdmaBuffer:
 
     @property
     def route(self) -> tuple:
-        """What a queue pair to this buffer is bound to: its owner's server and its key."""
+        """What a link to this buffer is bound to: its owner's server and its key."""
         return (self.host, self.port, self.path, self.grant)
 
     def range_ends(self) -> Tuple[int, ...]:
@@ -99,8 +99,9 @@ class RdmaBuffer:
 
     def drop(self) -> None:
         """In the owner: revokes the slice's key at once (peers holding it are cut off) and
-        releases its memory when the region has no buffer left. Elsewhere: closes this process's
-        queue pair to it; the owner's grant stays."""
+        releases its memory when the region has no buffer left. Elsewhere: lets go of this
+        process's link to it (a transfer of it still running is cancelled); the owner's grant
+        stays."""
         _manager().drop(self)
 
     # ---- serialisation ------------------------------------------------------------------

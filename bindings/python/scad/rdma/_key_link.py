@@ -92,25 +92,28 @@ class KeyLink:
         self._reg: Optional[tuple] = None  # (ptr, size) of the registered local region
         self._keep: Any = None
         self._fd = -1  # the eventfd libd writes to as transfers complete (wait)
-        self.server: tuple = ()  # the owner's server it leads to (the manager's key for idle pairs)
+        self._waiters = 0  # waits under way on _fd: the last one closes it if the link closed meanwhile
+        self._closed = False
+        self.server: tuple = ()  # the owner's server it leads to (the manager's key for idle links)
         self.exposed = False  # part of a QueuePair handed to a caller: closed, never reused
+        self.queue_pair: Any = None  # that QueuePair (told when the manager closes the link)
         # Its last transfer completed and none runs (the manager's callers say so): only then
         # may it be kept for another buffer when let go of; else it is closed.
         self.reusable = False
-        self._scratch: Any = None  # what an idle pair has registered in place of a caller's memory
+        self._scratch: Any = None  # what an idle link has registered in place of a caller's memory
         self._scratch_at = 0  # its address
 
-    def get(self, local: Any, remote: RdmaBuffer, offset: int = 0) -> None:
+    def get(self, local: Any, remote: RdmaBuffer, offset: int = 0) -> Any:
         """Starts reading remote[offset:offset+len(local)] into local (or into a list of local
-        memories, in order); returns at once."""
-        self._start(local, remote, offset, read=True)
+        memories, in order); returns at once, with the transfer's libd operation."""
+        return self._start(local, remote, offset, read=True)
 
-    def put(self, local: Any, remote: RdmaBuffer, offset: int = 0) -> None:
+    def put(self, local: Any, remote: RdmaBuffer, offset: int = 0) -> Any:
         """Starts writing local (or a list of local memories, in order) into
-        remote[offset:offset+len(local)]; returns at once."""
-        self._start(local, remote, offset, read=False)
+        remote[offset:offset+len(local)]; returns at once, with the transfer's libd operation."""
+        return self._start(local, remote, offset, read=False)
 
-    def move_list(self, pairs: List[tuple], remote: RdmaBuffer, read: bool = True) -> None:
+    def move_list(self, pairs: List[tuple], remote: RdmaBuffer, read: bool = True) -> Any:
         """Starts one transfer of several local buffers, [(local, offset in remote)], each to or
         from its own part of remote (a buffer lent as a list: each part within one of its
         ranges); the local buffers are registered together for it. Returns at once."""
@@ -125,9 +128,9 @@ class KeyLink:
             if offset + d.size > ends[bisect.bisect_right(ends, offset)]:
                 raise ValueError(f"[{offset}, +{d.size}) crosses from one of the buffer's memories into the next "
                                  "(give each its own entry)")
-        self._start_list(pieces, remote, read)
+        return self._start_list(pieces, remote, read)
 
-    def _start_list(self, pieces: List[tuple], remote: RdmaBuffer, read: bool) -> None:
+    def _start_list(self, pieces: List[tuple], remote: RdmaBuffer, read: bool) -> Any:
         """One transfer of [(Descriptor, offset in remote)], checked already (move_list, lay_out)."""
         entries = [(d.size, remote.offset + offset, d.ptr) for d, offset in pieces]
         # What to register: each piece's own memory (a piece lay_out cut keeps it as its owner),
@@ -150,6 +153,7 @@ class KeyLink:
             self._t.reg_ranges(list(regs), keep=keep)
             op = self._t.readv_async(entries) if read else self._t.writev_async(entries)
             self._pending.append(op)
+        return op
 
     def poll(self) -> bool:
         """True once every transfer started has finished; raises the first one's error."""
@@ -165,15 +169,33 @@ class KeyLink:
         go on: wait again, or cancel()). busy_poll_us: how long to poll before sleeping."""
         with self._lock:
             pending = list(self._pending)
+            fd = self._fd
+            self._waiters += 1
         done = lambda: all(op.done() for op in pending)  # noqa: E731 - a look also reads answers in (libd)
         def arm(fd: int) -> None:
             for op in pending:
                 op.watch(fd)  # libd writes to it as each completes
 
-        self._fd, ok = await wait_ready(done, busy_poll_us, timeout, self._fd, arm)
+        try:
+            fd, ok = await wait_ready(done, busy_poll_us, timeout, fd, arm)
+        finally:
+            self._waited(fd)
         if not ok:
             raise TimeoutError(f"the transfers did not finish within {timeout} s (they go on)")
-        self._wait_all(0)  # all done: raises the first failure
+        self._wait_all(0, pending)  # all done: raises the first failure (one cancelled meanwhile too)
+
+    def _waited(self, fd: int) -> None:
+        """A wait on fd ended: fd is kept for the next, or closed when the link closed meanwhile
+        and no other wait is on it (close() leaves it to the waits)."""
+        with self._lock:
+            self._waiters -= 1
+            if not self._closed:
+                self._fd = fd
+                return
+            last = self._waiters == 0
+            fd, self._fd = (fd if fd >= 0 else self._fd), -1
+        if last and fd >= 0:
+            os.close(fd)
 
     def finished(self) -> bool:
         """True, the pending list emptied, when every transfer started has completed successfully
@@ -199,6 +221,13 @@ class KeyLink:
         for op in pending:
             op.cancel()
 
+    def cancel_ops(self, ops: List[Any]) -> None:
+        """Cancels these transfers of the link (a queue pair's own), not the others."""
+        for op in ops:
+            op.cancel()
+        with self._lock:
+            self._pending = [op for op in self._pending if not any(op is o for o in ops)]
+
     def broken(self) -> bool:
         """True when the link is of no more use: in ERROR (over verbs a transfer cancelled while on
         the wire resets its RC connection, as RDMA cannot withdraw a posted request). The manager
@@ -206,10 +235,21 @@ class KeyLink:
         return self._t.state == "ERROR"
 
     def close(self) -> None:
+        """Cancels what runs and lets go of the link (its libd action, its eventfd, the caller's
+        memory). Closing twice is closing once."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self.route = None  # a transfer started on it from now on is refused
         self.cancel()
         self._action.terminate()
-        fd, self._fd = self._fd, -1
-        if fd >= 0:
+        with self._lock:
+            self._reg, self._keep, self._scratch = None, None, None
+            fd, waiting = self._fd, self._waiters > 0
+            if not waiting:
+                self._fd = -1
+        if fd >= 0 and not waiting:
             os.close(fd)  # every operation ended (cancelled): nothing writes to it any more
 
     # ---- reuse for another buffer of the same server (the manager's idle links) ----
@@ -255,22 +295,22 @@ class KeyLink:
         with self._lock:
             try:
                 self._action.config_transport("qp", f"grant,{grant};secret,{secret}")
+                self.route = route
+                return True
             except (OSError, ValueError):
-                self._action.terminate()
-                return False
-            self.route = route
-        return True
+                pass
+        self.close()
+        return False
 
     def __repr__(self) -> str:
         return f"KeyLink({self.impl}, pending={len(self._pending)})"
 
     # ---- the machinery ------------------------------------------------------------------
-    def _start(self, local: Any, remote: RdmaBuffer, offset: int, read: bool) -> None:
+    def _start(self, local: Any, remote: RdmaBuffer, offset: int, read: bool) -> Any:
         self._check_route(remote)
         pieces = lay_out(remote, local, offset, read)
         if len(pieces) > 1:  # several local memories, or one across two of remote's: one transfer of a list
-            self._start_list(pieces, remote, read)
-            return
+            return self._start_list(pieces, remote, read)
         d, offset = pieces[0]
         with self._lock:
             self._check_route(remote)
@@ -280,12 +320,14 @@ class KeyLink:
             raddr = remote.offset + offset
             op = self._t.read_async(d.size, raddr, local_off) if read else self._t.write_async(d.size, raddr, local_off)
             self._pending.append(op)
+        return op
 
     def _check_route(self, remote: RdmaBuffer) -> None:
-        # Also under the lock, before a transfer starts: the manager may have let go of the queue
-        # pair (and pointed it at another buffer) since the caller took it.
+        # Also under the lock, before a transfer starts: the manager may have let go of the link
+        # (and pointed it at another buffer) since the caller took it.
         if self.route is None:
-            raise ConnectionError(errno.ECONNABORTED, "the queue pair was closed (its buffer was dropped)")
+            raise ConnectionError(errno.ECONNABORTED, "the link to the buffer was closed (the buffer was dropped here, "
+                                                      "or its queue pair released)")
         if remote.route != self.route:
             raise ValueError("this link leads to another buffer's route")
 
@@ -298,10 +340,13 @@ class KeyLink:
         self._t.reg_memory(whole.ptr, whole.size, keep=whole)
         self._reg, self._keep = (whole.ptr, whole.size), whole
 
-    def _wait_all(self, timeout: Optional[float]) -> None:
+    def _wait_all(self, timeout: Optional[float], pending: Optional[List[Any]] = None) -> None:
+        """Waits for `pending` (default: every transfer running) in libd, the GIL released; raises
+        the first failure, a transfer cancelled meanwhile included (CancelledError)."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        with self._lock:
-            pending = list(self._pending)
+        if pending is None:
+            with self._lock:
+                pending = list(self._pending)
         try:
             for op in pending:
                 op.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))

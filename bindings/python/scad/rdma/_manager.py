@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import errno
 import os
 import socket
 import threading
 import uuid
+from concurrent.futures import CancelledError
 from typing import Any, Dict, Optional
 
 from .. import _memserver
@@ -250,7 +252,10 @@ class RdmaManager:
 
     def _release_link(self, remote: RdmaBuffer) -> None:
         """This side is done with remote for now: its link is kept for the next buffer of the same
-        server, or closed (one a QueuePair holds is left to it)."""
+        server, or closed; one a QueuePair holds is left to it."""
+        link = self._links.get(remote.route)
+        if link is not None and link.exposed:
+            return
         self._forget_link(remote.route, reuse=True)
 
     def _link(self, remote: RdmaBuffer, expose: bool = False) -> tuple:
@@ -321,6 +326,7 @@ class RdmaManager:
         if qp is None:
             qp = self._queue_pairs.setdefault(key, QueuePair(self, key))
         link, new = self._link(remote, expose=True)  # the caller holds it: never pointed elsewhere
+        qp._adopt(remote.route, link)
         if new:
             await self._connect(remote, link)
         return qp
@@ -333,6 +339,9 @@ class RdmaManager:
     def _mark_reached(self, remote: RdmaBuffer) -> None:
         self._reached_servers.add((remote.host, remote.port, remote.path))
 
+    def _mark_reached_route(self, route: tuple) -> None:
+        self._reached_servers.add(route[:3])  # a route is (host, port, path, grant)
+
     def _transfer_start(self, remote: RdmaBuffer, memory: Any, offset: int, read: bool,
                         made: Optional[tuple] = None) -> tuple:
         """Starts a transfer on remote's link (made, and connected by this transfer, on first use;
@@ -343,7 +352,7 @@ class RdmaManager:
             (link.get if read else link.put)(memory, remote, offset)  # a list of memories: one transfer
         except (PermissionError, ConnectionError) as e:
             self._forget_link(remote.route)
-            raise _refusal(e, link.impl, new) from None
+            raise _refusal(e, link.impl, new and not self._reached(remote)) from None
         return link, new
 
     async def transfer(self, remote: RdmaBuffer, memory: Any, offset: int, timeout: Optional[float], read: bool) -> None:
@@ -372,7 +381,10 @@ class RdmaManager:
                 # The connection is of no more use (the key was revoked, or the owner is gone):
                 # the next transfer connects afresh and gets the owner's answer.
                 self._forget_link(remote.route)
-                raise _refusal(e, link.impl, new) from None
+                raise _refusal(e, link.impl, new and not self._reached(remote)) from None
+            except CancelledError:
+                raise ConnectionAbortedError(errno.ECONNABORTED, "the transfer was cancelled: its buffer was dropped "
+                                             "in this process, or its queue pair released") from None
 
     # ---- internals ----------------------------------------------------------------------
     def _serve_locked(self) -> Any:
@@ -389,14 +401,18 @@ class RdmaManager:
             return
         if reuse and not link.exposed and link.impl in ("shm", "tcp"):
             self._park(link)
-        else:
-            link.close()
+            return
+        link.close()
+        if link.queue_pair is not None:
+            link.queue_pair._forget(route, link)  # it no longer holds the link (nor its memory)
 
     def _park(self, link: KeyLink) -> None:
         idle = self._idle_links.setdefault(link.server, [])
-        if len(idle) >= _IDLE_LINKS_PER_SERVER or not link.park():
+        if len(idle) >= _IDLE_LINKS_PER_SERVER:
             link.close()
             return
+        if not link.park():
+            return  # it closed itself
         idle.append(link)
         # The servers parked at most recently last; past the cap the oldest's links are closed
         # (an owner gone for good leaves at most that many behind, for a while).

@@ -360,7 +360,7 @@ class ScadTensorTransport(_Base):
                                                f"{self._timeout} s and was cancelled") from None
                         except (PermissionError, ConnectionError) as e:
                             receive.check()  # aborted meanwhile: that is what it ended with
-                            raise _refusal(e, link.impl, new) from None
+                            raise _refusal(e, link.impl, new and not manager._reached(buf)) from None
                 receive.check()
                 for _, link, _ in started:
                     link.reusable = True  # done, nothing runs: may serve another buffer once let go of

@@ -835,6 +835,16 @@ class ShmTransport : public Transport {
   int do_notify(uint64_t value, int status, bool last, std::shared_lock<IoGate> &, Deadline deadline) override {
     if (!alive_->load(std::memory_order_acquire))
       return set_error(-ECONNRESET, "the memory element closed the connection (grant revoked or server gone)");
+    // The owner ends a grant without waiting for peers on this host, and its DETACHED may not be
+    // read yet: a word after it would report transfers the owner no longer stands behind (it may
+    // have cancelled, and let the memory go). Its slot says at once that the grant ended, as it
+    // does for a transfer, so the outcome does not hang on when the socket is read.
+    if (slot_addr_ && !slot_unchanged()) {
+      const char *why = "the memory's owner ended this grant before its holder's word (cancelled, revoked, expired, "
+                        "or the memory withdrawn)";
+      fail(-ECONNRESET, why);
+      return set_error(-ECONNRESET, why);
+    }
     if (session_) {
       if (last) detached_ = true;  // terminate then has nothing left to say
       return session_->notify(handle_, value, status, deadline, last);
