@@ -85,6 +85,48 @@ async def wait_ready(ready: Callable[[], bool], busy_poll_us: float, timeout: Op
     return fd, await wait_fd(fd, ready, timeout)
 
 
+class WaitFd:
+    """The eventfd an object's waits share (made by the first, kept for the next), and its end:
+    closed with the object, or by the last wait under way if the object closed meanwhile (a
+    descriptor closed under a wait could be reused by the time the wait stops watching it)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._fd = -1
+        self._waiters = 0
+        self._closed = False
+
+    def take(self) -> int:
+        """For a wait about to start: the fd (-1 before the first; wait_ready makes one)."""
+        with self._lock:
+            self._waiters += 1
+            return self._fd
+
+    def give_back(self, fd: int) -> None:
+        """The wait ended with fd: kept for the next, or closed if this was closed meanwhile and
+        no other wait is on it."""
+        with self._lock:
+            self._waiters -= 1
+            if not self._closed:
+                self._fd = fd
+                return
+            last = self._waiters == 0
+            fd, self._fd = (fd if fd >= 0 else self._fd), -1
+        if last and fd >= 0:
+            os.close(fd)
+
+    def close(self) -> None:
+        """Closes the fd now, or leaves it to the waits under way. Once their operations ended
+        (cancelled), nothing writes to it any more."""
+        with self._lock:
+            self._closed = True
+            if self._waiters:
+                return
+            fd, self._fd = self._fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+
 def _settle(fut: asyncio.Future, result: Any, error: BaseException) -> None:
     if fut.cancelled():
         return  # the awaiting task gave up; the thread's answer has nobody to go to

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import bisect
 import errno
-import os
 import threading
 import time
 from typing import Any, List, Optional
@@ -21,7 +20,7 @@ from typing import Any, List, Optional
 import numpy
 
 from ..connect import Descriptor
-from .._waiter import wait_ready
+from .._waiter import WaitFd, wait_ready
 from .._memserver import MAX_RANGES
 from ._buffer import RdmaBuffer
 
@@ -91,8 +90,7 @@ class KeyLink:
         self._pending: List[Any] = []
         self._reg: Optional[tuple] = None  # (ptr, size) of the registered local region
         self._keep: Any = None
-        self._fd = -1  # the eventfd libd writes to as transfers complete (wait)
-        self._waiters = 0  # waits under way on _fd: the last one closes it if the link closed meanwhile
+        self._fd = WaitFd()  # the eventfd libd writes to as transfers complete (wait)
         self._closed = False
         self.server: tuple = ()  # the owner's server it leads to (the manager's key for idle links)
         self.exposed = False  # part of a QueuePair handed to a caller: closed, never reused
@@ -169,8 +167,7 @@ class KeyLink:
         go on: wait again, or cancel()). busy_poll_us: how long to poll before sleeping."""
         with self._lock:
             pending = list(self._pending)
-            fd = self._fd
-            self._waiters += 1
+        fd = self._fd.take()
         done = lambda: all(op.done() for op in pending)  # noqa: E731 - a look also reads answers in (libd)
         def arm(fd: int) -> None:
             for op in pending:
@@ -179,23 +176,10 @@ class KeyLink:
         try:
             fd, ok = await wait_ready(done, busy_poll_us, timeout, fd, arm)
         finally:
-            self._waited(fd)
+            self._fd.give_back(fd)
         if not ok:
             raise TimeoutError(f"the transfers did not finish within {timeout} s (they go on)")
         self._wait_all(0, pending)  # all done: raises the first failure (one cancelled meanwhile too)
-
-    def _waited(self, fd: int) -> None:
-        """A wait on fd ended: fd is kept for the next, or closed when the link closed meanwhile
-        and no other wait is on it (close() leaves it to the waits)."""
-        with self._lock:
-            self._waiters -= 1
-            if not self._closed:
-                self._fd = fd
-                return
-            last = self._waiters == 0
-            fd, self._fd = (fd if fd >= 0 else self._fd), -1
-        if last and fd >= 0:
-            os.close(fd)
 
     def finished(self) -> bool:
         """True, the pending list emptied, when every transfer started has completed successfully
@@ -246,11 +230,7 @@ class KeyLink:
         self._action.terminate()
         with self._lock:
             self._reg, self._keep, self._scratch = None, None, None
-            fd, waiting = self._fd, self._waiters > 0
-            if not waiting:
-                self._fd = -1
-        if fd >= 0 and not waiting:
-            os.close(fd)  # every operation ended (cancelled): nothing writes to it any more
+        self._fd.close()
 
     # ---- reuse for another buffer of the same server (the manager's idle links) ----
     def park(self) -> bool:

@@ -13,12 +13,11 @@ an RC connection of its own.
 from __future__ import annotations
 
 import errno
-import os
 import threading
 from concurrent.futures import CancelledError
 from typing import Any, Dict, List, Optional
 
-from .._waiter import wait_ready
+from .._waiter import WaitFd, wait_ready
 from ._buffer import RdmaBuffer
 from ._key_link import KeyLink, refusal
 
@@ -44,8 +43,7 @@ class QueuePair:
         self._lock = threading.Lock()
         self._links: Dict[tuple, KeyLink] = {}  # route -> the link this queue pair holds for it
         self._started: List[_Started] = []  # transfers not yet collected by poll() or wait()
-        self._fd = -1  # the eventfd libd writes to as they complete (wait)
-        self._waiters = 0  # waits under way on _fd: the last one closes it if released meanwhile
+        self._fd = WaitFd()  # the eventfd libd writes to as they complete (wait)
         self._closed = False
         self.impl = ""  # the transport of the last transfer started: "shm", "tcp" or "verbs"
 
@@ -81,10 +79,9 @@ class QueuePair:
         poll_us = self._manager.busy_poll_us if busy_poll_us is None else busy_poll_us
         with self._lock:
             started = list(self._started)
-            if not started:
-                return
-            fd = self._fd
-            self._waiters += 1
+        if not started:
+            return
+        fd = self._fd.take()
         done = lambda: all(s.op.done() for s in started)  # noqa: E731 - a look also reads answers in (libd)
 
         def arm(fd: int) -> None:
@@ -96,23 +93,10 @@ class QueuePair:
         finally:
             for s in started:
                 s.op.watch(-1)  # nothing of these writes to the fd later: it serves the next wait
-            self._waited(fd)
+            self._fd.give_back(fd)
         if not ok:
             raise TimeoutError(f"the transfers did not finish within {timeout} s (they go on)")
         self._collect(started)
-
-    def _waited(self, fd: int) -> None:
-        """A wait on fd ended: fd is kept for the next, or closed when the queue pair was released
-        meanwhile and no other wait is on it."""
-        with self._lock:
-            self._waiters -= 1
-            if not self._closed:
-                self._fd = fd
-                return
-            last = self._waiters == 0
-            fd, self._fd = (fd if fd >= 0 else self._fd), -1
-        if last and fd >= 0:
-            os.close(fd)
 
     def cancel(self) -> None:
         """Cancels every transfer started through this queue pair: once it returns, libd touches
@@ -198,13 +182,9 @@ class QueuePair:
         with self._lock:
             self._closed = True
             links, self._links, self._started = self._links, {}, []
-            fd, waiting = self._fd, self._waiters > 0
-            if not waiting:
-                self._fd = -1
         for route, link in links.items():
             if self._manager._links.get(route) is link:
                 self._manager._forget_link(route)
             else:
                 link.close()
-        if fd >= 0 and not waiting:
-            os.close(fd)  # every transfer ended (cancelled with its link): nothing writes to it
+        self._fd.close()  # every transfer ended (cancelled with its link): nothing writes to it
