@@ -18,6 +18,7 @@ Commands arrive as JSON lines on stdin, answers leave as JSON lines on stdout.
           {"cmd": "qp", "buffer": ..., "size": n, "put": [[json, seed], ...]}  two gets of the buffer
                 and a put into each other buffer of its owner, through one queue pair -> {...}
           {"cmd": "qp_get", "buffer": ...}  a get of the whole buffer through the queue pair to its owner
+          {"cmd": "qp_connect", "buffer": ...}  request_queue_pair (the buffer's key connected)
           {"cmd": "qp_release", "buffer": ...}  release_queue_pair
           {"cmd": "forget", "buffer": ...}  drop() in a peer: lets go of its queue pair
                                             -> {"ok": true, "last_read_kept": bool}
@@ -160,6 +161,9 @@ class Peer:
             qp.get(dst, buf)
             await qp.wait(20)
             return {"digest": digest(dst)}
+        if cmd == "qp_connect":  # the queue pair to the buffer's owner, with the buffer's key connected
+            await self.manager.request_queue_pair(load(msg))
+            return {"ok": True}
         if cmd == "qp_release":
             self.manager.release_queue_pair(load(msg))
             return {"ok": True}

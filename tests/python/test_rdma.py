@@ -272,18 +272,20 @@ MiB = 1 << 20
 
 
 # Over shm a transfer is done as it starts (cross-memory attach copies in the caller's system
-# call): there is no "mid-transfer" to stop a process in. Over tcp a peer that stops itself right
-# after posting 64 MiB cannot have it all: its own loop thread, which reads the answer, is stopped
-# too, and the socket buffers hold a few MiB.
+# call): there is no "mid-transfer". Over tcp the owner is stopped before the peer starts its
+# 64 MiB transfer (its queue pair connected already): the owner's server can neither take the
+# bytes nor answer, so the transfer is on the wire, unfinished, when the owner is killed, however
+# the two processes are scheduled.
 @pytest.mark.parametrize("pair", ["tcp"], indirect=True)
 @pytest.mark.parametrize("op", ["read", "write"])
 def test_the_owner_killed_mid_transfer_fails_the_peer(pair, op):
     owner, peer = pair
     buf = ok(owner.call(cmd="lend", size=64 * MiB, seed=10))
-    assert ok(peer.call(cmd="start", op=op, buffer=buf["json"], seed=11, stop=True))["impl"] == "tcp"
-    peer.wait_stopped()
+    ok(peer.call(cmd="qp_connect", buffer=buf["json"]))
+    ok(owner.call(cmd="stop"))
+    owner.wait_stopped()
+    assert ok(peer.call(cmd="start", op=op, buffer=buf["json"], seed=11))["impl"] == "tcp"
     owner.kill()
-    peer.resume()
     r = peer.call(cmd="finish", timeout=30)
     assert r.get("error") == "ConnectionError" and "cut the transfer off" in r["message"], r
     assert ok(peer.call(cmd="usage"))["fds"] > 0  # and the peer goes on
@@ -322,7 +324,9 @@ def test_the_owner_dropping_a_buffer_mid_transfer_fails_the_peer(pair):
     ok(owner.call(cmd="drop", index=buf["index"]))
     peer.resume()
     r = peer.call(cmd="finish", timeout=30)
-    assert r.get("error") in ("ConnectionError", "PermissionError"), r
+    # Cut off, never a hang; or, where the peer's loop thread took all 64 MiB before the peer
+    # stopped (its main thread held off the processor that long), the whole of the bytes.
+    assert r.get("error") in ("ConnectionError", "PermissionError") or r.get("digest") == buf["digest"], r
 
 
 @pytest.mark.parametrize("pair", IMPLS, indirect=True)

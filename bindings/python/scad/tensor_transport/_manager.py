@@ -516,7 +516,7 @@ class ScadTensorTransport(_Base):
                     raise TimeoutError(f"the receive of object {receive.obj_id} took longer than {self._timeout} s "
                                        "and was cancelled") from None
                 except (PermissionError, ConnectionError) as e:
-                    raise _refusal(e, link.impl, attaches) from None  # connected above: the owner cut it off
+                    raise _refusal(e, link.impl, attaches and not manager._reached(buf)) from None
                 receive.check()  # cancelled before the wait began: nothing was waited for
                 link.reusable = True  # done, nothing runs: may serve another buffer once let go of
                 manager._mark_reached(buf)
