@@ -584,6 +584,59 @@ def test_a_grant_and_its_secret_are_read_from_any_layout_of_its_configuration():
         assert fast(config) == both(config), config
 
 
+def test_a_buffers_key_is_made_when_the_buffer_first_leaves_its_owner():
+    """Registration makes no key (as NIXL's makes none until its metadata is exported): the
+    record makes it, once; a copy of the handle in the owner's process is the same buffer, whose
+    drop revokes it; a handle dropped before anyone asked for its key gives a record the owner
+    refuses, as a dropped buffer's."""
+    owner = RdmaManager(host=None, transport=None, timeout=10.0)
+    peer = RdmaManager(host=None, transport="tcp", timeout=10.0)
+    memory = numpy.arange(64, dtype=numpy.uint8)
+    buf = owner.request_buffer(memory)
+    assert not buf.has_key() and owner.regions() == [(memory.ctypes.data, 64, 1)]
+    record = buf.to_json()
+    assert buf.has_key() and buf.to_json() == record and pickle.loads(pickle.dumps(buf)).to_json() == record
+    dst = numpy.zeros(64, dtype=numpy.uint8)
+    asyncio.run(peer.transfer(RdmaBuffer.from_json(record), dst, 0, 10.0, read=True))
+    assert (dst == memory).all()
+    owner.drop(RdmaBuffer.from_json(record))  # a copy: the same buffer, dropped
+    assert owner.regions() == []
+    with pytest.raises(KeyError):
+        owner._server.revoke(buf.grant)  # revoked already
+    with pytest.raises((PermissionError, ConnectionError)):
+        asyncio.run(peer.transfer(RdmaBuffer.from_json(record), dst, 0, 10.0, read=True))
+    buf.drop()  # the original, after its copy: nothing left to do
+
+    never_sent = owner.request_buffer(memory)
+    never_sent.drop()
+    assert owner.regions() == [] and not never_sent.has_key()
+    late = RdmaBuffer.from_json(never_sent.to_json())
+    with pytest.raises(PermissionError, match="dropped or expired"):
+        asyncio.run(peer.transfer(late, dst, 0, 10.0, read=True))
+
+
+@pytest.mark.parametrize("transport", [None, "tcp"])
+def test_read_only_memory_is_lent_with_a_key_that_only_reads(transport):
+    owner = RdmaManager(host=None, transport=None, timeout=10.0)
+    peer = RdmaManager(host=None, transport=transport, timeout=10.0)
+    frozen = numpy.arange(64, dtype=numpy.uint8)
+    frozen.flags.writeable = False
+    for memory in (frozen, bytes(range(64))):
+        buf = owner.request_buffer(memory)
+        remote = RdmaBuffer.from_json(buf.to_json())
+        dst = numpy.zeros(64, dtype=numpy.uint8)
+        asyncio.run(peer.transfer(remote, dst, 0, 10.0, read=True))
+        assert dst.tobytes() == bytes(range(64))
+        with pytest.raises(PermissionError, match="read-only"):
+            asyncio.run(peer.transfer(remote, numpy.full(64, 7, dtype=numpy.uint8), 0, 10.0, read=False))
+        assert bytes(memory) == bytes(range(64)), "nothing was written"
+        buf.drop()
+    writable = owner.request_buffer(numpy.zeros(64, dtype=numpy.uint8))  # the same manager: rights per buffer
+    asyncio.run(peer.transfer(RdmaBuffer.from_json(writable.to_json()), numpy.full(64, 7, dtype=numpy.uint8), 0,
+                              10.0, read=False))
+    writable.drop()
+
+
 def test_an_owner_that_polls_serves_the_peers_transfers_on_its_own_thread():
     import threading
     import time

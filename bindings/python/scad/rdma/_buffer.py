@@ -66,9 +66,14 @@ class RdmaBuffer:
 
     def _fill(self, owner: str, hostname: str, host: str, port: int, path: str, verbs: bool, grant: str,
               secret: str, offset: int, size: int, whole: bool, ranges: Optional[Sequence[int]]) -> None:
+        self.grant, self._secret = grant, secret
+        self._place(owner, hostname, host, port, path, verbs, offset, size, whole, ranges)
+
+    def _place(self, owner: str, hostname: str, host: str, port: int, path: str, verbs: bool, offset: int,
+               size: int, whole: bool, ranges: Optional[Sequence[int]]) -> None:
+        """Everything but the key: the owner's server and where the slice lies."""
         self.owner, self.hostname, self.host, self.port, self.path = owner, hostname, host, port, path
-        self.verbs, self.grant, self._secret = verbs, grant, secret
-        self.offset, self._size, self.whole = offset, size, whole
+        self.verbs, self.offset, self._size, self.whole = verbs, offset, size, whole
         # The size of each memory of a buffer over several (None: one memory), and where each ends.
         self.ranges: Optional[Tuple[int, ...]] = None if ranges is None else _checked_ranges(ranges, size, offset)
         self._ends = (size,) if self.ranges is None else tuple(itertools.accumulate(self.ranges))
@@ -179,3 +184,42 @@ class RdmaBuffer:
     def __repr__(self) -> str:
         ranges = "" if self.ranges is None else f", ranges={len(self.ranges)}"
         return f"RdmaBuffer(owner={self.owner!r}, size={self._size}, offset={self.offset}{ranges})"
+
+
+class LentBuffer(RdmaBuffer):
+    """A buffer as its owner's request_buffer returns it: its key is made when it is first needed
+    (the handle serialised, compared, or moved through), not when the memory is registered, as
+    NIXL's registration makes no key until its metadata is exported. A lender that registers
+    memory it never hands out pays for no key; one that does pays for it once, at to_json. A
+    handle dropped before its key was made gets one no owner knows of: a record of it is refused,
+    as a dropped buffer's is."""
+
+    def _lend(self, manager: Any, region: Any, token: str, place: tuple, offset: int, size: int, whole: bool,
+              rights: str) -> None:
+        """place: (owner, hostname, host, port, path, verbs) of the lender's server; rights: its
+        key's ("r" for read-only memory, else "rw")."""
+        self._rights = rights
+        self.owner, self.hostname, self.host, self.port, self.path, self.verbs = place
+        self.offset, self._size, self.whole = offset, size, whole
+        self.ranges, self._ends = None, (size,)
+        self._key: Optional[Tuple[str, str]] = None  # (grant id, secret), once made
+        self._lender, self._region, self.token = manager, region, token
+
+    @property  # type: ignore[override]
+    def grant(self) -> str:
+        key = self._key
+        return (key if key is not None else self._lender._mint(self))[0]
+
+    @property
+    def _secret(self) -> str:  # type: ignore[override]
+        key = self._key
+        return (key if key is not None else self._lender._mint(self))[1]
+
+    def drop(self) -> None:
+        """Revokes the slice's key (peers holding it are cut off) and releases its memory when
+        the region has no buffer left."""
+        self._lender.drop(self)
+
+    def has_key(self) -> bool:
+        """Whether its key has been made (a record of it, or a transfer, asked for it)."""
+        return self._key is not None

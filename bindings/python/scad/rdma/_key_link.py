@@ -339,6 +339,8 @@ def refusal(e: OSError, impl: str, new: bool) -> OSError:
     """What a transfer's failure means to the caller: a refused key, an owner out of reach (on the
     first contact), or a transfer cut off."""
     if isinstance(e, PermissionError):
+        if "allow writes" in str(e) or "refused the write" in str(e):  # libd's words for a key that only reads
+            return PermissionError(e.errno, f"the buffer is read-only (its owner lent memory that may not be written): {e}")
         return PermissionError(e.errno, f"the owner refused this buffer's key (dropped or expired): {e}")
     if new:
         return ConnectionError(e.errno, f"cannot reach the buffer's owner over {impl}: {e}")

@@ -24,7 +24,7 @@ class Region:
         self.element = element
         self.start = start
         self.size = size
-        self.holders: Dict[str, Any] = {}  # grant id -> the object owning that buffer's memory
+        self.holders: Dict[str, Any] = {}  # buffer's token -> the object owning that buffer's memory
 
     def contains(self, addr: int, size: int) -> bool:
         return self.start <= addr and addr + size <= self.start + self.size
@@ -38,7 +38,7 @@ class RegionCache:
         self._starts: List[int] = []   # sorted, parallel to _regions
         self._regions: List[Region] = []
         self._largest = 0              # the largest size ever added: bounds how far back to look
-        self._by_grant: Dict[str, Region] = {}
+        self._by_token: Dict[str, Region] = {}
         self.max_idle = max_idle
         self._idle: "collections.OrderedDict[Region, None]" = collections.OrderedDict()  # oldest first
 
@@ -82,20 +82,25 @@ class RegionCache:
             i += 1
         del self._starts[i]
         del self._regions[i]
-        for grant in list(region.holders):
-            self._by_grant.pop(grant, None)
+        for token in list(region.holders):
+            self._by_token.pop(token, None)
 
-    def hold(self, region: Region, grant: str, owner: Any) -> None:
+    def hold(self, region: Region, token: str, owner: Any) -> None:
+        """A buffer (named by its token) on region, whose memory `owner` keeps alive."""
         if not region.holders:
             self._idle.pop(region, None)  # taken back from idle (or new)
-        region.holders[grant] = owner
-        self._by_grant[grant] = region
+        region.holders[token] = owner
+        self._by_token[token] = region
 
-    def release(self, grant: str) -> Optional[Region]:
-        """Forgets the buffer with this grant; its region, or None if no such buffer."""
-        region = self._by_grant.pop(grant, None)
+    def holds(self, region: Region, token: str) -> bool:
+        """Whether the buffer with this token is on region still (not dropped)."""
+        return self._by_token.get(token) is region
+
+    def release(self, token: str) -> Optional[Region]:
+        """Forgets the buffer with this token; its region, or None if no such buffer."""
+        region = self._by_token.pop(token, None)
         if region is not None:
-            del region.holders[grant]
+            del region.holders[token]
         return region
 
     def regions(self) -> List[Region]:
