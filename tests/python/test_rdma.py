@@ -348,10 +348,16 @@ def test_a_cancelled_transfer_leaves_the_queue_pair_working(pair):
 def test_a_buffer_dropped_here_under_a_queue_pairs_transfer_fails_its_wait(pair):
     owner, peer = pair
     buf = ok(owner.call(cmd="lend", size=64 * MiB, seed=20))
+    ok(peer.call(cmd="qp_connect", buffer=buf["json"]))  # the key attached while the owner answers
+    # The owner stopped before the read starts: its server takes none of it, so the read is
+    # unfinished when the drop comes, however the processes are scheduled.
+    ok(owner.call(cmd="stop"))
+    owner.wait_stopped()
     ok(peer.call(cmd="start", op="read", buffer=buf["json"]))
     ok(peer.call(cmd="forget", buffer=buf["json"]))  # the peer's own drop closes the buffer's link
     r = peer.call(cmd="finish", timeout=30)
     assert r.get("error") == "ConnectionAbortedError" and "cancelled" in r["message"], r
+    owner.resume()
     assert ok(peer.call(cmd="qp_get", buffer=buf["json"]))["digest"] == buf["digest"], "the queue pair goes on"
 
 
@@ -608,11 +614,68 @@ def test_a_buffers_key_is_made_when_the_buffer_first_leaves_its_owner():
     buf.drop()  # the original, after its copy: nothing left to do
 
     never_sent = owner.request_buffer(memory)
+    peer.drop(never_sent)  # another manager (a peer) lets go of a link it cannot have: no key made for that
+    peer.release_queue_pair(never_sent)
+    assert not never_sent.has_key() and owner.regions() == [(memory.ctypes.data, 64, 1)]
+    assert type(type(never_sent).from_json(record)) is RdmaBuffer and RdmaBuffer.from_json(record).has_key()
+    with pytest.raises(TypeError, match="request_buffer"):
+        type(never_sent)(owner="o", hostname="h", host="h", port=1, path="", verbs=False, grant="g", secret="s",
+                         offset=0, size=1, whole=True)
     never_sent.drop()
     assert owner.regions() == [] and not never_sent.has_key()
     late = RdmaBuffer.from_json(never_sent.to_json())
     with pytest.raises(PermissionError, match="dropped or expired"):
         asyncio.run(peer.transfer(late, dst, 0, 10.0, read=True))
+
+
+FORKED_LENDER = r"""
+import asyncio, os, sys
+import numpy
+from scad.rdma import RdmaBuffer, RdmaManager
+manager = RdmaManager.get()
+memory = numpy.arange(64, dtype=numpy.uint8)
+sent, unsent = manager.request_buffer(memory), manager.request_buffer(memory[:32])
+record = sent.to_json()
+pid = os.fork()
+if pid == 0:  # the child: the parent's buffers, its own manager
+    code = 0
+    try:
+        assert sent.to_json() == record
+        try:
+            unsent.to_json()
+            code = 3
+        except RuntimeError as e:
+            code = 0 if "before fork" in str(e) else 4
+        try:
+            manager.request_buffer(memory)  # the parent's manager: its server runs in the parent only
+            code = code or 7
+        except RuntimeError as e:
+            code = code or (0 if "parent process" in str(e) else 8)
+        sent.drop()
+        unsent.drop()  # neither reaches the parent's server (its copy here runs nowhere): no hang
+        manager.drop(sent)  # nor through the parent's manager
+        dst = numpy.zeros(64, dtype=numpy.uint8)
+        asyncio.run(RdmaManager.get().transfer(RdmaBuffer.from_json(record), dst, 0, 10.0, read=True))
+        code = code or (0 if (dst == memory).all() else 5)
+    except BaseException as e:
+        print(repr(e), file=sys.stderr)
+        code = 6
+    os._exit(code)
+_, status = os.waitpid(pid, 0)
+assert os.waitstatus_to_exitcode(status) == 0, os.waitstatus_to_exitcode(status)
+assert [r[2] for r in manager.regions()] == [2], "the child's drops left the parent's buffers alone"
+assert unsent.to_json() and not sent.drop() and not unsent.drop() and manager.regions() == []
+print("ok")
+"""
+
+
+def test_a_child_forked_after_the_lending_neither_makes_keys_nor_drops_the_parents_buffers():
+    import subprocess
+    import sys
+    from scadtest import BUILD, ROOT
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(BUILD / "python"), str(ROOT / "bindings" / "python")]))
+    done = subprocess.run([sys.executable, "-c", FORKED_LENDER], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
 
 
 @pytest.mark.parametrize("transport", [None, "tcp"])
@@ -631,6 +694,15 @@ def test_read_only_memory_is_lent_with_a_key_that_only_reads(transport):
             asyncio.run(peer.transfer(remote, numpy.full(64, 7, dtype=numpy.uint8), 0, 10.0, read=False))
         assert bytes(memory) == bytes(range(64)), "nothing was written"
         buf.drop()
+    if not owner._endpoint["verbs"]:  # a list (not offered where the server serves verbs): read only if any is
+        both = owner.request_buffer([frozen, bytearray(16)])
+        remote = RdmaBuffer.from_json(both.to_json())
+        with pytest.raises(PermissionError, match="read-only"):
+            asyncio.run(peer.transfer(remote, numpy.full(16, 7, dtype=numpy.uint8), 64, 10.0, read=False))
+        dst = numpy.zeros(80, dtype=numpy.uint8)
+        asyncio.run(peer.transfer(remote, dst, 0, 10.0, read=True))
+        assert dst[:64].tobytes() == bytes(range(64)) and not dst[64:].any()
+        owner.drop(both)
     writable = owner.request_buffer(numpy.zeros(64, dtype=numpy.uint8))  # the same manager: rights per buffer
     asyncio.run(peer.transfer(RdmaBuffer.from_json(writable.to_json()), numpy.full(64, 7, dtype=numpy.uint8), 0,
                               10.0, read=False))

@@ -96,6 +96,38 @@ def test_targets_that_do_not_match_the_tensors_one_by_one_are_refused():
         t.garbage_collect("empty", meta)
 
 
+@pytest.mark.parametrize("tensors", [1, 3])
+def test_a_source_whose_keys_cannot_be_made_lends_nothing(monkeypatch, tensors):
+    """The buffers' keys are made as their records are written: a failure there takes back
+    everything lent for the object (Ray would get no metadata to garbage-collect it with).
+    Several tensors are lent a buffer each here, as where the server serves verbs."""
+    from scad.rdma import RdmaManager
+    manager = RdmaManager.get()
+    t = ScadTensorTransport()
+    lent = [numpy.arange(16 * (i + 1), dtype=numpy.uint8) for i in range(tensors)]
+    before = manager.regions()
+    monkeypatch.setattr(RdmaManager, "_request_list", lambda self, memories, required=False: None)
+    made = []
+    real = RdmaManager._mint
+
+    def failing_last(self, buf):
+        made.append(buf)
+        if len(made) == tensors:
+            raise OSError(5, "the server is gone")
+        return real(self, buf)
+
+    monkeypatch.setattr(RdmaManager, "_mint", failing_last)
+    with pytest.raises(OSError, match="the server is gone"):
+        t.extract_tensor_transport_metadata("no-keys", lent)
+    assert len(made) == tensors and manager.regions() == before and "no-keys" not in t._lent
+    monkeypatch.setattr(RdmaManager, "_mint", real)
+    meta = t.extract_tensor_transport_metadata("keys", lent)
+    assert [g.tolist() for g in t.recv_multiple_tensors("keys", meta, t.get_communicator_metadata())] == \
+        [a.tolist() for a in lent]
+    t.garbage_collect("keys", meta)
+    assert manager.regions() == before
+
+
 def test_the_interface_says_what_ray_asks():
     t = ScadTensorTransport()
     assert t.tensor_transport_backend() == "SCAD"

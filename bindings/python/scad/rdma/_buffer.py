@@ -3,7 +3,8 @@
 It travels as JSON (to_json/from_json) or by pickle (which carries the same JSON, never code).
 It holds the owner's server address, the slice's place in its region, and the slice's scoped key
 (the id and secret of a grant on exactly that slice): whoever holds it may read and write those
-bytes until the owner drops it. repr() never shows the secret.
+bytes (read only, for read-only memory) until the owner drops it. repr() never shows the secret.
+The owner's own handle (LentBuffer) makes its key when it first needs it.
 
 A buffer over several memories (request_buffer with a list) is their bytes end to end under one
 key; it also carries the size of each (`ranges`, record version 2), since one transfer moves
@@ -81,6 +82,11 @@ class RdmaBuffer:
     def size(self) -> int:
         """Bytes in the slice."""
         return self._size
+
+    def has_key(self) -> bool:
+        """Whether the handle carries its key already: always, but for the owner's own handle
+        before its record was first written (its key is made then)."""
+        return True
 
     @property
     def route(self) -> tuple:
@@ -217,9 +223,22 @@ class LentBuffer(RdmaBuffer):
 
     def drop(self) -> None:
         """Revokes the slice's key (peers holding it are cut off) and releases its memory when
-        the region has no buffer left."""
-        self._lender.drop(self)
+        the region has no buffer left. In a child forked after it was lent, the buffer is the
+        parent's: the child lets go of its own link to it, if it made one, and nothing else."""
+        lender = self._lender
+        if not lender._forked():
+            lender.drop(self)
+        elif self._key is not None:
+            _manager().drop(self)  # the child's own manager: not the owner, it forgets its link
 
     def has_key(self) -> bool:
         """Whether its key has been made (a record of it, or a transfer, asked for it)."""
         return self._key is not None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:  # noqa: D107 - made by request_buffer only
+        raise TypeError("a LentBuffer is made by RdmaManager.request_buffer; build an RdmaBuffer from a record instead")
+
+    @classmethod
+    def from_json(cls, text: "str | bytes") -> RdmaBuffer:
+        """The handle a record describes: a plain RdmaBuffer (the key in the record)."""
+        return RdmaBuffer.from_json(text)

@@ -2,7 +2,7 @@
 
 As the owner of memory it runs a lending memory server (scad/_memserver.py), keeps the
 registration cache (_regions.py) and hands out RdmaBuffers: slices of registered regions, each
-with a grant on exactly that slice. As a peer it keeps a link per remote buffer's key (_key_link.py),
+with a grant on exactly that slice, made when the handle first needs it (LentBuffer). As a peer it keeps a link per remote buffer's key (_key_link.py),
 reused, and hands out one QueuePair per owner's manager (_queue_pair.py) over those links.
 """
 from __future__ import annotations
@@ -45,13 +45,17 @@ def _others_ready() -> bool:
 def _forget_after_fork() -> None:
     # A forked child does not inherit its parent's connections: it makes its own manager. The
     # parent's stays referenced, never freed here: freeing it would stop its server, whose loop
-    # thread does not exist in the child, and hang.
+    # thread does not exist in the child, and hang. Every manager made before the fork is the
+    # parent's from now on (RdmaManager._forked).
+    global _fork_generation
+    _fork_generation += 1
     if RdmaManager._instance is not None:
         _inherited.append(RdmaManager._instance)
     RdmaManager._instance = None
 
 
 _inherited: list = []
+_fork_generation = 0  # forks this process descends from (a manager made before one is its parent's)
 
 
 # Idle links kept per owner's server (enough for a few buffers moved at once in a loop),
@@ -94,6 +98,7 @@ class RdmaManager:
         if busy_poll_us < 0:
             raise ValueError("busy_poll_us must be >= 0")
         self.busy_poll_us = float(busy_poll_us)
+        self._generation = _fork_generation  # its server runs in this process only (a forked child makes its own)
         self.name = f"scad-rdma-{uuid.uuid4().hex[:16]}"
         self.hostname = socket.gethostname()
         self._host = host or os.environ.get("SCAD_RDMA_HOST", "127.0.0.1")
@@ -132,6 +137,8 @@ class RdmaManager:
         to end under one key, which a peer reads or writes with one transfer (read_into a list);
         whoever holds it reaches all of them. Not where this process serves verbs, i.e. on a host
         with an RDMA device (a remote key reaches one memory there): NotImplementedError."""
+        if self._generation != _fork_generation:
+            self._refuse_if_forked()
         if isinstance(memory, list):
             if size is not None or ttl is not None:
                 raise TypeError("request_buffer([...]) takes the memories alone")
@@ -185,8 +192,23 @@ class RdmaManager:
                     raise
             return buf
 
+    def _forked(self) -> bool:
+        """Whether this manager is a forked child's copy of its parent's: its server (and its
+        loop thread) runs in the parent only, and so does everything it lent."""
+        return self._generation != _fork_generation
+
+    def _refuse_if_forked(self) -> None:
+        if self._generation != _fork_generation:
+            raise RuntimeError("this RdmaManager belongs to the parent process (this one was forked from it): "
+                               "use RdmaManager.get() here, which makes this process's own")
+
     def _mint(self, buf: LentBuffer) -> tuple:
         """buf's key, made now if it has none yet (LentBuffer: on first use)."""
+        if self._generation != _fork_generation:
+            # A child forked after the buffer was lent: the parent's server lends the memory,
+            # and only the parent can make it a key (this copy of the server runs nowhere).
+            raise RuntimeError("this buffer was lent by the parent process before fork() and has no key yet: "
+                               "write its record (to_json) in the parent before forking, or lend the memory here")
         with self._lock:
             return self._mint_locked(buf)
 
@@ -209,6 +231,7 @@ class RdmaManager:
         of ranges) under one key: its offsets run through them in order, and one transfer moves
         within one of them (lay_out cuts a transfer where they meet). None where the server also
         serves verbs (a remote key reaches one range there), or NotImplementedError if required."""
+        self._refuse_if_forked()
         if not memories or len(memories) > MAX_RANGES:
             raise ValueError(f"a buffer over a list takes 1..{MAX_RANGES} memories, not {len(memories)}")
         descs = [m if isinstance(m, Descriptor) else Descriptor(m) for m in memories]
@@ -224,7 +247,8 @@ class RdmaManager:
             element = f"l{self._next}"
             srv.expose_ranges(element, [(d.ptr, d.size) for d in descs])
             try:
-                config = srv.grant_ex(element, "*", rights="rw")
+                # Read-only memory among them (bytes, a read-only array): a key that only reads.
+                config = srv.grant_ex(element, "*", rights="r" if any(d.readonly for d in descs) else "rw")
             except BaseException:
                 srv.withdraw(element)
                 raise
@@ -269,7 +293,11 @@ class RdmaManager:
             return [(r.start, r.size, len(r.holders)) for r in self._cache.regions() if r.holders]
 
     def drop(self, buf: RdmaBuffer) -> None:
+        if isinstance(buf, LentBuffer) and buf._key is None and (buf._lender is not self or self._forked()):
+            return  # no key made: no link to it can exist here, and only its own lender drops it
         if buf.owner == self.name:
+            if self._generation != _fork_generation:
+                return  # the parent's buffer, lent by the parent's server: the parent drops it
             with self._lock:
                 if isinstance(buf, LentBuffer):  # (its grant is not asked for: that would make its key)
                     token, key = buf.token, buf._key
@@ -305,6 +333,8 @@ class RdmaManager:
         if qp is not None:
             qp._close_links()
             return
+        if isinstance(remote, LentBuffer) and remote._key is None:
+            return  # no key made: no link to it can exist
         self._forget_link(remote.route, reuse=True)
 
     def _release_link(self, remote: RdmaBuffer) -> None:

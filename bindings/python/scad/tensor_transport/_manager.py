@@ -274,15 +274,19 @@ class ScadTensorTransport(_Base):
         # a list with one blob). Where that cannot be (the server serves verbs), a buffer each.
         listed = manager._request_list(nonempty) if len(nonempty) > 1 else None
         buffers = [listed] if listed is not None else []
-        if listed is None:
-            try:
+        try:
+            if listed is None:
                 for memory in memories:
                     buffers.append(manager.request_buffer(memory) if memory.nbytes else None)
-            except BaseException:
-                for b in buffers:
-                    if b is not None:
-                        b.drop()
-                raise
+            # The records now: a buffer's key is made as its record is written, and a failure
+            # there must not leave the memory lent with no metadata that garbage_collect could name.
+            records = ["" if b is None else b.to_json(with_ranges=False) if b is listed else b.to_json()
+                       for b in buffers]
+        except BaseException:
+            for b in buffers:
+                if b is not None:
+                    b.drop()
+            raise
         with self._lock:
             # A retried task describes the same object again: the loan covers both descriptions.
             self._lent.setdefault(obj_id, []).extend([b for b in buffers if b is not None])
@@ -292,10 +296,8 @@ class ScadTensorTransport(_Base):
         if listed is not None:
             # A version-1 record, which receivers of every version read: they know each tensor's
             # bytes from tensor_meta, and cut the transfer there.
-            return ScadTransportMetadata(tensor_meta=meta, tensor_device="cpu", buffers=[],
-                                         lent_list=listed.to_json(with_ranges=False))
-        return ScadTransportMetadata(tensor_meta=meta, tensor_device="cpu",
-                                     buffers=[b.to_json() if b is not None else "" for b in buffers])
+            return ScadTransportMetadata(tensor_meta=meta, tensor_device="cpu", buffers=[], lent_list=records[0])
+        return ScadTransportMetadata(tensor_meta=meta, tensor_device="cpu", buffers=records)
 
     def get_communicator_metadata(self, src_actor: Any = None, dst_actor: Any = None,
                                   backend: Optional[str] = None) -> CommunicatorMetadata:
