@@ -67,14 +67,9 @@ class RdmaBuffer:
 
     def _fill(self, owner: str, hostname: str, host: str, port: int, path: str, verbs: bool, grant: str,
               secret: str, offset: int, size: int, whole: bool, ranges: Optional[Sequence[int]]) -> None:
-        self.grant, self._secret = grant, secret
-        self._place(owner, hostname, host, port, path, verbs, offset, size, whole, ranges)
-
-    def _place(self, owner: str, hostname: str, host: str, port: int, path: str, verbs: bool, offset: int,
-               size: int, whole: bool, ranges: Optional[Sequence[int]]) -> None:
-        """Everything but the key: the owner's server and where the slice lies."""
         self.owner, self.hostname, self.host, self.port, self.path = owner, hostname, host, port, path
-        self.verbs, self.offset, self._size, self.whole = verbs, offset, size, whole
+        self.verbs, self.grant, self._secret = verbs, grant, secret
+        self.offset, self._size, self.whole = offset, size, whole
         # The size of each memory of a buffer over several (None: one memory), and where each ends.
         self.ranges: Optional[Tuple[int, ...]] = None if ranges is None else _checked_ranges(ranges, size, offset)
         self._ends = (size,) if self.ranges is None else tuple(itertools.accumulate(self.ranges))

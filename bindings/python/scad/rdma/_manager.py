@@ -198,13 +198,13 @@ class RdmaManager:
         return self._generation != _fork_generation
 
     def _refuse_if_forked(self) -> None:
-        if self._generation != _fork_generation:
+        if self._forked():
             raise RuntimeError("this RdmaManager belongs to the parent process (this one was forked from it): "
                                "use RdmaManager.get() here, which makes this process's own")
 
     def _mint(self, buf: LentBuffer) -> tuple:
         """buf's key, made now if it has none yet (LentBuffer: on first use)."""
-        if self._generation != _fork_generation:
+        if self._forked():
             # A child forked after the buffer was lent: the parent's server lends the memory,
             # and only the parent can make it a key (this copy of the server runs nowhere).
             raise RuntimeError("this buffer was lent by the parent process before fork() and has no key yet: "
@@ -293,10 +293,10 @@ class RdmaManager:
             return [(r.start, r.size, len(r.holders)) for r in self._cache.regions() if r.holders]
 
     def drop(self, buf: RdmaBuffer) -> None:
-        if isinstance(buf, LentBuffer) and buf._key is None and (buf._lender is not self or self._forked()):
+        if isinstance(buf, LentBuffer) and buf._key is None and buf._lender is not self:
             return  # no key made: no link to it can exist here, and only its own lender drops it
         if buf.owner == self.name:
-            if self._generation != _fork_generation:
+            if self._forked():
                 return  # the parent's buffer, lent by the parent's server: the parent drops it
             with self._lock:
                 if isinstance(buf, LentBuffer):  # (its grant is not asked for: that would make its key)
