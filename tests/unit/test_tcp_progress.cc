@@ -405,8 +405,8 @@ class TcpAttachingLeader : public ::testing::Test {
     return (*op)->op->done();
   }
 
+  std::vector<char> mem;  // outlives the server, whose loop may still be sending from it
   libd::MemoryServer server;
-  std::vector<char> mem;
   uint16_t port = 0;
   Holder first;
 };
