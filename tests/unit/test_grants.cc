@@ -398,10 +398,25 @@ test::ActionPtr granted_tcp_client(libd_transport *s, const char *aid, libd_tran
   return client;
 }
 
-double process_cpu_ms() {
-  struct rusage ru;
-  getrusage(RUSAGE_SELF, &ru);
-  return (ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1e3 + (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e3;
+std::set<long> threads_of_this_process() {
+  std::set<long> out;
+  if (DIR *d = opendir("/proc/self/task")) {
+    while (dirent *e = readdir(d))
+      if (e->d_name[0] != '.') out.insert(std::stol(e->d_name));
+    closedir(d);
+  }
+  return out;
+}
+
+// Starts server transport `s` serving: the thread it started (its loop's), or -1.
+long serve_on_a_new_thread(libd_transport *s) {
+  auto before = threads_of_this_process();
+  EXPECT_EQ(0, libd_trdma_server_serve(s)) << libd_last_error();
+  std::vector<long> started;
+  for (long tid : threads_of_this_process())
+    if (!before.count(tid)) started.push_back(tid);
+  EXPECT_EQ(1u, started.size()) << "the server was to start one thread, its loop's";
+  return started.size() == 1 ? started[0] : -1;
 }
 }  // namespace
 
@@ -415,7 +430,8 @@ TEST(ServerTransport, BusyPollingKeepsTheThreadAwakeAfterARequestAndStops) {
   auto server = make_action("memory-element");
   ASSERT_EQ(0, libd_action_add_transport(server.get(), "mem;tcp_server;size,4096;busy_poll_us,400000"));
   auto *s = libd_action_get_transport(server.get(), "mem");
-  ASSERT_EQ(0, libd_trdma_server_serve(s)) << libd_last_error();
+  long loop = serve_on_a_new_thread(s);
+  ASSERT_GT(loop, 0);
   libd_transport *t = nullptr;
   char *buf = nullptr;
   auto client = granted_tcp_client(s, "reader", &t, &buf);
@@ -426,43 +442,32 @@ TEST(ServerTransport, BusyPollingKeepsTheThreadAwakeAfterARequestAndStops) {
     ASSERT_EQ(0, libd_trdma_read(t, 1, 7, buf + 1)) << libd_last_error();
     ASSERT_EQ(char(i), buf[1]);
   }
-  // Right after the last answer the server's thread polls: this process burns CPU time while the
-  // test thread itself sleeps (an idle server would add next to nothing).
-  double before = process_cpu_ms();
+  // Within its window after the last answer the server's thread polls: it serves a request
+  // 100 ms later, and waits 50 ms more, without a sleep (a voluntary context switch: one that
+  // slept would sleep again after that request), however little of a core it gets on a loaded
+  // host.
+  long before = test::sleeps_of(loop);
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  EXPECT_GT(process_cpu_ms() - before, 10.0) << "the server's thread did not keep polling";
+  ASSERT_EQ(0, libd_trdma_read(t, 1, 7, buf + 1)) << libd_last_error();
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  long after = test::sleeps_of(loop);
+  ASSERT_GE(before, 0);
+  EXPECT_EQ(before, after) << "the server's thread slept within its polling window";
   ASSERT_EQ(0, libd_trdma_server_stop(s));  // while it polls
   EXPECT_EQ(LIBD_STATE_TERMINATED, libd_transport_state(s));
 }
 
-namespace {
-std::set<long> threads_of_this_process() {
-  std::set<long> out;
-  if (DIR *d = opendir("/proc/self/task")) {
-    while (dirent *e = readdir(d))
-      if (e->d_name[0] != '.') out.insert(std::stol(e->d_name));
-    closedir(d);
-  }
-  return out;
-}
-
-}  // namespace
 
 // The polling window runs from the last request served, not from the wake-up: requests that come
 // a fifth of the window apart keep the server's thread awake however long they go on (a large
 // write arriving chunk by chunk is such a run). A window counted from the wake-up put the thread
 // to sleep every 100 ms here, four times or more, and each next request paid a wake-up.
 TEST(ServerTransport, BusyPollingLastsFromTheLastRequestNotTheWakeUp) {
-  auto before = threads_of_this_process();
   auto server = make_action("memory-element");
   ASSERT_EQ(0, libd_action_add_transport(server.get(), "mem;tcp_server;size,4096;busy_poll_us,100000"));
   auto *s = libd_action_get_transport(server.get(), "mem");
-  ASSERT_EQ(0, libd_trdma_server_serve(s)) << libd_last_error();
-  std::vector<long> started;
-  for (long tid : threads_of_this_process())
-    if (!before.count(tid)) started.push_back(tid);
-  ASSERT_EQ(1u, started.size()) << "the server was to start one thread, its loop's";
-  long loop = started[0];
+  long loop = serve_on_a_new_thread(s);
+  ASSERT_GT(loop, 0);
   libd_transport *t = nullptr;
   char *buf = nullptr;
   auto client = granted_tcp_client(s, "writer", &t, &buf);

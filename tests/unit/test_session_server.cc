@@ -14,7 +14,9 @@
 #include <cerrno>
 #include <csignal>
 #include <cstring>
+#include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "harness.h"
@@ -257,6 +259,117 @@ TEST(SessionServer, ADetachBehindAnswersThatWereSentLetsGoAtOnce) {
   ASSERT_EQ(0, p.server.wait_notify(p.first.id, &n, 5000)) << libd_last_error();
   EXPECT_EQ(0u, p.server.holders(p.first.id));
   EXPECT_TRUE(p.answers_ping(4));  // the session goes on
+}
+
+// ---- the owner ending a grant a session holds -----------------------------------------------
+
+// Reads frames until the answers to requests 2 (READ) and 3 (WRITE) of handle 1 and its DETACHED
+// have all come, in whatever order the loop sends them: the status of each.
+struct EndedHandle {
+  int read = 1, write = 1, detached = 1;
+};
+EndedHandle answers_after_the_end(Peer &p) {
+  EndedHandle e;
+  while (e.read == 1 || e.write == 1 || e.detached == 1) {
+    Header h = p.next();
+    if (h.opcode == kReadResp && h.req_id == with_handle(1, 2)) e.read = h.status;
+    else if (h.opcode == kWriteResp && h.req_id == with_handle(1, 3)) e.write = h.status;
+    else if (h.opcode == kDetached && h.addr == 1) e.detached = h.status;
+    else {
+      ADD_FAILURE() << "unexpected " << opcode_name(h.opcode);
+      break;
+    }
+  }
+  return e;
+}
+
+// Nothing of the memory is on the move for the session (its last READ answer was sent): the
+// owner's revoke returns without waiting for the server's loop, and from then on a request on
+// the grant is refused, as on a handle already cut off; the holder is told (DETACHED) when the
+// loop gets to it, and the session and its other grant go on.
+TEST(SessionServer, EndingAnIdleGrantNeedsNoLoopAndRefusesItsRequestsAtOnce) {
+  Peer p(4096);
+  Grant g = p.grant();
+  p.send(encode_attach(1, {g.id, g.secret, "peer"}, p.nonce));
+  ASSERT_EQ(kAttachOk, p.next().opcode);
+  p.send(frame(kRead, with_handle(1, 1), 0, 16));
+  Header first = p.next();
+  ASSERT_EQ(kReadResp, first.opcode);
+  ASSERT_EQ(0, first.status);
+  ASSERT_TRUE(p.answers_ping(9));  // handled after the answer was handed to the kernel
+  uint64_t waits = p.server.loop_waits();
+  ASSERT_EQ(0, p.server.revoke(g.id)) << libd_last_error();
+  EXPECT_EQ(waits, p.server.loop_waits()) << "the revoke waited for the loop with nothing of the memory in flight";
+  std::memset(p.mem.data(), 'Z', p.mem.size());  // the owner's memory again, at once
+  p.send(frame(kRead, with_handle(1, 2), 0, 16) + frame(kWrite, with_handle(1, 3), 0, 16) + std::string(16, 'W'));
+  EndedHandle e = answers_after_the_end(p);
+  EXPECT_EQ(-ECONNRESET, e.read);
+  EXPECT_EQ(-ECONNRESET, e.write);
+  EXPECT_EQ(-ECANCELED, e.detached);
+  EXPECT_EQ(std::string(p.mem.size(), 'Z'), std::string(p.mem.data(), p.mem.size())) << "written after the revoke";
+  EXPECT_EQ(0u, p.server.holders(g.id));
+  std::string body;
+  p.send(frame(kRead, with_handle(0, 4), 0, 16));
+  Header h = p.next(&body);
+  EXPECT_EQ(0, h.status) << "the session's other grant was cut off too";
+  EXPECT_EQ(std::string(16, 'Z'), body);
+}
+
+// A READ answer from the memory is still queued (the peer reads nothing): the revoke waits for
+// the loop, which closes the connection still sending it; after the revoke returns, nothing the
+// peer receives comes from the memory.
+TEST(SessionServer, EndingAGrantWhoseMemoryIsBeingSentWaitsForTheLoop) {
+  const size_t size = 64u << 20;
+  Peer p(size);
+  Grant g = p.grant();
+  p.send(encode_attach(1, {g.id, g.secret, "peer"}, p.nonce));
+  ASSERT_EQ(kAttachOk, p.next().opcode);
+  std::string notify(kHeaderSize, '\0');
+  encode_notify(7, 0, notify.data(), 1);
+  p.send(frame(kRead, with_handle(1, 1), 0, size) + notify);
+  Notice n;
+  ASSERT_EQ(0, p.server.wait_notify(g.id, &n, 5000)) << libd_last_error();  // the READ was handled
+  uint64_t waits = p.server.loop_waits();
+  ASSERT_EQ(0, p.server.revoke(g.id)) << libd_last_error();
+  EXPECT_EQ(waits + 1, p.server.loop_waits()) << "the revoke did not wait for the loop sending its memory";
+  std::memset(p.mem.data(), 'Z', p.mem.size());
+  size_t got = 0, foreign = 0;
+  EXPECT_TRUE(p.drain(&got, &foreign, 'Z')) << "the connection that still sent the memory was not closed";
+  EXPECT_EQ(0u, foreign) << "bytes sent from the memory after its owner revoked the grant";
+  EXPECT_LT(got, size) << "the whole answer went out: the test did not queue it";
+}
+
+// A WRITE's payload is arriving into the memory: the revoke waits for the loop, which drops the
+// rest of the payload; the memory does not change after the revoke returns.
+TEST(SessionServer, EndingAGrantWhoseMemoryIsBeingWrittenWaitsForTheLoop) {
+  const size_t size = 4u << 20;
+  Peer p(size);
+  Grant g = p.grant();
+  p.send(encode_attach(1, {g.id, g.secret, "peer"}, p.nonce));
+  ASSERT_EQ(kAttachOk, p.next().opcode);
+  p.send(frame(kWrite, with_handle(1, 3), 0, size) + std::string(size / 2, 'W'));
+  // Part of the payload is in: the server is in the middle of the WRITE.
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (__atomic_load_n(&p.mem[0], __ATOMIC_ACQUIRE) != 'W' && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::yield();
+  ASSERT_EQ('W', __atomic_load_n(&p.mem[0], __ATOMIC_ACQUIRE)) << "the payload never reached the memory";
+  uint64_t waits = p.server.loop_waits();
+  ASSERT_EQ(0, p.server.revoke(g.id)) << libd_last_error();
+  EXPECT_EQ(waits + 1, p.server.loop_waits()) << "the revoke did not wait for the loop writing into its memory";
+  std::string after(p.mem.data(), p.mem.size());
+  p.send(std::string(size - size / 2, 'X'));
+  EndedHandle e;
+  for (;;) {  // the WRITE's answer and the DETACHED, in either order
+    Header h = p.next();
+    if (h.opcode == kWriteResp) e.write = h.status;
+    else if (h.opcode == kDetached) e.detached = h.status;
+    else ADD_FAILURE() << "unexpected " << opcode_name(h.opcode);
+    if ((e.write != 1 && e.detached != 1) || ::testing::Test::HasFailure()) break;
+  }
+  EXPECT_EQ(-ECONNRESET, e.write);
+  EXPECT_EQ(-ECANCELED, e.detached);
+  EXPECT_TRUE(after == std::string(p.mem.data(), p.mem.size())) << "written after the revoke";
+  EXPECT_EQ(std::string::npos, after.find('X'));
 }
 
 // ---- a quiet ATTACH ------------------------------------------------------------------------

@@ -87,6 +87,7 @@ bool MemoryServer::drop_grant_locked(const std::string &id) {
     cma_write_locked(it->second.slot, nullptr, nullptr);
     cma_free_.push_back(uint32_t(it->second.slot));
   }
+  if (it->second.ended) it->second.ended->store(true, std::memory_order_seq_cst);
   auto of = element_grants_.find(it->second.element);
   if (of != element_grants_.end()) {
     of->second.erase(id);
@@ -185,7 +186,8 @@ int MemoryServer::remove_element(const std::string &name) {
     std::lock_guard<std::mutex> lk(mu_);
     auto it = elements_.find(name);
     if (it == elements_.end()) return set_error(-ENOENT, "no element '" + name + "'");
-    it->second->withdrawn->store(true, std::memory_order_release);
+    std::shared_ptr<Element> element = it->second;
+    element->withdrawn->store(true, std::memory_order_release);
     elements_.erase(it);
     auto of = element_grants_.find(name);
     if (of != element_grants_.end()) gone = of->second;  // copied: drop_grant_locked edits the index
@@ -195,10 +197,13 @@ int MemoryServer::remove_element(const std::string &name) {
       forget_expiry_locked(id);
       drop_grant_locked(id);
     }
+    if (sync && quiet_locked(gone, *element)) sync = false, async = true;
   }
   // Connections over which the loop may still move its bytes let go of it before this returns;
   // with none (the holders detached, or only peers on this host, which move the bytes themselves
-  // and find their grant gone before their next transfer), nothing on the loop reaches it.
+  // and find their grant gone before their next transfer, or tcp holders on sessions while
+  // nothing of the element is on the move: their requests find the grants ended), nothing on the
+  // loop reaches it.
   // By the grants dropped, not by the element's name: a cut the loop runs later must not reach an
   // element of the same name added meanwhile, nor its holders.
   cut_holders([gone = std::move(gone)](const Grant &g) { return gone.count(g.id) > 0; }, -ECANCELED, sync, async);
@@ -267,6 +272,7 @@ int MemoryServer::grant(Grant *g) {
     return set_error(-EINVAL, "grant: id up to 64 bytes, secret 32..256 bytes");
   if (grants_.count(g->id) || notices_.count(g->id)) return set_error(-EEXIST, "grant '" + g->id + "' already exists");
   g->slot = slot;
+  g->ended = std::make_shared<std::atomic<bool>>(false);
   if (slot >= 0) {
     cma_free_.pop_back();
     cma_write_locked(slot, g, it->second.get());
@@ -291,15 +297,32 @@ int MemoryServer::revoke(const std::string &grant_id) {
   bool sync = false, async = false;
   {
     std::lock_guard<std::mutex> lk(mu_);
-    bool had = drop_grant_locked(grant_id);
+    std::shared_ptr<Element> element;
+    auto g = grants_.find(grant_id);
+    if (g != grants_.end()) {
+      auto e = elements_.find(g->second.element);
+      if (e != elements_.end()) element = e->second;
+    }
+    bool had = drop_grant_locked(grant_id);  // sets the grant's `ended` first
     auto it = notices_.find(grant_id);
     if ((it == notices_.end() || it->second.dropped) && !had) return set_error(-ENOENT, "no grant '" + grant_id + "'");
     drop_notices_locked(grant_id);  // an expired grant's record goes here too
     forget_expiry_locked(grant_id);
     holders_locked(grant_id, &sync, &async);
+    if (sync && element && quiet_locked({grant_id}, *element)) sync = false, async = true;
   }
   cut_holders([grant_id](const Grant &g) { return g.id == grant_id; }, -ECANCELED, sync, async);
   return 0;
+}
+
+bool MemoryServer::quiet_locked(const std::unordered_set<std::string> &grant_ids, const Element &e) const {
+  for (const auto &id : grant_ids) {
+    auto it = attached_.find(id);
+    if (it != attached_.end() && it->second.plain > 0) return false;
+  }
+  // After the grants' `ended` were set (seq_cst): a request that counted itself after this read
+  // sees them set and is refused (ServerConn::check).
+  return e.tcp_io.load(std::memory_order_seq_cst) == 0;
 }
 
 void MemoryServer::forget_expiry_locked(const std::string &grant_id) {
@@ -418,15 +441,17 @@ int MemoryServer::take_attachment(const Grant &g, bool is_unix, bool session, st
   if (is_unix && session && !e->second->lent) return -EOPNOTSUPP;  // a memfd cannot ride a shared socket's frames
   Held &held = attached_[g.id];
   (is_unix ? held.unix_ : held.tcp)++;
+  if (!is_unix && !session) held.plain++;
   *element = e->second;
   return 0;
 }
 
-void MemoryServer::release_attachment(const std::string &grant_id, bool is_unix, bool lost) {
+void MemoryServer::release_attachment(const std::string &grant_id, bool is_unix, bool session, bool lost) {
   std::lock_guard<std::mutex> lk(mu_);
   auto a = attached_.find(grant_id);
   if (a != attached_.end()) {
     (is_unix ? a->second.unix_ : a->second.tcp)--;
+    if (!is_unix && !session) a->second.plain--;
     if (a->second.tcp == 0 && a->second.unix_ == 0) attached_.erase(a);
   }
   if (!lost) return;
@@ -475,9 +500,9 @@ int MemoryServer::wait_notify(const std::string &grant_id, Notice *out, int time
   }
 }
 
-void MemoryServer::cut_locked_loop(const std::function<bool(const Grant &)> &pred, int reason) {
+void MemoryServer::cut_locked_loop(const std::function<bool(const Grant &)> &pred, int reason, bool quiesce) {
   std::vector<ServerConn *> all(conns_.begin(), conns_.end());  // cut() may close (and unlist) one
-  for (ServerConn *c : all) c->cut(pred, reason);
+  for (ServerConn *c : all) c->cut(pred, reason, quiesce);
 }
 
 void MemoryServer::cut(const std::function<bool(const Grant &)> &pred, int reason) {
@@ -485,8 +510,14 @@ void MemoryServer::cut(const std::function<bool(const Grant &)> &pred, int reaso
 }
 
 void MemoryServer::cut_holders(std::function<bool(const Grant &)> pred, int reason, bool sync, bool async) {
-  if (sync) cut(pred, reason);
-  else if (async) loop_.post([this, pred = std::move(pred), reason] { cut_locked_loop(pred, reason); });
+  if (sync) {
+    loop_waits_.fetch_add(1, std::memory_order_relaxed);
+    cut(pred, reason);
+  } else if (async) {
+    // Nothing moves the grants' memory for these holders any more (peers on this host move it
+    // themselves; tcp ones: quiet_locked): they are told, the attachments let go of, later.
+    loop_.post([this, pred = std::move(pred), reason] { cut_locked_loop(pred, reason, false); });
+  }
 }
 
 std::shared_ptr<Element> MemoryServer::find_element(const std::string &name) {

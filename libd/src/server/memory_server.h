@@ -55,6 +55,14 @@ struct Element {
   // table itself from this process, so it never changes while the element lives.
   std::vector<proto::CmaRange> ranges;
   std::vector<uint64_t> starts;
+  // What the loop is doing with its memory for tcp peers: READ answers batched or queued to be
+  // sent from it, and a WRITE payload being received into it. A request counts itself here
+  // before it looks at its grant (Grant::ended), and ending a grant sets that flag before it
+  // reads this: when it reads 0, nothing moves the memory and no later request will, so the
+  // owner's call need not wait for the loop (MemoryServer::quiet_locked).
+  std::atomic<int> tcp_io{0};
+  void io_begin() { tcp_io.fetch_add(1, std::memory_order_seq_cst); }
+  void io_end() { tcp_io.fetch_sub(1, std::memory_order_release); }
   // Where the bytes [off, off+len) are in this process, or nullptr when they cross from one
   // range into the next (a transfer moves within one range; callers checked the bounds).
   char *at(uint64_t off, uint64_t len) const;
@@ -71,6 +79,10 @@ struct Grant {
   unsigned rights = 0;
   uint64_t ttl_ms = 0;  // 0: until revoked; else the loop revokes it this long after grant()
   int64_t slot = -1;    // its slot in the grant table for peers on this host (proto::CmaSlot), or -1
+  // Set when the grant ends (revoked, expired, withdrawn), shared with every attachment of it:
+  // a request on one is refused from then on, before the loop has cut the attachment off.
+  std::shared_ptr<std::atomic<bool>> ended;
+  bool has_ended() const { return ended && ended->load(std::memory_order_seq_cst); }
 };
 
 // What a grant's owner learns from its holders.
@@ -149,6 +161,10 @@ class MemoryServer {
   // How many connections hold the grant right now (attachments counted under the lock): tests
   // and diagnostics.
   size_t holders(const std::string &grant_id);
+  // How many revokes and withdrawals waited for the server's loop to let go of memory it was
+  // moving for a tcp holder (or to close a holder's own connection): the others told the loop
+  // and returned. Tests and diagnostics.
+  uint64_t loop_waits() const { return loop_waits_.load(std::memory_order_relaxed); }
 
  private:
   // The connections (server_conn.h, loop thread only) and the verbs handshake they carry reach
@@ -170,12 +186,13 @@ class MemoryServer {
   // its element again under mu_ and counts the attachment; release_attachment uncounts it and,
   // if the holder left without a word (`lost`), tells a waiting owner.
   int take_attachment(const Grant &g, bool is_unix, bool session, std::shared_ptr<Element> *element);
-  void release_attachment(const std::string &grant_id, bool is_unix, bool lost);
+  void release_attachment(const std::string &grant_id, bool is_unix, bool session, bool lost);
   // Under mu_: grant id -> how many connections hold it, over tcp (the loop reads and writes the
   // memory for them) and over the unix socket (the peer moves the bytes itself: the loop never
-  // touches the memory).
+  // touches the memory). `plain`: those of the tcp ones on a connection of their own (not a
+  // session), which may carry a verbs queue pair: only closing it ends the remote key.
   struct Held {
-    int tcp = 0, unix_ = 0;
+    int tcp = 0, unix_ = 0, plain = 0;
   };
   std::unordered_map<std::string, Held> attached_;
   // How ending a grant reaches its holders: `sync` when the loop may be touching its memory for
@@ -187,12 +204,19 @@ class MemoryServer {
     *sync = *sync || it->second.tcp > 0;
     *async = *async || it->second.unix_ > 0;
   }
+  // Whether ending these grants (their `ended` set already) may leave their tcp holders to the
+  // loop, told but not waited for: every tcp holder is on a session (no verbs key to close) and
+  // the loop moves none of the element's memory (Element::tcp_io), nor will for them.
+  bool quiet_locked(const std::unordered_set<std::string> &grant_ids, const Element &e) const;
   // Ends the grants `pred` picks: waits for the loop if `sync`, else only asks it if `async`.
   void cut_holders(std::function<bool(const Grant &)> pred, int reason, bool sync, bool async);
   // Ends the grants `pred` picks on every connection (loop thread; reason for DETACHED).
-  void cut_locked_loop(const std::function<bool(const Grant &)> &pred, int reason);
+  // `quiesce`: a connection still sending such a grant's memory closes (the caller waits for
+  // the memory to be let go of); false when nothing moves it any more (quiet_locked).
+  void cut_locked_loop(const std::function<bool(const Grant &)> &pred, int reason, bool quiesce = true);
   // The same from any thread (waits for the loop).
   void cut(const std::function<bool(const Grant &)> &pred, int reason);
+  std::atomic<uint64_t> loop_waits_{0};  // ends of grants that waited for the loop (loop_waits())
 
   struct Notices {
     std::deque<Notice> queue;

@@ -49,9 +49,9 @@ void ServerConn::close() {
   srv_->nconns_--;
   // Every holder that leaves without having said it finished is lost to its owner, who must not
   // wait for it forever.
-  for (auto &[h, a] : atts_) srv_->release_attachment(a.grant.id, unix_, !a.notified);
+  for (auto &[h, a] : atts_) srv_->release_attachment(a.grant.id, unix_, session_, !a.notified);
   atts_.clear();
-  for (auto &a : draining_) srv_->release_attachment(a.grant.id, unix_, !a.notified);
+  for (auto &a : draining_) srv_->release_attachment(a.grant.id, unix_, session_, !a.notified);
   draining_.clear();
   uv_timer_stop(&auth_timer_);
   pending_closes_ = 2;
@@ -63,24 +63,25 @@ void ServerConn::close() {
   uv_close(&h_.handle, done);
 }
 
-void ServerConn::cut(const std::function<bool(const Grant &)> &pred, int reason) {
+void ServerConn::cut(const std::function<bool(const Grant &)> &pred, int reason, bool quiesce) {
   if (closing_ || !authed_) return;
   std::vector<uint32_t> ended;
   for (auto &[h, a] : atts_)
     if (pred(a.grant)) ended.push_back(h);
   for (auto d = draining_.begin(); d != draining_.end();) {
     if (!pred(d->grant)) { ++d; continue; }
-    if (sending(d->element.get())) { close(); return; }  // detached, but its READ answers are still being sent
-    srv_->release_attachment(d->grant.id, unix_, false);
+    if (quiesce && sending(d->element.get())) { close(); return; }  // detached, but its READ answers are still being sent
+    srv_->release_attachment(d->grant.id, unix_, session_, false);
     d = draining_.erase(d);
   }
   if (ended.empty()) return;
   if (!session_) { close(); return; }
-  for (uint32_t h : ended)
-    if (sending(atts_[h].element.get())) { close(); return; }
+  if (quiesce)
+    for (uint32_t h : ended)
+      if (sending(atts_[h].element.get())) { close(); return; }
   for (uint32_t h : ended) {
     on_handle_cut(h);
-    srv_->release_attachment(atts_[h].grant.id, unix_, false);  // the owner's own doing: not a loss
+    srv_->release_attachment(atts_[h].grant.id, unix_, session_, false);  // the owner's own doing: not a loss
     atts_.erase(h);
     Header d;
     d.opcode = kDetached;
@@ -133,6 +134,7 @@ Attachment *ServerConn::attachment(const Header &h) {
 
 int ServerConn::check(const Attachment &a, const Header &h, unsigned need) {
   const Grant &g = a.grant;
+  if (g.has_ended()) return -ECONNRESET;
   if (!(g.rights & need)) return -EACCES;
   if (h.addr < g.offset || h.size > g.offset + g.length - h.addr || h.addr > g.offset + g.length) return -ERANGE;
   // Memory lent as several ranges: one transfer moves within one of them (the client's list
@@ -206,7 +208,7 @@ int ServerConn::on_detach(const Header &h) {
     // or withdraw waits for this loop) until they are sent.
     draining_.push_back(std::move(it->second));
   } else {
-    srv_->release_attachment(it->second.grant.id, unix_, !it->second.notified);
+    srv_->release_attachment(it->second.grant.id, unix_, session_, !it->second.notified);
   }
   atts_.erase(it);
   return 0;
@@ -226,7 +228,7 @@ int ServerConn::on_notify(const Header &h) {
 void ServerConn::release_drained(const Element *e) {
   for (auto d = draining_.begin(); d != draining_.end();) {
     if (d->element.get() != e) { ++d; continue; }
-    srv_->release_attachment(d->grant.id, unix_, !d->notified);
+    srv_->release_attachment(d->grant.id, unix_, session_, !d->notified);
     d = draining_.erase(d);
   }
 }

@@ -45,8 +45,9 @@ class ServerConn : public proto::FrameReader::Handler {
   // The owner ended the grants `pred` picks (revoked, expired, withdrawn): a plain connection
   // closes, a session ends those attachments and tells the client (DETACHED). A connection still
   // sending such a grant's memory (READ answers queued) closes too: once the owner's call returns,
-  // nothing may read that memory any more.
-  void cut(const std::function<bool(const Grant &)> &pred, int reason);
+  // nothing may read that memory any more. quiesce=false: the owner found that memory idle and
+  // the grants ended (MemoryServer::quiet_locked), so nothing is closed for it.
+  void cut(const std::function<bool(const Grant &)> &pred, int reason, bool quiesce = true);
 
   // proto::FrameReader::Handler: the opcodes every kind shares, then the kind's own.
   int on_header(const proto::Header &h, char **dest) final;
@@ -74,7 +75,9 @@ class ServerConn : public proto::FrameReader::Handler {
   // ---- for the kinds ----
   // The attachment a request names: on a session the top half of its req_id, else the AUTH grant.
   Attachment *attachment(const proto::Header &h);
-  // 0 if the attachment's grant allows `need` on the request's range; -EACCES or -ERANGE.
+  // 0 if the attachment's grant allows `need` on the request's range; -EACCES or -ERANGE, or
+  // -ECONNRESET once the grant has ended (as for a request on an attachment already cut). A
+  // request that moves memory counts itself first (Element::io_begin).
   static int check(const Attachment &a, const proto::Header &h, unsigned need);
   // Attachments detached while answers from `e`'s memory were queued are let go once nothing
   // queued sends it any more.

@@ -22,8 +22,10 @@ void TcpServerConn::on_start() {
 }
 
 void TcpServerConn::on_close() {
+  if (batch_) end_io(batch_);  // never sent: nothing reads the memory for it
   delete batch_;
   batch_ = nullptr;
+  end_write_io();
   verbs_.close();  // the client's remote key dies with its connection: revocation is immediate
 }
 
@@ -34,8 +36,11 @@ int TcpServerConn::on_kind_header(const Header &h, char **dest) {
       return 0;
     case kWrite: {
       Attachment *a = attachment(h);
+      if (a) a->element->io_begin();  // before the grant is looked at (Element::tcp_io)
       write_status_ = a ? check(*a, h, LIBD_RIGHT_WRITE) : -ECONNRESET;
       payload_handle_ = session_ ? handle_of(h.req_id) : 0;
+      if (a && write_status_ != 0) a->element->io_end();
+      if (write_status_ == 0) write_io_ = a->element;  // until the payload is in (or dropped)
       *dest = write_status_ == 0 ? a->element->at(h.addr, h.size) : nullptr;  // refused: drained
       return 0;
     }
@@ -57,6 +62,7 @@ int TcpServerConn::on_kind_frame(const Header &h) {
       send_frame(r, {});
       return 0;
     case kWrite:
+      end_write_io();
       r.opcode = kWriteResp;
       r.status = write_status_;
       r.size = h.size;
@@ -65,9 +71,13 @@ int TcpServerConn::on_kind_frame(const Header &h) {
     case kRead: {
       r.opcode = kReadResp;
       Attachment *a = attachment(h);
+      if (a) a->element->io_begin();  // before the grant is looked at (Element::tcp_io)
       r.status = a ? check(*a, h, LIBD_RIGHT_READ) : -ECONNRESET;
       r.size = h.size;
-      send_data(r, r.status == 0 ? a->element->at(h.addr, h.size) : nullptr, r.status == 0 ? a->element : nullptr);
+      bool serve = r.status == 0 && h.size > 0;
+      if (a && !serve) a->element->io_end();
+      // A served answer carries the count until it is sent (unqueue) or dropped.
+      send_data(r, serve ? a->element->at(h.addr, h.size) : nullptr, serve ? a->element : nullptr);
       return 0;
     }
     case kVerbsConnect:
@@ -93,7 +103,19 @@ void TcpServerConn::on_handle_cut(uint32_t handle) {
   if (reader_.in_payload() && reader_.current().opcode == kWrite && payload_handle_ == handle) {
     reader_.discard_current();  // the rest of that WRITE is dropped, and refused
     write_status_ = -ECONNRESET;
+    end_write_io();
   }
+}
+
+void TcpServerConn::end_write_io() {
+  if (!write_io_) return;
+  write_io_->io_end();
+  write_io_.reset();
+}
+
+void TcpServerConn::end_io(WriteReq *w) {
+  for (Element *e : w->io) e->io_end();
+  w->io.clear();
 }
 
 // ---- answers ----
@@ -120,7 +142,10 @@ void TcpServerConn::send_frame(const Header &h, const std::string &body) {
 }
 
 void TcpServerConn::send_data(const Header &h, char *data, const std::shared_ptr<Element> &element) {
-  if (closing_) return;
+  if (closing_) {
+    if (data && h.size) element->io_end();
+    return;
+  }
   WriteReq *w = batch();
   w->hdrs.emplace_back();
   encode_header(h, w->hdrs.back().data());
@@ -130,6 +155,7 @@ void TcpServerConn::send_data(const Header &h, char *data, const std::shared_ptr
       w->elements.push_back(element);
       queued_[element.get()]++;  // from the moment it is batched: a DETACH in the same read sees it
     }
+    w->io.push_back(element.get());  // the count its request took (kept alive by `elements`)
     uv_buf_t b;
     b.base = data;
     b.len = size_t(h.size);
@@ -156,6 +182,9 @@ void TcpServerConn::flush() {
     close();
     return;
   }
+  // Written to the kernel already (the usual case for answers that fit the socket's buffer):
+  // nothing reads the memory for it any more, though its callback comes a loop pass later.
+  if (uv_stream_get_write_queue_size(stream()) == 0) end_io(w);
   // A client that asks faster than it reads stops being read: its queue cannot grow forever.
   if (!paused_ && uv_stream_get_write_queue_size(stream()) > kPauseReadingAt) {
     paused_ = true;
@@ -189,6 +218,7 @@ bool TcpServerConn::in_batch(const Element *e) const {
 }
 
 void TcpServerConn::unqueue(WriteReq *w) {
+  end_io(w);
   for (auto &e : w->elements) {
     auto it = queued_.find(e.get());
     if (it == queued_.end() || --it->second > 0) continue;

@@ -41,6 +41,7 @@ class TcpServerConn : public ServerConn {
     std::deque<std::string> bodies;
     std::vector<uv_buf_t> bufs;
     std::vector<std::shared_ptr<Element>> elements;  // keeps READ data mapped until sent
+    std::vector<Element *> io;  // one per READ answer with data: its Element::tcp_io count
     TcpServerConn *conn;
   };
   WriteReq *batch();
@@ -49,6 +50,9 @@ class TcpServerConn : public ServerConn {
   bool in_batch(const Element *e) const;
   // A write is done with its elements.
   void unqueue(WriteReq *w);
+  // Gives back the Element::tcp_io counts of w's answers / of the WRITE payload being received.
+  static void end_io(WriteReq *w);
+  void end_write_io();
   void on_written(WriteReq *w, int status);
 
   VerbsHandshake verbs_;
@@ -57,6 +61,7 @@ class TcpServerConn : public ServerConn {
   bool paused_ = false;
   int write_status_ = 0;
   uint32_t payload_handle_ = 0;  // the attachment the WRITE payload being received is for
+  std::shared_ptr<Element> write_io_;  // its element, counted in Element::tcp_io until it is in
   std::unordered_map<const Element *, int> queued_;  // elements whose memory batched or queued writes send
 };
 
