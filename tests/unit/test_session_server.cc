@@ -82,6 +82,16 @@ struct Peer {
     return g;
   }
 
+  // A new grant, attached to the session as `handle`.
+  Grant attach_new(uint32_t handle) {
+    Grant g = grant();
+    send(encode_attach(handle, {g.id, g.secret, "peer"}, nonce));
+    Header h = next();
+    EXPECT_EQ(kAttachOk, h.opcode);
+    EXPECT_EQ(0, h.status);
+    return g;
+  }
+
   void send(const std::string &bytes) { ASSERT_EQ(0, send_all(fd, bytes.data(), bytes.size(), Deadline::after_ms(3000))); }
 
   // The next frame's header; its body goes to *body when asked for, else is dropped.
@@ -192,9 +202,8 @@ TEST(SessionServer, ADetachWithABodyEndsTheConnection) {
 
 TEST(SessionServer, RequestsOnADetachedHandleAreRefused) {
   Peer p(4096);
-  Grant g = p.grant();
-  p.send(encode_attach(1, {g.id, g.secret, "peer"}, p.nonce));
-  ASSERT_EQ(kAttachOk, p.next().opcode);
+  Grant g = p.attach_new(1);
+  ASSERT_FALSE(::testing::Test::HasFailure());
   p.send(frame(kDetach, 0, 1) + frame(kRead, with_handle(1, 5), 0, 16));
   Header h = p.next();
   EXPECT_EQ(kReadResp, h.opcode);
@@ -289,9 +298,8 @@ EndedHandle answers_after_the_end(Peer &p) {
 // loop gets to it, and the session and its other grant go on.
 TEST(SessionServer, EndingAnIdleGrantNeedsNoLoopAndRefusesItsRequestsAtOnce) {
   Peer p(4096);
-  Grant g = p.grant();
-  p.send(encode_attach(1, {g.id, g.secret, "peer"}, p.nonce));
-  ASSERT_EQ(kAttachOk, p.next().opcode);
+  Grant g = p.attach_new(1);
+  ASSERT_FALSE(::testing::Test::HasFailure());
   p.send(frame(kRead, with_handle(1, 1), 0, 16));
   Header first = p.next();
   ASSERT_EQ(kReadResp, first.opcode);
@@ -321,9 +329,8 @@ TEST(SessionServer, EndingAnIdleGrantNeedsNoLoopAndRefusesItsRequestsAtOnce) {
 TEST(SessionServer, EndingAGrantWhoseMemoryIsBeingSentWaitsForTheLoop) {
   const size_t size = 64u << 20;
   Peer p(size);
-  Grant g = p.grant();
-  p.send(encode_attach(1, {g.id, g.secret, "peer"}, p.nonce));
-  ASSERT_EQ(kAttachOk, p.next().opcode);
+  Grant g = p.attach_new(1);
+  ASSERT_FALSE(::testing::Test::HasFailure());
   std::string notify(kHeaderSize, '\0');
   encode_notify(7, 0, notify.data(), 1);
   p.send(frame(kRead, with_handle(1, 1), 0, size) + notify);
@@ -344,9 +351,8 @@ TEST(SessionServer, EndingAGrantWhoseMemoryIsBeingSentWaitsForTheLoop) {
 TEST(SessionServer, EndingAGrantWhoseMemoryIsBeingWrittenWaitsForTheLoop) {
   const size_t size = 4u << 20;
   Peer p(size);
-  Grant g = p.grant();
-  p.send(encode_attach(1, {g.id, g.secret, "peer"}, p.nonce));
-  ASSERT_EQ(kAttachOk, p.next().opcode);
+  Grant g = p.attach_new(1);
+  ASSERT_FALSE(::testing::Test::HasFailure());
   p.send(frame(kWrite, with_handle(1, 3), 0, size) + std::string(size / 2, 'W'));
   // Part of the payload is in: the server is in the middle of the WRITE.
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
