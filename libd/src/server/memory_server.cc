@@ -180,7 +180,7 @@ int MemoryServer::add_lent_ranges(const std::string &name, const std::vector<Cma
 }
 
 int MemoryServer::remove_element(const std::string &name) {
-  bool sync = false, async = false;
+  bool sync = false, async = false, plain = false;
   std::unordered_set<std::string> gone;
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -192,12 +192,12 @@ int MemoryServer::remove_element(const std::string &name) {
     auto of = element_grants_.find(name);
     if (of != element_grants_.end()) gone = of->second;  // copied: drop_grant_locked edits the index
     for (const auto &id : gone) {
-      holders_locked(id, &sync, &async);
+      holders_locked(id, &sync, &async, &plain);
       drop_notices_locked(id);
       forget_expiry_locked(id);
       drop_grant_locked(id);
     }
-    if (sync && quiet_locked(gone, *element)) sync = false, async = true;
+    if (sync && !plain && element->io_idle()) sync = false, async = true;  // after the grants' `ended`
   }
   // Connections over which the loop may still move its bytes let go of it before this returns;
   // with none (the holders detached, or only peers on this host, which move the bytes themselves
@@ -294,7 +294,7 @@ int MemoryServer::grant(Grant *g) {
 }
 
 int MemoryServer::revoke(const std::string &grant_id) {
-  bool sync = false, async = false;
+  bool sync = false, async = false, plain = false;
   {
     std::lock_guard<std::mutex> lk(mu_);
     std::shared_ptr<Element> element;
@@ -308,21 +308,11 @@ int MemoryServer::revoke(const std::string &grant_id) {
     if ((it == notices_.end() || it->second.dropped) && !had) return set_error(-ENOENT, "no grant '" + grant_id + "'");
     drop_notices_locked(grant_id);  // an expired grant's record goes here too
     forget_expiry_locked(grant_id);
-    holders_locked(grant_id, &sync, &async);
-    if (sync && element && quiet_locked({grant_id}, *element)) sync = false, async = true;
+    holders_locked(grant_id, &sync, &async, &plain);
+    if (sync && !plain && element && element->io_idle()) sync = false, async = true;  // after `ended`
   }
   cut_holders([grant_id](const Grant &g) { return g.id == grant_id; }, -ECANCELED, sync, async);
   return 0;
-}
-
-bool MemoryServer::quiet_locked(const std::unordered_set<std::string> &grant_ids, const Element &e) const {
-  for (const auto &id : grant_ids) {
-    auto it = attached_.find(id);
-    if (it != attached_.end() && it->second.plain > 0) return false;
-  }
-  // After the grants' `ended` were set (seq_cst): a request that counted itself after this read
-  // sees them set and is refused (ServerConn::check).
-  return e.tcp_io.load(std::memory_order_seq_cst) == 0;
 }
 
 void MemoryServer::forget_expiry_locked(const std::string &grant_id) {
@@ -515,7 +505,7 @@ void MemoryServer::cut_holders(std::function<bool(const Grant &)> pred, int reas
     cut(pred, reason);
   } else if (async) {
     // Nothing moves the grants' memory for these holders any more (peers on this host move it
-    // themselves; tcp ones: quiet_locked): they are told, the attachments let go of, later.
+    // themselves; tcp ones: Element::io_idle): they are told, the attachments let go of, later.
     loop_.post([this, pred = std::move(pred), reason] { cut_locked_loop(pred, reason, false); });
   }
 }

@@ -59,10 +59,11 @@ struct Element {
   // sent from it, and a WRITE payload being received into it. A request counts itself here
   // before it looks at its grant (Grant::ended), and ending a grant sets that flag before it
   // reads this: when it reads 0, nothing moves the memory and no later request will, so the
-  // owner's call need not wait for the loop (MemoryServer::quiet_locked).
+  // owner's call need not wait for the loop (MemoryServer::revoke, remove_element).
   std::atomic<int> tcp_io{0};
   void io_begin() { tcp_io.fetch_add(1, std::memory_order_seq_cst); }
   void io_end() { tcp_io.fetch_sub(1, std::memory_order_release); }
+  bool io_idle() const { return tcp_io.load(std::memory_order_seq_cst) == 0; }
   // Where the bytes [off, off+len) are in this process, or nullptr when they cross from one
   // range into the next (a transfer moves within one range; callers checked the bounds).
   char *at(uint64_t off, uint64_t len) const;
@@ -197,22 +198,21 @@ class MemoryServer {
   std::unordered_map<std::string, Held> attached_;
   // How ending a grant reaches its holders: `sync` when the loop may be touching its memory for
   // one (the caller waits until it let go), else `async` (told, not waited for) when only peers
-  // on this host hold it.
-  void holders_locked(const std::string &grant_id, bool *sync, bool *async) const {
+  // on this host hold it; `plain` when a tcp holder is on a connection of its own. A grant whose
+  // `ended` is set and whose tcp holders are all on sessions needs no wait while its element is
+  // idle (Element::io_idle): its holders' requests are refused from then on.
+  void holders_locked(const std::string &grant_id, bool *sync, bool *async, bool *plain) const {
     auto it = attached_.find(grant_id);
     if (it == attached_.end()) return;
     *sync = *sync || it->second.tcp > 0;
     *async = *async || it->second.unix_ > 0;
+    *plain = *plain || it->second.plain > 0;
   }
-  // Whether ending these grants (their `ended` set already) may leave their tcp holders to the
-  // loop, told but not waited for: every tcp holder is on a session (no verbs key to close) and
-  // the loop moves none of the element's memory (Element::tcp_io), nor will for them.
-  bool quiet_locked(const std::unordered_set<std::string> &grant_ids, const Element &e) const;
   // Ends the grants `pred` picks: waits for the loop if `sync`, else only asks it if `async`.
   void cut_holders(std::function<bool(const Grant &)> pred, int reason, bool sync, bool async);
   // Ends the grants `pred` picks on every connection (loop thread; reason for DETACHED).
   // `quiesce`: a connection still sending such a grant's memory closes (the caller waits for
-  // the memory to be let go of); false when nothing moves it any more (quiet_locked).
+  // the memory to be let go of); false when nothing moves it any more (Element::io_idle).
   void cut_locked_loop(const std::function<bool(const Grant &)> &pred, int reason, bool quiesce = true);
   // The same from any thread (waits for the loop).
   void cut(const std::function<bool(const Grant &)> &pred, int reason);

@@ -46,7 +46,7 @@ class ServerConn : public proto::FrameReader::Handler {
   // closes, a session ends those attachments and tells the client (DETACHED). A connection still
   // sending such a grant's memory (READ answers queued) closes too: once the owner's call returns,
   // nothing may read that memory any more. quiesce=false: the owner found that memory idle and
-  // the grants ended (MemoryServer::quiet_locked), so nothing is closed for it.
+  // the grants ended (Element::io_idle), so nothing is closed for it.
   void cut(const std::function<bool(const Grant &)> &pred, int reason, bool quiesce = true);
 
   // proto::FrameReader::Handler: the opcodes every kind shares, then the kind's own.

@@ -36,11 +36,9 @@ int TcpServerConn::on_kind_header(const Header &h, char **dest) {
       return 0;
     case kWrite: {
       Attachment *a = attachment(h);
-      if (a) a->element->io_begin();  // before the grant is looked at (Element::tcp_io)
-      write_status_ = a ? check(*a, h, LIBD_RIGHT_WRITE) : -ECONNRESET;
+      write_status_ = check_io(a, h, LIBD_RIGHT_WRITE);
       payload_handle_ = session_ ? handle_of(h.req_id) : 0;
-      if (a && write_status_ != 0) a->element->io_end();
-      if (write_status_ == 0) write_io_ = a->element;  // until the payload is in (or dropped)
+      if (write_status_ == 0) write_io_ = a->element;  // counted until the payload is in (or dropped)
       *dest = write_status_ == 0 ? a->element->at(h.addr, h.size) : nullptr;  // refused: drained
       return 0;
     }
@@ -71,11 +69,10 @@ int TcpServerConn::on_kind_frame(const Header &h) {
     case kRead: {
       r.opcode = kReadResp;
       Attachment *a = attachment(h);
-      if (a) a->element->io_begin();  // before the grant is looked at (Element::tcp_io)
-      r.status = a ? check(*a, h, LIBD_RIGHT_READ) : -ECONNRESET;
+      r.status = check_io(a, h, LIBD_RIGHT_READ);
       r.size = h.size;
       bool serve = r.status == 0 && h.size > 0;
-      if (a && !serve) a->element->io_end();
+      if (r.status == 0 && !serve) a->element->io_end();  // nothing to send
       // A served answer carries the count until it is sent (unqueue) or dropped.
       send_data(r, serve ? a->element->at(h.addr, h.size) : nullptr, serve ? a->element : nullptr);
       return 0;
@@ -105,6 +102,14 @@ void TcpServerConn::on_handle_cut(uint32_t handle) {
     write_status_ = -ECONNRESET;
     end_write_io();
   }
+}
+
+int TcpServerConn::check_io(Attachment *a, const Header &h, unsigned need) {
+  if (!a) return -ECONNRESET;
+  a->element->io_begin();  // before the grant is looked at (Element::tcp_io)
+  int rc = check(*a, h, need);
+  if (rc) a->element->io_end();
+  return rc;
 }
 
 void TcpServerConn::end_write_io() {

@@ -50,6 +50,9 @@ class TcpServerConn : public ServerConn {
   bool in_batch(const Element *e) const;
   // A write is done with its elements.
   void unqueue(WriteReq *w);
+  // The request's verdict (-ECONNRESET without an attachment), its element counted in
+  // Element::tcp_io if it is admitted: counted before the grant is looked at.
+  int check_io(Attachment *a, const proto::Header &h, unsigned need);
   // Gives back the Element::tcp_io counts of w's answers / of the WRITE payload being received.
   static void end_io(WriteReq *w);
   void end_write_io();
