@@ -869,3 +869,17 @@ cdef class LibdTransportRDMAServer(LibdTransport):
             rc = clibd.libd_trdma_server_wait_notify(t, c, &value, &status, ms)
         _check(rc, "wait_notify")
         return value, status
+
+    def poll_notify(self, grant_id):
+        """wait_notify(grant_id, 0) for a caller that polls: None while no word has come (no
+        TimeoutError to raise and catch on every look); otherwise what wait_notify returns or
+        raises."""
+        cdef clibd.libd_transport *t = self._tr()
+        bid = _b(grant_id)
+        cdef uint64_t value = 0
+        cdef int status = 0
+        cdef int rc = clibd.libd_trdma_server_wait_notify(t, bid, &value, &status, 0)  # never blocks
+        if rc == -_errno.ETIMEDOUT:
+            return None
+        _check(rc, "wait_notify")
+        return value, status

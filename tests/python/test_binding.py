@@ -317,6 +317,34 @@ def test_a_memory_element_written_in_python():
     assert srv.state == "TERMINATED"
 
 
+def test_poll_notify_is_none_until_the_holders_word_then_the_word():
+    server = LibdAction("poll-owner")
+    server.add_transport("srv;tcp_server;size,0")
+    srv = server.get_transport("srv", "rdma_server")
+    srv.serve(block=False)
+    lent = bytearray(64)
+    srv.expose("lent", ctypes.addressof((ctypes.c_char * len(lent)).from_buffer(lent)), len(lent))
+    config = srv.grant_ex("lent", "*", rights="rw")
+    grant = dict(p.split(",", 1) for p in config.split(";"))["grant"]
+    assert srv.poll_notify(grant) is None, "no word yet: None, not TimeoutError"
+    with LibdAction("poll-holder") as c:
+        c.add_transport("m;tcp;" + config)
+        t = c.get_transport("m", "rdma")
+        t.reg(64)
+        t.write(8, 0)
+        t.notify(0xFEED, 0)
+        deadline = time.monotonic() + 10
+        word = None
+        while word is None and time.monotonic() < deadline:
+            word = srv.poll_notify(grant)
+        assert word == (0xFEED, 0)
+        assert srv.poll_notify(grant) is None, "the word was taken by the look that returned it"
+    with pytest.raises(KeyError):
+        srv.poll_notify("g-no-such-grant")
+    srv.stop()
+    server.terminate()
+
+
 def test_reg_shares_another_transports_buffer_and_with_releases(memd):
     server = memd()
     action, t = client(server, "tcp")

@@ -129,6 +129,11 @@ class ActiveOperation(OperationBase):
             self._fail_setup()
             raise
         self._status = OperationStatus.IN_PROGRESS
+        # Over shm the copies are done as they start: the owner is told now, with nothing of
+        # the caller's in between (as NIXL's notification leaves with its transfer), not at
+        # the caller's first look.
+        if all(op.done() for op in self._ops):
+            self._drive(0)
 
     # ---- Dynamo's surface ---------------------------------------------------------------
     @property

@@ -156,7 +156,10 @@ class PassiveOperation(OperationBase):
 
     def cancel(self) -> None:
         """Revokes the grants at once: a peer still transferring gets an error, not a hang.
-        No effect on an operation that has already ended."""
+        No effect on an operation that has already ended, nor on one whose peer has already said
+        it finished (that word is taken first: the operation is COMPLETE)."""
+        if self._status not in _TERMINAL:
+            self._collect(timeout=0)
         with self._lock:
             if self._status in _TERMINAL:
                 return
@@ -199,7 +202,11 @@ class PassiveOperation(OperationBase):
                 return
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             try:
-                value, status = self._server.wait_notify(grant, left)
+                # A look (timeout 0, a poll) finds None while nothing came, not an exception.
+                word = self._server.poll_notify(grant) if left == 0 else self._server.wait_notify(grant, left)
+                if word is None:
+                    return
+                value, status = word
             except TimeoutError:
                 return
             except _LibdCancelled:
