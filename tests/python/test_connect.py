@@ -25,6 +25,9 @@ ALL_IMPLS = IMPLS + (["verbs"] if os.environ.get("LIBD_REQUIRE_VERBS") or _has_r
 # Where a transfer is still on its way when begin_* returns. Over shm the copies are done inside
 # begin_*, which tells the owner there and then (test_over_shm_begin_moves_the_bytes_and_tells_the_owner).
 IN_FLIGHT = [impl for impl in ALL_IMPLS if impl != "shm"]
+# Where the owner hears of a cancel on the active side: over tcp the word goes with the requests
+# (test_over_tcp_the_word_goes_with_the_requests), so only verbs is left.
+WORD_AFTER = [impl for impl in IN_FLIGHT if impl != "tcp"]
 MiB = 1 << 20
 
 
@@ -251,7 +254,22 @@ def test_over_shm_begin_moves_the_bytes_and_tells_the_owner(peers, kind):
         assert done["digests"] == expected_digests(sizes, 1)
 
 
-@pytest.mark.parametrize("impl", IN_FLIGHT)
+@pytest.mark.parametrize("kind", ["read", "write"])
+def test_over_tcp_the_word_goes_with_the_requests(peers, kind):
+    # The active side cancels as soon as begin_* has answered, with 8 MiB on their way: its word
+    # went out with its requests, so the owner still ends COMPLETE once its memory has been
+    # served (read) or written (write) in full, and a write's bytes are all there.
+    passive, active = pair(peers, "tcp")
+    md = passive.call(cmd="create", kind=kind, sizes=[8 * MiB], seed=1)["metadata"]
+    assert active.call(cmd="begin", kind=kind, metadata=md, sizes=[8 * MiB], seed=2)["ok"]
+    assert active.call(cmd="cancel")["status"] in ("CANCELLED", "COMPLETE")
+    owner = passive.call(cmd="wait", timeout=30)
+    assert (owner["status"], owner["error"]) == ("COMPLETE", None), owner
+    if kind == "write":
+        assert owner["digests"] == expected_digests([8 * MiB], 2)
+
+
+@pytest.mark.parametrize("impl", WORD_AFTER)
 @pytest.mark.parametrize("kind", ["read", "write"])
 @pytest.mark.parametrize("end", ["cancel", "drop"])
 def test_the_active_side_cancelling_is_seen_by_the_owner(peers, impl, kind, end):

@@ -242,9 +242,11 @@ TEST(SessionServer, ADetachBehindQueuedReadAnswersKeepsTheGrantHeldUntilTheyAreS
   std::string notify(kHeaderSize, '\0');
   encode_notify(9, 0, notify.data(), 0);
   p.send(frame(kRead, with_handle(0, 1), 0, size) + notify + frame(kDetach, 0, 0));
+  char hdr[kHeaderSize];
+  ASSERT_EQ(0, recv_exact(p.fd, hdr, kHeaderSize, Deadline::after_ms(5000)));  // the READ is being answered
+  (void)p.server.cm_port();  // runs on the server's loop: once it returns, that read is handled whole
   Notice n;
-  ASSERT_EQ(0, p.server.wait_notify(p.first.id, &n, 5000)) << libd_last_error();  // the whole write was handled
-  EXPECT_EQ(9u, n.value);
+  EXPECT_EQ(-ETIMEDOUT, p.server.wait_notify(p.first.id, &n, 0)) << "told while the answer was still queued";
   EXPECT_EQ(1u, p.server.holders(p.first.id)) << "detached while its READ answer was still queued";
   ASSERT_EQ(0, p.server.remove_element("buf"));
   std::memset(p.mem.data(), 'Z', p.mem.size());  // the owner reuses its memory
@@ -252,6 +254,42 @@ TEST(SessionServer, ADetachBehindQueuedReadAnswersKeepsTheGrantHeldUntilTheyAreS
   EXPECT_TRUE(p.drain(&got, &foreign, 'Z')) << "the connection that still sent the memory was not closed";
   EXPECT_EQ(0u, foreign) << "bytes sent from the memory after its owner withdrew it";
   EXPECT_LT(got, size) << "the whole answer went out: the test did not queue it";
+}
+
+// A word the peer sent right behind its READ, before the answer came, reaches the owner once
+// the answer has been sent: the owner may reuse the memory as soon as it hears.
+TEST(SessionServer, AWordBehindQueuedReadAnswersReachesTheOwnerOnceTheyAreSent) {
+  const size_t size = 64u << 20;
+  Peer p(size);
+  std::string notify(kHeaderSize, '\0');
+  encode_notify(9, 0, notify.data(), 0);
+  p.send(frame(kRead, with_handle(0, 1), 0, size) + notify);
+  char hdr[kHeaderSize];
+  ASSERT_EQ(0, recv_exact(p.fd, hdr, kHeaderSize, Deadline::after_ms(5000)));  // the READ is being answered
+  (void)p.server.cm_port();  // runs on the server's loop: once it returns, that read is handled whole
+  Notice n;
+  EXPECT_EQ(-ETIMEDOUT, p.server.wait_notify(p.first.id, &n, 0)) << "told while the answer was still queued";
+  std::vector<char> body(size);
+  ASSERT_EQ(0, recv_exact(p.fd, body.data(), size, Deadline::after_ms(20000)));
+  ASSERT_EQ(0, p.server.wait_notify(p.first.id, &n, 5000)) << libd_last_error();
+  EXPECT_EQ(9u, n.value);
+  EXPECT_EQ(0, n.status);
+}
+
+// A word of success after a request of the holder's that the server refused is that refusal:
+// a holder that sends its word right behind its requests learns of the refusal only after.
+TEST(SessionServer, AWordAfterARefusedRequestIsThatRefusal) {
+  Peer p(4096);
+  std::string notify(kHeaderSize, '\0');
+  encode_notify(5, 0, notify.data(), 0);
+  p.send(frame(kRead, with_handle(0, 1), 8192, 16) + notify);  // past the grant's end
+  Header h = p.next();
+  EXPECT_EQ(kReadResp, h.opcode);
+  EXPECT_EQ(-ERANGE, h.status);
+  Notice n;
+  ASSERT_EQ(0, p.server.wait_notify(p.first.id, &n, 5000)) << libd_last_error();
+  EXPECT_EQ(5u, n.value);
+  EXPECT_EQ(-ERANGE, n.status);
 }
 
 TEST(SessionServer, ADetachBehindAnswersThatWereSentLetsGoAtOnce) {
@@ -331,11 +369,9 @@ TEST(SessionServer, EndingAGrantWhoseMemoryIsBeingSentWaitsForTheLoop) {
   Peer p(size);
   Grant g = p.attach_new(1);
   ASSERT_FALSE(::testing::Test::HasFailure());
-  std::string notify(kHeaderSize, '\0');
-  encode_notify(7, 0, notify.data(), 1);
-  p.send(frame(kRead, with_handle(1, 1), 0, size) + notify);
-  Notice n;
-  ASSERT_EQ(0, p.server.wait_notify(g.id, &n, 5000)) << libd_last_error();  // the READ was handled
+  p.send(frame(kRead, with_handle(1, 1), 0, size));
+  char hdr[kHeaderSize];
+  ASSERT_EQ(0, recv_exact(p.fd, hdr, kHeaderSize, Deadline::after_ms(5000)));  // the READ is being answered
   uint64_t waits = p.server.loop_waits();
   ASSERT_EQ(0, p.server.revoke(g.id)) << libd_last_error();
   EXPECT_EQ(waits + 1, p.server.loop_waits()) << "the revoke did not wait for the loop sending its memory";

@@ -217,15 +217,43 @@ int ServerConn::on_detach(const Header &h) {
 int ServerConn::on_notify(const Header &h) {
   Attachment *a = attachment(h);
   if (!a) return 0;  // its grant is over: nobody waits for the word any more
+  // A holder may send its word right behind its requests, before their answers: a word of
+  // success after a request of its that was refused is that refusal.
+  Notice n{h.addr, h.status == 0 && a->refused ? a->refused : h.status};
+  if (sending(a->element.get())) {
+    // READ answers from the grant's memory are still queued: the owner, once told, may reuse
+    // the memory, so it is told when they are sent (or, if the connection closes first, hears
+    // of a holder lost without its word).
+    held_.push_back({a->element.get(), a->grant.id, n});
+    return 0;
+  }
   a->notified = true;
   // Told once this read is handled: a DETACH that came with it is counted first, so the owner,
   // woken, ends the grant without a trip to this loop.
-  notices_.push_back({a->grant.id, Notice{h.addr, h.status}});
+  notices_.push_back({a->grant.id, n});
   if (!in_read_) deliver_notices();
   return 0;
 }
 
+void ServerConn::release_held() {
+  if (closing_) {  // the answers were never all sent: the holders are lost, not done
+    held_.clear();
+    return;
+  }
+  for (auto n = held_.begin(); n != held_.end();) {
+    if (sending(n->element)) { ++n; continue; }
+    for (auto &[handle, a] : atts_)
+      if (a.grant.id == n->grant) a.notified = true;
+    for (auto &d : draining_)
+      if (d.grant.id == n->grant) d.notified = true;
+    notices_.push_back({std::move(n->grant), n->notice});
+    n = held_.erase(n);
+  }
+}
+
 void ServerConn::release_drained(const Element *e) {
+  release_held();
+  if (!in_read_) deliver_notices();
   for (auto d = draining_.begin(); d != draining_.end();) {
     if (d->element.get() != e) { ++d; continue; }
     srv_->release_attachment(d->grant.id, unix_, session_, !d->notified);
@@ -243,6 +271,7 @@ void ServerConn::note_activity() { srv_->loop_.note_activity(); }
 
 void ServerConn::read_handled() {
   flush();
+  if (!held_.empty()) release_held();  // answers the kernel took at once: their words go now
   deliver_notices();
 }
 

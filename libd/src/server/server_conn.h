@@ -29,6 +29,7 @@ struct Attachment {
   Grant grant;
   std::shared_ptr<Element> element;
   bool notified = false;  // the holder said it finished: its leaving is not a loss
+  int refused = 0;        // the first request on it that was refused (a word of success after it is that)
 };
 
 class ServerConn : public proto::FrameReader::Handler {
@@ -82,6 +83,8 @@ class ServerConn : public proto::FrameReader::Handler {
   // Attachments detached while answers from `e`'s memory were queued are let go once nothing
   // queued sends it any more.
   void release_drained(const Element *e);
+  // Hands the owner the held words whose grant's memory is no longer being sent.
+  void release_held();
   // The read that just came in is handled: answers go out, NOTIFYs reach their owners.
   void read_handled();
   void note_activity();  // bytes moved: a polling server thread polls on (IoLoop::note_activity)
@@ -125,6 +128,14 @@ class ServerConn : public proto::FrameReader::Handler {
   uint64_t auth_flags_ = 0;
   std::vector<Attachment> draining_;  // detached while their READ answers were queued: still held
   std::vector<std::pair<std::string, Notice>> notices_;  // NOTIFYs of the read being handled
+  // NOTIFYs that came while READ answers from their grant's memory were still queued: the owner
+  // hears once those are sent (it may reuse the memory as soon as it hears).
+  struct HeldNotice {
+    const Element *element;
+    std::string grant;
+    Notice notice;
+  };
+  std::vector<HeldNotice> held_;
   char staging_[kStagingSize];
 };
 

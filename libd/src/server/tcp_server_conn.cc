@@ -108,7 +108,10 @@ int TcpServerConn::check_io(Attachment *a, const Header &h, unsigned need) {
   if (!a) return -ECONNRESET;
   a->element->io_begin();  // before the grant is looked at (Element::tcp_io)
   int rc = check(*a, h, need);
-  if (rc) a->element->io_end();
+  if (rc) {
+    a->element->io_end();
+    if (!a->refused) a->refused = rc;  // the holder's word of success, if it comes, is this
+  }
   return rc;
 }
 

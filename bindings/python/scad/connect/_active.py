@@ -90,6 +90,7 @@ class ActiveOperation(OperationBase):
                 raise ValueError(f"descriptor {i} is read-only memory (bytes?): a read needs memory it may write")
         self._value = int(md.notification_key, 16)
         self.impl = connector._choose_transport(md)
+        self._pipelined = self.impl == "tcp"
         self._action = LibdAction(connector.name)
         self._transports = []
         self._ops = []
@@ -117,6 +118,12 @@ class ActiveOperation(OperationBase):
                 t.reg_ranges([(local.ptr, local.size) for local in locals_], keep=locals_)
                 entries = [(local.size, offset, local.ptr) for local, offset in pairs]
                 self._ops.append(t.readv_async(entries) if read else t.writev_async(entries))
+            if self._pipelined:
+                # Over tcp the word goes right behind the requests, in the same write: the
+                # owner's server reads it after them, tells the owner once its memory has been
+                # served in full, and makes it a failure if a request was refused.
+                for t in self._transports:
+                    t.notify(self._value, 0)
             for t in self._transports:
                 t.remote()  # the owner's verdict on the grant: a refusal is an error here, not later
         except PermissionError as e:
@@ -230,8 +237,9 @@ class ActiveOperation(OperationBase):
             if self._status is not OperationStatus.IN_PROGRESS:
                 return
         try:
-            for t in self._transports:
-                t.notify(self._value, 0, last=True)  # and let go of the grant in the same write
+            if not self._pipelined:  # (over tcp the word went with the requests)
+                for t in self._transports:
+                    t.notify(self._value, 0, last=True)  # and let go of the grant in the same write
         except Exception as e:  # noqa: BLE001
             self._end(OperationStatus.ERRORED, f"the transfers completed but the owner could not be told: {e}",
                       ConnectionError)
