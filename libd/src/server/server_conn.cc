@@ -236,6 +236,7 @@ int ServerConn::on_notify(const Header &h) {
 }
 
 void ServerConn::release_held() {
+  if (held_.empty()) return;
   if (closing_) {  // the answers were never all sent: the holders are lost, not done
     held_.clear();
     return;
@@ -271,7 +272,7 @@ void ServerConn::note_activity() { srv_->loop_.note_activity(); }
 
 void ServerConn::read_handled() {
   flush();
-  if (!held_.empty()) release_held();  // answers the kernel took at once: their words go now
+  release_held();  // answers the kernel took at once: their words go now
   deliver_notices();
 }
 
