@@ -526,3 +526,34 @@ TEST(UnannouncedShm, AnnounceTakesZeroOrOne) {
   std::string durl = "t;shm;share,1;announce,2;" + o.server->client_config(o.grant());
   EXPECT_EQ(-EINVAL, libd_action_add_transport(action.get(), durl.c_str()));
 }
+
+// A holder on this host that the owner's server never heard of (announce,0: no ATTACH, so no
+// DETACHED can come) learns of its grant's expiry from the owner's table alone, at its next
+// transfer: the cleared slot says why the grant ended.
+TEST(SharedShm, AnExpiredGrantsSlotTellsAHolderTheServerNeverHeardOfWhy) {
+  std::vector<char> mem(4096);
+  Owner o(mem);
+  auto *first = o.holder("shm", o.grant());  // opens the session (AUTH_OK says where the table is)
+  ASSERT_EQ(0, libd_transport_connect(first)) << libd_last_error();
+  auto g = o.grant("buf", 3, /*ttl_ms=*/200);
+  auto *t = o.holder("shm", g, "holder", "announce,0;");
+  char *buf = nullptr;
+  ASSERT_EQ(0, libd_trdma_reg(t, 64, reinterpret_cast<void **>(&buf)));
+  ASSERT_EQ(0, libd_trdma_read(t, 64, 0, buf)) << libd_last_error();
+  EXPECT_EQ(0u, o.server->holders(g.id)) << "the holder was announced";
+  libd::Notice n;
+  ASSERT_EQ(-EKEYEXPIRED, o.server->wait_notify(g.id, &n, 10000));
+  EXPECT_EQ(-ECONNRESET, libd_trdma_read(t, 64, 0, buf));
+  std::string why = libd_last_error();
+  EXPECT_NE(std::string::npos, why.find("let this grant expire")) << why;
+  // Revoked, the slot says nothing more than that the grant ended.
+  auto r = o.grant();
+  auto *u = o.holder("shm", r, "holder-2", "announce,0;");
+  ASSERT_EQ(0, libd_trdma_reg(u, 64, reinterpret_cast<void **>(&buf)));
+  ASSERT_EQ(0, libd_trdma_read(u, 64, 0, buf)) << libd_last_error();
+  ASSERT_EQ(0, o.server->revoke(r.id));
+  EXPECT_EQ(-ECONNRESET, libd_trdma_read(u, 64, 0, buf));
+  why = libd_last_error();
+  EXPECT_NE(std::string::npos, why.find("ended this grant")) << why;
+  EXPECT_EQ(std::string::npos, why.find("let this grant expire")) << why;
+}

@@ -69,7 +69,8 @@ struct CmaSlot {
   uint32_t live;    // 1 while the grant is valid
   unsigned char tag[16];
   uint32_t ranges;  // memory lent as several ranges: how many, and base is their table (CmaRange)
-  unsigned char pad[12];
+  int32_t ended;    // once live is 0: why its last grant ended (-EKEYEXPIRED: expired; else 0)
+  unsigned char pad[8];
 };
 static_assert(sizeof(CmaSlot) == 64, "one cache line per slot");
 constexpr uint32_t kCmaMaxSlots = 1u << 16;

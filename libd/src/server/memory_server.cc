@@ -55,7 +55,7 @@ MemoryServer::~MemoryServer() {
 }
 
 // A seqlock write, one writer (under mu_): seq odd while the fields change, even after.
-void MemoryServer::cma_write_locked(int64_t slot, const Grant *g, const Element *e) {
+void MemoryServer::cma_write_locked(int64_t slot, const Grant *g, const Element *e, int ended) {
   if (!cma_table_ || slot < 0 || slot >= int64_t(cma_slots_)) return;
   CmaSlot *c = &cma_table_[slot];
   uint64_t seq = __atomic_load_n(&c->seq, __ATOMIC_RELAXED);
@@ -71,8 +71,10 @@ void MemoryServer::cma_write_locked(int64_t slot, const Grant *g, const Element 
     // No tag (hashing failed): the slot stays dead and holders ask the server instead.
     if (tag.size() == sizeof c->tag) std::memcpy(c->tag, tag.data(), sizeof c->tag);
     c->live = tag.size() == sizeof c->tag;
+    c->ended = 0;
   } else {
     c->live = 0;
+    c->ended = ended == -EKEYEXPIRED ? ended : 0;
     std::memset(c->tag, 0, sizeof c->tag);
     c->base = c->length = 0;
     c->rights = c->ranges = 0;
@@ -80,11 +82,11 @@ void MemoryServer::cma_write_locked(int64_t slot, const Grant *g, const Element 
   __atomic_store_n(&c->seq, seq + 2, __ATOMIC_RELEASE);
 }
 
-bool MemoryServer::drop_grant_locked(const std::string &id) {
+bool MemoryServer::drop_grant_locked(const std::string &id, int reason) {
   auto it = grants_.find(id);
   if (it == grants_.end()) return false;
   if (it->second.slot >= 0) {
-    cma_write_locked(it->second.slot, nullptr, nullptr);
+    cma_write_locked(it->second.slot, nullptr, nullptr, reason);
     cma_free_.push_back(uint32_t(it->second.slot));
   }
   if (it->second.ended) it->second.ended->store(true, std::memory_order_seq_cst);
@@ -354,7 +356,7 @@ void MemoryServer::on_expiry_timer() {
       std::string id = expiry_q_.begin()->second;
       expiry_q_.erase(expiry_q_.begin());
       expiry_of_.erase(id);
-      if (!drop_grant_locked(id)) continue;
+      if (!drop_grant_locked(id, -EKEYEXPIRED)) continue;
       end_notices_locked(id, -EKEYEXPIRED);
       if (attached_.count(id)) expired.push_back(id);
     }

@@ -16,6 +16,7 @@
 #include <rdma/rdma_cma.h>
 
 #include <atomic>
+#include <cerrno>
 #include <condition_variable>
 #include <chrono>
 #include <deque>
@@ -246,8 +247,10 @@ class MemoryServer {
   proto::CmaSlot *cma_table_ = nullptr;
   uint32_t cma_slots_ = 0;
   std::vector<uint32_t> cma_free_;
-  void cma_write_locked(int64_t slot, const Grant *g, const Element *e);  // g null: clear it
-  bool drop_grant_locked(const std::string &id);  // erases a grant (and frees its slot); false if none
+  // g null: clear it, saying why its grant ended (CmaSlot::ended: -EKEYEXPIRED, else nothing).
+  void cma_write_locked(int64_t slot, const Grant *g, const Element *e, int ended = 0);
+  // Erases a grant (and frees its slot, saying why: `reason`); false if none.
+  bool drop_grant_locked(const std::string &id, int reason = -ECANCELED);
   void cma_describe(proto::GrantBody *body);      // the table's address and size, for a session's AUTH_OK
 
   std::unique_ptr<CmListener> cm_;  // loop thread; reset in stop() after every connection

@@ -681,6 +681,16 @@ class ShmTransport : public Transport {
     return process_vm_readv(cma_pid_, &l, 1, &r, 1, 0) == ssize_t(sizeof seq) && seq == slot_seq_;
   }
 
+  // Why the slot changed, for the error: the owner let the grant expire (the slot says so until
+  // it is given to another grant), or `otherwise`.
+  const char *slot_end_reason(const char *otherwise) {
+    CmaSlot c;
+    struct iovec l = {&c, sizeof c}, r = {reinterpret_cast<void *>(uintptr_t(slot_addr_)), sizeof c};
+    if (process_vm_readv(cma_pid_, &l, 1, &r, 1, 0) != ssize_t(sizeof c)) return otherwise;
+    bool stable = c.seq % 2 == 0 && c.seq == slot_seq_ + 2;  // one change since: this grant's end
+    return stable && !c.live && c.ended == -EKEYEXPIRED ? "the memory's owner let this grant expire" : otherwise;
+  }
+
   // A read of one segment from a grant attached from the owner's table, in one system call: the
   // slot's seq, the bytes, the seq again (the kernel copies in that order). True when all of it
   // moved and the slot stayed as checked at attach; otherwise the caller takes the careful path
@@ -884,7 +894,7 @@ class ShmTransport : public Transport {
       return 0;
     }
     if (slot_addr_ && !slot_unchanged()) {
-      const char *why = "the memory's owner ended this grant (revoked, expired, or the memory withdrawn)";
+      const char *why = slot_end_reason("the memory's owner ended this grant (revoked, expired, or the memory withdrawn)");
       fail(-ECONNRESET, why);
       op->complete(-ECONNRESET, why);
       return 0;
@@ -919,7 +929,8 @@ class ShmTransport : public Transport {
     // peers on this host): a read may then hold bytes of memory no longer lent, and a write may
     // have landed after the owner's call returned. Either way the caller must not trust it.
     if (slot_addr_ && !slot_unchanged()) {
-      const char *why = "the memory's owner ended this grant during the transfer (revoked, expired, or the memory withdrawn)";
+      const char *why = slot_end_reason(
+          "the memory's owner ended this grant during the transfer (revoked, expired, or the memory withdrawn)");
       fail(-ECONNRESET, why);
       op->complete(-ECONNRESET, why);
       return 0;
