@@ -25,14 +25,16 @@ from concurrent.futures import CancelledError
 from cpython.buffer cimport PyBUF_C_CONTIGUOUS, PyBuffer_FillInfo, PyBuffer_Release, PyObject_GetBuffer
 from posix.mman cimport munmap
 from cpython.exc cimport PyErr_CheckSignals
-from libc.stdint cimport uint32_t, uint64_t
+from libc.stdint cimport int64_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport strlen
+from libcpp cimport bool as cbool
+from libcpp.vector cimport vector
 
 cimport clibd
 
 __all__ = ["LibdAction", "LibdTransport", "LibdTransportRDMA", "LibdTransportRDMAServer", "Operation",
-           "CancelledError", "STATES", "buffer_info"]
+           "CancelledError", "STATES", "buffer_info", "scan_connect_record", "scan_buffer_record"]
 
 
 def buffer_info(obj):
@@ -45,6 +47,103 @@ def buffer_info(obj):
         return <size_t>view.buf, view.len, bool(view.readonly)
     finally:
         PyBuffer_Release(&view)
+
+# ---- the records peers parse before every operation (record_scan.h) ------------------------
+cdef extern from "Python.h":
+    bint PyUnicode_IS_COMPACT_ASCII(object)
+    const char *PyUnicode_AsUTF8AndSize(object, Py_ssize_t *) except NULL
+    object PyUnicode_DecodeASCII(const char *, Py_ssize_t, const char *)
+    ctypedef struct PyObject
+    double PyOS_string_to_double(const char *, char **, PyObject *) except? -1.0
+
+cdef extern from "record_scan.h" namespace "scad::record" nogil:
+    cdef struct Span:
+        const char *p
+        size_t n
+    cdef cppclass ConnectDescriptor:
+        int64_t size
+        Span device
+        cbool has_grant
+        Span grant, secret
+    cdef cppclass ConnectRecord:
+        int64_t version, kind
+        Span key, owner, hostname, host
+        int64_t port
+        Span path
+        cbool verbs
+        Span expires_at
+        vector[ConnectDescriptor] descriptors
+    cdef cppclass BufferRecord:
+        int64_t version
+        Span owner, hostname, host
+        int64_t port
+        Span path
+        cbool verbs
+        Span grant, secret
+        int64_t offset, size
+        cbool whole, has_ranges
+        vector[int64_t] ranges
+    cbool scan_connect(const char *, size_t, ConnectRecord *)
+    cbool scan_buffer(const char *, size_t, BufferRecord *)
+
+
+cdef inline object _ascii(Span s):
+    return PyUnicode_DecodeASCII(s.p, <Py_ssize_t>s.n, NULL)
+
+
+cdef object _json_number(Span s):
+    """A JSON number as float(json.loads(s)) gives it (an integer is exact, then rounded once)."""
+    cdef char *end = NULL
+    cdef double v = PyOS_string_to_double(s.p, &end, NULL)  # past double's range: +-inf, as float() gives
+    if end != s.p + s.n:
+        return None
+    if v == 0.0:
+        return 0.0 if all(c in b"-0" for c in s.p[:s.n]) else v  # json's int -0 is 0, float("-0.0") is -0.0
+    return v
+
+
+def scan_connect_record(text):
+    """scad.connect's record as RdmaMetadata.to_json() writes it, read in one pass: (kind, key, owner,
+    hostname, host, port, path, verbs, expires_at, ((size, grant, secret, device), ...)), every
+    field checked as RdmaMetadata.from_dict checks it; None for any other text (the caller parses
+    it with json then, which words what is wrong)."""
+    if type(text) is not str or not PyUnicode_IS_COMPACT_ASCII(text):
+        return None
+    cdef Py_ssize_t n
+    cdef const char *s = PyUnicode_AsUTF8AndSize(text, &n)
+    cdef ConnectRecord r
+    if not scan_connect(s, <size_t>n, &r):
+        return None
+    expires_at = _json_number(r.expires_at)
+    if expires_at is None:
+        return None
+    descs = []
+    grant = secret = None
+    cdef size_t i
+    for i in range(r.descriptors.size()):
+        if r.descriptors[i].has_grant:
+            grant, secret = _ascii(r.descriptors[i].grant), _ascii(r.descriptors[i].secret)
+        descs.append((r.descriptors[i].size, grant, secret, _ascii(r.descriptors[i].device)))
+    return (r.kind, _ascii(r.key), _ascii(r.owner), _ascii(r.hostname), _ascii(r.host), r.port, _ascii(r.path),
+            bool(r.verbs), expires_at, descs)
+
+
+def scan_buffer_record(text):
+    """scad.rdma's record as RdmaBuffer.to_json() writes it, read in one pass: (owner, hostname, host,
+    port, path, verbs, grant, secret, offset, size, whole, ranges or None), every field but the
+    ranges checked as RdmaBuffer.from_json checks it (the ranges are the caller's to check); None
+    for any other text."""
+    if type(text) is not str or not PyUnicode_IS_COMPACT_ASCII(text):
+        return None
+    cdef Py_ssize_t n
+    cdef const char *s = PyUnicode_AsUTF8AndSize(text, &n)
+    cdef BufferRecord r
+    if not scan_buffer(s, <size_t>n, &r):
+        return None
+    ranges = [r.ranges[i] for i in range(r.ranges.size())] if r.has_ranges else None
+    return (_ascii(r.owner), _ascii(r.hostname), _ascii(r.host), r.port, _ascii(r.path), bool(r.verbs),
+            _ascii(r.grant), _ascii(r.secret), r.offset, r.size, bool(r.whole), ranges)
+
 
 STATES = {clibd.LIBD_STATE_INIT: "INIT", clibd.LIBD_STATE_INITD: "INITD", clibd.LIBD_STATE_READY: "READY",
           clibd.LIBD_STATE_ERROR: "ERROR", clibd.LIBD_STATE_TERMINATED: "TERMINATED"}

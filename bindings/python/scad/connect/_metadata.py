@@ -33,6 +33,19 @@ _FIELD_TYPES = (("notification_key", str), ("owner", str), ("hostname", str), ("
 _NOTIFICATION_KEY = re.compile(r"[0-9a-f]{16}")
 
 
+_SCAN: Any = False  # disagg.scan_connect_record; None without the binding, False before the first look
+
+
+def _scanner() -> Any:
+    global _SCAN
+    if _SCAN is False:
+        try:
+            from disagg import scan_connect_record as _SCAN
+        except ImportError:  # pragma: no cover - records parse without the binding too
+            _SCAN = None
+    return _SCAN
+
+
 def _config_value_ok(value: Any) -> bool:
     """A value that may go into a libd configuration string: a non-empty str without its
     separators (two `in` tests: a regular expression's match took twice as long, per grant)."""
@@ -143,6 +156,14 @@ class RdmaMetadata:
 
     @classmethod
     def from_json(cls, text: str | bytes) -> "RdmaMetadata":
+        scan = _SCAN if _SCAN is not False else _scanner()
+        if scan is not None:
+            fields = scan(text)  # a record as to_json writes it, read and checked in one pass
+            if fields is not None:
+                kind, key, owner, hostname, host, port, path, verbs, expires_at, descs = fields
+                return cls.made(operation_kind=kind, notification_key=key, owner=owner, hostname=hostname, host=host,
+                                port=port, path=path, expires_at=expires_at,
+                                descriptors=tuple([SerializedDescriptor(*d) for d in descs]), verbs=verbs)
         try:
             raw = loads_record(text)
         except (TypeError, ValueError) as e:

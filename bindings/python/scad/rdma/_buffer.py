@@ -48,6 +48,19 @@ def _checked_ranges(ranges: Sequence[int], size: int, offset: int) -> Tuple[int,
     return tuple(ranges)
 
 
+_SCAN: Any = False  # disagg.scan_buffer_record; None without the binding, False before the first look
+
+
+def _scanner() -> Any:
+    global _SCAN
+    if _SCAN is False:
+        try:
+            from disagg import scan_buffer_record as _SCAN
+        except ImportError:  # pragma: no cover - records parse without the binding too
+            _SCAN = None
+    return _SCAN
+
+
 _Manager: Any = None
 
 
@@ -135,6 +148,13 @@ class RdmaBuffer:
 
     @classmethod
     def from_json(cls, text: str | bytes) -> "RdmaBuffer":
+        scan = _SCAN if _SCAN is not False else _scanner()
+        if scan is not None:
+            fields = scan(text)  # a record as to_json writes it, read and checked in one pass
+            if fields is not None:
+                buf = cls.__new__(cls)
+                buf._fill(*fields)  # the ranges are checked there, as below
+                return buf
         try:
             raw = loads_record(text)
         except (TypeError, ValueError) as e:
