@@ -87,6 +87,14 @@ cdef extern from "record_scan.h" namespace "scad::record" nogil:
     cbool scan_buffer(const char *, size_t, BufferRecord *)
 
 
+cdef const char *_ascii_text(object text, Py_ssize_t *n) except? NULL:
+    """The characters of a str that is all ASCII (CPython keeps them as one byte each), or NULL
+    for anything else: a record the reader leaves to json."""
+    if type(text) is not str or not PyUnicode_IS_COMPACT_ASCII(text):
+        return NULL
+    return PyUnicode_AsUTF8AndSize(text, n)
+
+
 cdef inline object _ascii(Span s):
     return PyUnicode_DecodeASCII(s.p, <Py_ssize_t>s.n, NULL)
 
@@ -107,12 +115,10 @@ def scan_connect_record(text):
     hostname, host, port, path, verbs, expires_at, ((size, grant, secret, device), ...)), every
     field checked as RdmaMetadata.from_dict checks it; None for any other text (the caller parses
     it with json then, which words what is wrong)."""
-    if type(text) is not str or not PyUnicode_IS_COMPACT_ASCII(text):
-        return None
     cdef Py_ssize_t n
-    cdef const char *s = PyUnicode_AsUTF8AndSize(text, &n)
+    cdef const char *s = _ascii_text(text, &n)
     cdef ConnectRecord r
-    if not scan_connect(s, <size_t>n, &r):
+    if s == NULL or not scan_connect(s, <size_t>n, &r):
         return None
     expires_at = _json_number(r.expires_at)
     if expires_at is None:
@@ -133,12 +139,10 @@ def scan_buffer_record(text):
     port, path, verbs, grant, secret, offset, size, whole, ranges or None), every field but the
     ranges checked as RdmaBuffer.from_json checks it (the ranges are the caller's to check); None
     for any other text."""
-    if type(text) is not str or not PyUnicode_IS_COMPACT_ASCII(text):
-        return None
     cdef Py_ssize_t n
-    cdef const char *s = PyUnicode_AsUTF8AndSize(text, &n)
+    cdef const char *s = _ascii_text(text, &n)
     cdef BufferRecord r
-    if not scan_buffer(s, <size_t>n, &r):
+    if s == NULL or not scan_buffer(s, <size_t>n, &r):
         return None
     ranges = [r.ranges[i] for i in range(r.ranges.size())] if r.has_ranges else None
     return (_ascii(r.owner), _ascii(r.hostname), _ascii(r.host), r.port, _ascii(r.path), bool(r.verbs),

@@ -38,6 +38,11 @@ class PeerProc:
         _, status = os.waitpid(self.proc.pid, os.WUNTRACED)
         assert os.WIFSTOPPED(status), "the peer did not stop itself"
 
+    def stop(self):
+        """Stops the peer (SIGSTOP) and returns once it is stopped."""
+        os.kill(self.proc.pid, signal.SIGSTOP)
+        self.wait_stopped()
+
     def resume(self):
         os.kill(self.proc.pid, signal.SIGCONT)
 

@@ -32,6 +32,27 @@ def loads_record(text: Any) -> Any:
     return json.loads(text)
 
 
+_FROM_BINDING: dict = {}
+
+
+def from_binding(name: str) -> Any:
+    """disagg's function `name`, looked up once; None where the binding cannot be imported. The
+    per-operation helpers it offers (a buffer's address, a record read in one pass) all have a
+    Python way that the caller takes then."""
+    try:
+        return _FROM_BINDING[name]
+    except KeyError:
+        pass
+    try:
+        import disagg
+    except ImportError:
+        found = None
+    else:
+        found = getattr(disagg, name, None)  # (a binding built before it offered name: the Python way)
+    _FROM_BINDING[name] = found
+    return found
+
+
 def has_rdma_device() -> bool:
     try:
         return bool(os.listdir("/sys/class/infiniband"))

@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy
 
+from .._memserver import from_binding
+
 
 class DeviceKind(IntEnum):
     """The kind of memory a descriptor points at. libd's transports move host memory only."""
@@ -73,19 +75,6 @@ def _is_torch_tensor(data: Any) -> bool:
     return type(data).__module__.split(".")[0] == "torch" and hasattr(data, "data_ptr")
 
 
-_BUFFER_INFO: Any = False  # disagg.buffer_info, None without the binding, False before the first look
-
-
-def _buffer_info() -> Any:
-    global _BUFFER_INFO
-    if _BUFFER_INFO is False:
-        try:
-            from disagg import buffer_info as _BUFFER_INFO
-        except ImportError:  # pragma: no cover - the objects work without the binding
-            _BUFFER_INFO = None
-    return _BUFFER_INFO
-
-
 def _from_buffer(obj: Any) -> tuple[int, int, bool]:
     """(address, size, readonly) of a contiguous buffer-protocol object, without copying."""
     view = memoryview(obj)
@@ -119,7 +108,7 @@ class Descriptor:
             if self._ptr == 0 or self._size <= 0:
                 raise ValueError("an (address, size, device) descriptor needs a non-null address and a size > 0")
         elif isinstance(data, numpy.ndarray):
-            info = _buffer_info()
+            info = from_binding("buffer_info")
             if info is not None:  # the binding reads address, size and mode in one call
                 try:
                     self._ptr, self._size, self._readonly = info(data)

@@ -18,7 +18,7 @@ from json.encoder import encode_basestring
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from .._memserver import loads_record
+from .._memserver import from_binding, loads_record
 from ._operation_kind import OperationKind
 
 VERSION = 2  # 2: descriptors after the first under one grant carry only size and device
@@ -31,19 +31,6 @@ _NEXT_RANGE_FIELDS = frozenset({"size", "device"})  # a descriptor under the gra
 _FIELD_TYPES = (("notification_key", str), ("owner", str), ("hostname", str), ("host", str), ("port", int),
                 ("path", str), ("verbs", bool), ("expires_at", (int, float)))
 _NOTIFICATION_KEY = re.compile(r"[0-9a-f]{16}")
-
-
-_SCAN: Any = False  # disagg.scan_connect_record; None without the binding, False before the first look
-
-
-def _scanner() -> Any:
-    global _SCAN
-    if _SCAN is False:
-        try:
-            from disagg import scan_connect_record as _SCAN
-        except ImportError:  # pragma: no cover - records parse without the binding too
-            _SCAN = None
-    return _SCAN
 
 
 def _config_value_ok(value: Any) -> bool:
@@ -156,7 +143,7 @@ class RdmaMetadata:
 
     @classmethod
     def from_json(cls, text: str | bytes) -> "RdmaMetadata":
-        scan = _SCAN if _SCAN is not False else _scanner()
+        scan = from_binding("scan_connect_record")
         if scan is not None:
             fields = scan(text)  # a record as to_json writes it, read and checked in one pass
             if fields is not None:

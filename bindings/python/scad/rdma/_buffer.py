@@ -18,7 +18,7 @@ import json
 from json.encoder import encode_basestring
 from typing import Any, Optional, Sequence, Tuple
 
-from .._memserver import MAX_RANGES, loads_record
+from .._memserver import MAX_RANGES, from_binding, loads_record
 
 VERSION = 1  # a buffer over one memory
 LIST_VERSION = 2  # over several: the fields of version 1 and "ranges"
@@ -46,19 +46,6 @@ def _checked_ranges(ranges: Sequence[int], size: int, offset: int) -> Tuple[int,
     if sum(ranges) != size or offset != 0:
         raise ValueError("RdmaBuffer: the ranges do not make up the buffer")
     return tuple(ranges)
-
-
-_SCAN: Any = False  # disagg.scan_buffer_record; None without the binding, False before the first look
-
-
-def _scanner() -> Any:
-    global _SCAN
-    if _SCAN is False:
-        try:
-            from disagg import scan_buffer_record as _SCAN
-        except ImportError:  # pragma: no cover - records parse without the binding too
-            _SCAN = None
-    return _SCAN
 
 
 _Manager: Any = None
@@ -148,7 +135,7 @@ class RdmaBuffer:
 
     @classmethod
     def from_json(cls, text: str | bytes) -> "RdmaBuffer":
-        scan = _SCAN if _SCAN is not False else _scanner()
+        scan = from_binding("scan_buffer_record")
         if scan is not None:
             fields = scan(text)  # a record as to_json writes it, read and checked in one pass
             if fields is not None:
