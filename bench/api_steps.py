@@ -6,9 +6,9 @@
 The owner lends memory and hands the record to the peer over a pipe; the peer parses it, moves
 the bytes into its own memory and ends its side; the owner learns it finished and ends the loan.
 Each API runs as bench/transfer.py's worker runs it (the same calls, both sides polling their
-pipe, our APIs polling their transfers for 500 µs, an owner of scad.rdma or scad.tensor_transport
-serving the peer's requests over tcp while it waits for the peer's word), with a timestamp
-between the steps. CLOCK_MONOTONIC is one clock for both processes, so a step that crosses the
+pipe, our APIs polling their transfers for 500 µs and scad.connect's owner its word for up to a
+second, an owner of scad.rdma or scad.tensor_transport serving the peer's requests over tcp while
+it waits for the peer's word), with a timestamp between the steps. CLOCK_MONOTONIC is one clock for both processes, so a step that crosses the
 pipe is timed too. Medians in microseconds after 100 warm-up operations; bench/operation_steps.py
 takes scad.connect's operation apart further, into its libd calls.
 """
@@ -31,6 +31,7 @@ from transfer_pair import Channel  # noqa: E402
 
 perf = time.perf_counter
 BUSY_POLL_US = 500.0
+OWNER_POLL_US = 1_000_000.0  # scad.connect's owner waits for the word as transfer_scad.py's does
 WARMUP = 100
 
 # Each API's steps: the owner's before the record goes, the peer's (stamped there), the owner's after.
@@ -53,7 +54,7 @@ async def owner(api, transport, size, runs, chan, write):
     drive = None
     if api == "connect":
         from scad.connect import Connector, Descriptor
-        connector = Connector(busy_poll_us=BUSY_POLL_US)
+        connector = Connector(busy_poll_us=OWNER_POLL_US)
     else:
         from scad.rdma import RdmaManager
         manager = RdmaManager.get()

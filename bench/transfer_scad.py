@@ -23,6 +23,11 @@ import numpy  # noqa: E402
 # How long our waits poll before they sleep (the APIs' busy_poll_us): NIXL and Mooncake poll their
 # transfers (and NIXL's owner its notifications) with a core spinning, so ours do too.
 BUSY_POLL_US = 500.0
+# scad.connect's owner waits for the peer's word as NIXL's owner spins on its notifications: as
+# long as any operation here takes (up to a second), never asleep in the middle of a large copy
+# (over shm a 16 MiB one outlasts 500 µs, and the wake-up cost 30-40 µs). The owners of scad.rdma
+# and scad.tensor_transport poll the pipe for their peer's word, without limit.
+OWNER_POLL_US = 1_000_000.0
 # How long the plain-libd owner's memory server polls after each request before its thread sleeps
 # (the server's busy_poll_us), as NIXL's owner drives its worker while the peer transfers. Longer
 # windows take a core the bulk transfers need on two cores.
@@ -94,7 +99,7 @@ class Owner:
     async def connect_cycle(self, lent, op):
         from scad.connect import Connector, Descriptor
         if self.connector is None:
-            self.connector = Connector(busy_poll_us=BUSY_POLL_US)
+            self.connector = Connector(busy_poll_us=OWNER_POLL_US)
         t0 = perf()
         make = self.connector.create_readable if op == "read" else self.connector.create_writable
         # Several buffers at once are one operation over a list of descriptors (Dynamo's way).
