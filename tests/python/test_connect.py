@@ -3,11 +3,11 @@ exchange metadata over pipes, through this test, and move memory over shm or tcp
 import hashlib
 import json
 import os
-import time
 
 import pytest
 
 from peer_process import PeerProc, assert_a_thousand_leak_nothing
+from scadtest import wait_until
 
 PEER = os.path.join(os.path.dirname(__file__), "connect_peer.py")
 
@@ -325,13 +325,6 @@ def queued_to(port):
     return total
 
 
-def wait_for(condition, what, timeout=30):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.001)  # a condition polled, not a guess at how long anything takes
-
-
 def begin_while_the_owner_is_stopped(passive, active, kind):
     """Over tcp, an active operation of 64 MiB that cannot finish: its owner is stopped (SIGSTOP)
     before the active side begins, and this returns once the active side's requests (for a write,
@@ -345,12 +338,12 @@ def begin_while_the_owner_is_stopped(passive, active, kind):
     assert active.call(cmd="wait", timeout=30)["status"] == passive.call(cmd="wait", timeout=30)["status"] == "COMPLETE"
     md = passive.call(cmd="create", kind=kind, sizes=[64 * MiB], seed=1)["metadata"]
     port = json.loads(md)["port"]
-    wait_for(lambda: queued_to(port) == 0, "the owner did not read what the first operation sent")
+    assert wait_until(lambda: queued_to(port) == 0, 30), "the owner did not read what the first operation sent"
     passive.stop()
     active.send(cmd="begin", kind=kind, metadata=md, sizes=[64 * MiB], seed=2)
     # An ATTACH alone is over 100 bytes; a write's payload follows its requests.
     least = MiB if kind == "write" else 100
-    wait_for(lambda: queued_to(port) >= least, "the active side's requests never reached the stopped owner")
+    assert wait_until(lambda: queued_to(port) >= least, 30), "the active side's requests never reached the stopped owner"
 
 
 @pytest.mark.parametrize("impl", IN_FLIGHT)

@@ -22,16 +22,13 @@ import numpy
 from .. import _memserver
 from ..connect import Descriptor
 from .._waiter import wait_in_thread
-from .._memserver import MAX_RANGES
+from .._memserver import MAX_RANGES, from_binding
 from ._buffer import LentBuffer, RdmaBuffer
 from ._key_link import KeyLink, refusal as _refusal
 from ._queue_pair import QueuePair, owner_of
 from ._regions import Region, RegionCache
 
-try:
-    from disagg import buffer_info as _buffer_info  # (address, size, readonly) of an array, in one call
-except ImportError:  # pragma: no cover - the binding is built with the package
-    _buffer_info = None
+_buffer_info = from_binding("buffer_info")  # (address, size, readonly) of an array, in one call
 
 
 def _others_ready() -> bool:

@@ -850,8 +850,8 @@ class ShmTransport : public Transport {
     // have cancelled, and let the memory go). Its slot says at once that the grant ended, as it
     // does for a transfer, so the outcome does not hang on when the socket is read.
     if (slot_addr_ && !slot_unchanged()) {
-      const char *why = "the memory's owner ended this grant before its holder's word (cancelled, revoked, expired, "
-                        "or the memory withdrawn)";
+      const char *why = slot_end_reason("the memory's owner ended this grant before its holder's word (cancelled, "
+                                        "revoked, expired, or the memory withdrawn)");
       fail(-ECONNRESET, why);
       return set_error(-ECONNRESET, why);
     }
