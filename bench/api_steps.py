@@ -101,7 +101,7 @@ async def owner(api, transport, size, runs, chan, write):
 
 
 async def peer(api, transport, size, chan, write):
-    local = numpy.zeros(size, dtype=numpy.uint8)
+    local = numpy.full(size, 3, dtype=numpy.uint8)  # real pages (zeros would all be the one zero page)
     if api == "connect":
         from scad.connect import Connector, Descriptor, RdmaMetadata
         connector = Connector(transport=transport, busy_poll_us=BUSY_POLL_US)
