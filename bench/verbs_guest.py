@@ -170,8 +170,8 @@ def main():
                                         events.setdefault(("read-e", size), []).append(r["gbps"] / ref_e)
                 # Latency: ours, ib_read_lat, ours, ib_read_lat, size by size, and each side's better
                 # run of its two. A guest run now and then lands in a slow state that lasts seconds
-                # and takes either tool 1.6-2.2x longer per operation (docs/benchmarks.md, sessions
-                # 8 and 9); one side's slow run against the other's fast one measures the guest.
+                # and takes either tool 1.6-2.2x longer per operation; one side's slow run against
+                # the other's fast one measures the guest.
                 for size in LAT_SIZES:
                     if rnd >= rounds_for(size):
                         continue
