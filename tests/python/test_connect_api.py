@@ -193,6 +193,43 @@ def test_a_list_longer_than_one_lent_element_holds_is_lent_as_several():
     asyncio.run(main())
 
 
+def test_a_connector_looks_up_how_to_reach_an_owner_once(monkeypatch):
+    """The transport to an owner (shm on this host, else tcp) is looked up at its first operation
+    and remembered: later operations to the same owner pay no system calls for it; another owner
+    is looked up afresh; a connector told its transport never looks."""
+    from scad import _memserver
+    looked = []
+    choose = _memserver.choose_transport
+
+    def counting(*args, **kwargs):
+        looked.append(args)
+        return choose(*args, **kwargs)
+
+    monkeypatch.setattr(_memserver, "choose_transport", counting)
+
+    async def main():
+        with Connector() as one, Connector() as two, Connector() as peer, Connector(transport="tcp") as forced:
+            src, dst = numpy.arange(64, dtype=numpy.uint8), numpy.zeros(64, numpy.uint8)
+            for owner in (one, one, one, two):
+                with owner.create_readable(Descriptor(src)) as readable:
+                    op = peer.begin_read(readable.metadata(), Descriptor(dst))
+                    await op.wait_for_completion(timeout=30)
+                    assert op.impl == "shm" and (dst == src).all()
+                    dst[:] = 0
+            assert len(looked) == 2, looked  # one per owner
+            with one.create_readable(Descriptor(src)) as readable:
+                op = forced.begin_read(readable.metadata(), Descriptor(dst))
+                await op.wait_for_completion(timeout=30)
+                assert op.impl == "tcp" and (dst == src).all()
+            assert len(looked) == 2
+            # An owner on another host (its record names another host) is reached over tcp.
+            md = RdmaMetadata.from_dict(dict(json.loads(one.create_readable(Descriptor(src)).metadata().to_json()),
+                                             hostname="elsewhere.invalid"))
+            assert peer._choose_transport(md) == "tcp" and len(looked) == 3
+
+    asyncio.run(main())
+
+
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
 def test_a_waiting_owner_sleeps_until_the_peers_word_wakes_it(monkeypatch, transport):
     """wait_for_completion is completion-driven: the owner looks at its operation once, arms the

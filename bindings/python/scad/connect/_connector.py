@@ -18,6 +18,7 @@ from ._metadata import RdmaMetadata
 from ._passive import ReadableOperation, WritableOperation
 
 _TRANSPORTS = (None, "shm", "tcp", "verbs")
+_ROUTES_KEPT = 256  # owners whose transport a connector remembers
 
 
 class Connector:
@@ -56,6 +57,10 @@ class Connector:
         self._action = None
         self._srv = None
         self._endpoint: dict = {}
+        # How each owner's server is reached, once looked up (its host name, socket and devices):
+        # the look costs two system calls (the host name, the socket's stat), paid by every
+        # operation otherwise. Bounded: a process that meets many owners looks again past it.
+        self._routes: dict = {}
 
     @property
     def name(self) -> str:
@@ -118,4 +123,13 @@ class Connector:
             return self._srv
 
     def _choose_transport(self, md: RdmaMetadata) -> str:
-        return _memserver.choose_transport(self._transport, md.hostname, md.path, md.verbs)
+        if self._transport is not None:
+            return self._transport
+        server = (md.hostname, md.path, md.verbs)
+        impl = self._routes.get(server)
+        if impl is None:
+            impl = _memserver.choose_transport(None, md.hostname, md.path, md.verbs)
+            if len(self._routes) >= _ROUTES_KEPT:
+                self._routes.clear()
+            self._routes[server] = impl
+        return impl
