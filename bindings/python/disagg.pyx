@@ -34,7 +34,8 @@ from libcpp.vector cimport vector
 cimport clibd
 
 __all__ = ["LibdAction", "LibdTransport", "LibdTransportRDMA", "LibdTransportRDMAServer", "Operation",
-           "CancelledError", "STATES", "buffer_info", "scan_connect_record", "scan_buffer_record"]
+           "CancelledError", "STATES", "buffer_info", "scan_connect_record", "scan_buffer_record",
+           "GrantTransfer", "begin_transfer"]
 
 
 def buffer_info(obj):
@@ -986,3 +987,6 @@ cdef class LibdTransportRDMAServer(LibdTransport):
             return None
         _check(rc, "wait_notify")
         return value, status
+
+
+include "grant_transfer.pxi"

@@ -63,7 +63,7 @@ class ActiveOperation(OperationBase):
     _kind = OperationKind.UNSPECIFIED
 
     def __init__(self, connector: Any, remote_metadata: Any, local_descriptors: Any) -> None:
-        from disagg import LibdAction  # the binding is only needed once an operation runs
+        from disagg import LibdAction, begin_transfer  # the binding is only needed once an operation runs
 
         self._lock = threading.Lock()
         self._status = OperationStatus.UNINITIALIZED
@@ -91,41 +91,18 @@ class ActiveOperation(OperationBase):
         self._value = int(md.notification_key, 16)
         self.impl = connector._choose_transport(md)
         self._pipelined = self.impl == "tcp"
-        self._action = LibdAction(connector.name)
         self._transports = []
         self._ops = []
         where = f"{_where(self.impl, md.host, md.port, md.path)};timeout_ms,{int(connector.timeout * 1000)}"
         if self.impl == "tcp" and connector.busy_poll_us > 0:
             # The owner's verdict below is read off the socket by this thread, polling as long.
             where += f";busy_poll_us,{min(int(connector.busy_poll_us), 1_000_000)}"  # libd's most
-        read = self._kind is OperationKind.READ
         try:
-            for i, (remote, pairs) in enumerate(_by_grant(self._descs, md.descriptors)):
-                self._action.add_transport(f"d{i};{self.impl};{where};grant,{remote.grant};secret,{remote.secret}")
-                t = self._action.get_transport(f"d{i}", "rdma")
-                self._transports.append(t)
-                # The first transfer connects (on a shared connection it rides its grant's ATTACH)
-                # and starts.
-                if len(pairs) == 1:
-                    local = pairs[0][0]
-                    local.register_memory(connector)
-                    t.reg_memory(local.ptr, local.size, keep=local)
-                    self._ops.append(t.read_async(local.size, 0, 0) if read else t.write_async(local.size, 0, 0))
-                    continue
-                locals_ = [local for local, _ in pairs]
-                for local in locals_:
-                    local.register_memory(connector)
-                t.reg_ranges([(local.ptr, local.size) for local in locals_], keep=locals_)
-                entries = [(local.size, offset, local.ptr) for local, offset in pairs]
-                self._ops.append(t.readv_async(entries) if read else t.writev_async(entries))
-            if self._pipelined:
-                # Over tcp the word goes right behind the requests, in the same write: the
-                # owner's server reads it after them, tells the owner once its memory has been
-                # served in full, and makes it a failure if a request was refused.
-                for t in self._transports:
-                    t.notify(self._value, 0)
-            for t in self._transports:
-                t.remote()  # the owner's verdict on the grant: a refusal is an error here, not later
+            if len(self._descs) == 1:
+                self._start_one(begin_transfer, md.descriptors[0], where)
+            else:
+                self._action = LibdAction(connector.name)
+                self._start_many(md, where)
         except PermissionError as e:
             self._fail_setup()
             raise PermissionError(errno.EACCES, f"{_REFUSED} ({e})") from None
@@ -141,6 +118,50 @@ class ActiveOperation(OperationBase):
         # the caller's first look.
         if all(op.done() for op in self._ops):
             self._drive(0)
+
+    def _start_one(self, begin_transfer: Any, remote: Any, where: str) -> None:
+        """One descriptor (the common case): the binding makes its transport, starts the transfer
+        (which attaches the grant), queues the word behind it over tcp and takes the owner's
+        verdict in one call. What it returns is the action, the transport and the transfer."""
+        local = self._descs[0]
+        local.register_memory(self._connector)
+        t = begin_transfer(self._connector.name, f"d0;{self.impl};{where};grant,{remote.grant};secret,{remote.secret}",
+                           local.ptr, local.size, self._kind is not OperationKind.READ, local, self._pipelined,
+                           self._value)
+        self._action = t
+        self._transports.append(t)
+        self._ops.append(t)
+
+    def _start_many(self, md: RdmaMetadata, where: str) -> None:
+        """Several descriptors: a transport per grant, a transfer per transport (a list's ranges
+        under one grant move with one readv/writev)."""
+        read = self._kind is OperationKind.READ
+        for i, (remote, pairs) in enumerate(_by_grant(self._descs, md.descriptors)):
+            self._action.add_transport(f"d{i};{self.impl};{where};grant,{remote.grant};secret,{remote.secret}")
+            t = self._action.get_transport(f"d{i}", "rdma")
+            self._transports.append(t)
+            # The first transfer connects (on a shared connection it rides its grant's ATTACH)
+            # and starts.
+            if len(pairs) == 1:
+                local = pairs[0][0]
+                local.register_memory(self._connector)
+                t.reg_memory(local.ptr, local.size, keep=local)
+                self._ops.append(t.read_async(local.size, 0, 0) if read else t.write_async(local.size, 0, 0))
+                continue
+            locals_ = [local for local, _ in pairs]
+            for local in locals_:
+                local.register_memory(self._connector)
+            t.reg_ranges([(local.ptr, local.size) for local in locals_], keep=locals_)
+            entries = [(local.size, offset, local.ptr) for local, offset in pairs]
+            self._ops.append(t.readv_async(entries) if read else t.writev_async(entries))
+        if self._pipelined:
+            # Over tcp the word goes right behind the requests, in the same write: the owner's
+            # server reads it after them, tells the owner once its memory has been served in
+            # full, and makes it a failure if a request was refused.
+            for t in self._transports:
+                t.notify(self._value, 0)
+        for t in self._transports:
+            t.remote()  # the owner's verdict on the grant: a refusal is an error here, not later
 
     # ---- Dynamo's surface ---------------------------------------------------------------
     @property

@@ -1,0 +1,171 @@
+# Included by disagg.pyx: one grant's transfer, set up and started in one call.
+
+cdef enum:
+    _EINVAL = 22  # errno.EINVAL on Linux
+
+cdef class GrantTransfer:
+    """One local memory moved to or from the memory of one grant, with one transfer, on a
+    transport of its own: an action with one transport, the memory registered, the transfer
+    started. What an active scad.connect operation of one descriptor is made of; begin_transfer()
+    makes it in one call with the GIL released once, where the general objects (LibdAction,
+    LibdTransportRDMA, Operation) take a Python call and a wrapper each.
+
+    It is the action, the transport and the operation at once, with their methods: done(),
+    status, wait(), watch(), cancel() of the transfer; notify() to the memory's owner; terminate()
+    lets go of the grant and the registration (the transfer's outcome stays readable)."""
+    cdef clibd.libd_action *_action
+    cdef clibd.libd_transport *_t
+    cdef clibd.libd_op *_op
+    cdef object _keep
+
+    def __cinit__(self):
+        self._action = NULL
+        self._t = NULL
+        self._op = NULL
+
+    def __dealloc__(self):
+        # The transfer first: cancelled if it still runs (once that returns libd touches none of
+        # the memory `_keep` holds), then the action.
+        if self._op != NULL:
+            with nogil:
+                clibd.libd_op_cancel(self._op)
+                clibd.libd_op_free(self._op)
+            self._op = NULL
+        self._release()
+
+    cdef void _release(self):
+        cdef clibd.libd_action *a = self._action
+        self._action = NULL
+        self._t = NULL
+        if a != NULL:
+            with nogil:
+                clibd.libd_action_free(a)
+
+    cdef clibd.libd_transport *_tr(self) except NULL:
+        if self._t == NULL:
+            raise ConnectionError(_errno.ESHUTDOWN, "the transfer's transport was terminated")
+        return self._t
+
+    # ---- the transfer ----
+    @property
+    def status(self):
+        """0 when done, -EINPROGRESS while running, a negative errno if it failed."""
+        cdef int rc
+        with nogil:  # a look may run the client loop's work (libd_op_poll)
+            rc = clibd.libd_op_poll(self._op)
+        return rc
+
+    def done(self):
+        cdef int rc
+        with nogil:
+            rc = clibd.libd_op_poll(self._op)
+        return rc != -_errno.EINPROGRESS
+
+    def wait(self, timeout=None):
+        """Waits; TimeoutError if `timeout` (seconds) passes first (the transfer goes on)."""
+        cdef int ms = -1 if timeout is None else max(0, int(timeout * 1000))
+        cdef int rc
+        with nogil:
+            rc = clibd.libd_op_wait(self._op, ms)
+        if rc == -_errno.ETIMEDOUT and clibd.libd_op_poll(self._op) == -_errno.EINPROGRESS:
+            raise TimeoutError(_errno.ETIMEDOUT, "wait timed out; the operation goes on")
+        if rc < 0:
+            raise _error(rc)
+
+    def cancel(self):
+        """Cancels; True if it was cancelled, False if it had already finished."""
+        cdef int rc
+        with nogil:
+            rc = clibd.libd_op_cancel(self._op)
+        return rc == -_errno.ECANCELED
+
+    def watch(self, int fd):
+        """libd writes to `fd` (an eventfd) once the transfer has completed; watch(-1) stops it."""
+        with nogil:
+            clibd.libd_op_watch(self._op, fd)
+
+    # ---- the transport ----
+    def notify(self, uint64_t value, int status=0, bint last=False):
+        """The holder's word to the memory's owner (LibdTransportRDMA.notify)."""
+        cdef clibd.libd_transport *t = self._tr()
+        cdef int rc
+        with nogil:
+            if last:
+                rc = clibd.libd_trdma_notify_last(t, value, status)
+            else:
+                rc = clibd.libd_trdma_notify(t, value, status)
+        _check(rc, "notify")
+
+    def terminate(self):
+        """Lets go of the grant and the registration (the action freed). Idempotent."""
+        self._release()
+
+
+def begin_transfer(aid, durl, uint64_t address, size_t size, bint write, keep, bint word_with_request=False,
+                   uint64_t value=0):
+    """Starts one transfer between local memory [address, address+size) (`keep` owns it and is
+    held as long as the transfer may touch it) and offset 0 of the memory a durl's grant opens,
+    on a transport of its own (named by the durl, in an action named `aid`), and takes the
+    owner's verdict on the grant (LibdTransportRDMA.remote): a refusal is raised here
+    (PermissionError), as an owner out of reach is (ConnectionError). word_with_request: the
+    holder's word (notify(value, 0)) is queued right behind the request (over tcp the owner's
+    server tells the owner once its memory has been served). Returns the GrantTransfer."""
+    if size == 0 or address == 0:
+        raise ValueError("begin_transfer: address and size must be non-zero")
+    baid, bdurl = _b(aid), _b(durl)
+    cdef const char *caid = baid
+    cdef const char *cdurl = bdurl
+    cdef GrantTransfer g = GrantTransfer.__new__(GrantTransfer)
+    cdef clibd.libd_transport *t = NULL
+    cdef clibd.libd_op *op = NULL
+    cdef void *p = <void *><size_t>address
+    cdef uint64_t rsize = 0
+    cdef unsigned rights = 0
+    cdef int rc = 0
+    cdef bint made = True
+    cdef const char *what = NULL  # what failed, as the general objects' messages name it
+    g._keep = keep  # before the transfer starts: the memory outlives it whatever happens next
+    with nogil:
+        g._action = clibd.libd_action_init(caid, 0, NULL)
+        if g._action == NULL:
+            made = False
+            rc = -_EINVAL
+        if rc == 0:
+            rc = clibd.libd_action_add_transport(g._action, cdurl)
+        if rc == 0:
+            t = clibd.libd_action_get_transport(g._action, "d0")
+            if t == NULL or clibd.libd_transport_kind(t) != clibd.LIBD_KIND_RDMA:
+                rc = -_EINVAL
+                what = "the durl must name a transport d0 that reaches memory"
+        if rc == 0:
+            rc = clibd.libd_trdma_reg(t, size, &p)
+            what = "reg_memory"
+        if rc == 0:
+            what = NULL
+            if write:
+                rc = clibd.libd_trdma_write_async(t, size, 0, p, &op)
+            else:
+                rc = clibd.libd_trdma_read_async(t, size, 0, p, &op)
+        if rc == 0 and word_with_request:
+            rc = clibd.libd_trdma_notify(t, value, 0)
+            what = "notify"
+        if rc == 0:
+            what = NULL
+            rc = clibd.libd_trdma_remote(t, &rsize, &rights)
+    g._t = t
+    g._op = op
+    if rc < 0:
+        # The message is this thread's libd error, read before anything else calls libd.
+        if not made:
+            err = ValueError(_last_error() or "the action could not be made")
+        else:
+            err = _error(rc, what.decode() if what != NULL else "")
+        g._t = NULL
+        if op != NULL:
+            with nogil:
+                clibd.libd_op_cancel(op)
+                clibd.libd_op_free(op)
+            g._op = NULL
+        g._release()
+        raise err
+    return g
