@@ -345,6 +345,69 @@ def test_poll_notify_is_none_until_the_holders_word_then_the_word():
     server.terminate()
 
 
+def test_begin_transfer_moves_one_grants_memory_in_one_call_and_says_what_failed():
+    """disagg.begin_transfer: the transport made, the memory registered, the transfer started and
+    the owner's verdict taken in one call; the object is the transfer, the transport and the
+    action. A refused grant, a bad durl and an empty memory are errors of their own, and the
+    server goes on serving."""
+    server = LibdAction("bt-owner")
+    server.add_transport("srv;tcp_server;size,0")
+    srv = server.get_transport("srv", "rdma_server")
+    srv.serve(block=False)
+    try:
+        where = ";".join(p for p in srv.message.split(";") if p.split(",", 1)[0] in ("host", "port"))
+        lent = bytearray(b"0123456789abcdef")
+        srv.expose("lent", ctypes.addressof((ctypes.c_char * len(lent)).from_buffer(lent)), len(lent))
+        config = srv.grant_ex("lent", "*", rights="rw")
+        grant = dict(p.split(",", 1) for p in config.split(";"))["grant"]
+        creds = ";".join(p for p in config.split(";") if p.split(",", 1)[0] in ("grant", "secret"))
+        local = bytearray(16)
+        address = ctypes.addressof((ctypes.c_char * len(local)).from_buffer(local))
+
+        t = disagg.begin_transfer("bt-reader", f"d0;tcp;{where};timeout_ms,5000;{creds}", address, 16, False, local,
+                                  True, 0xBEEF)
+        t.wait(5)
+        assert t.done() and t.status == 0 and bytes(local) == bytes(lent)
+        deadline = time.monotonic() + 10
+        word = None
+        while word is None and time.monotonic() < deadline:
+            word = srv.poll_notify(grant)
+        assert word == (0xBEEF, 0), "the word queued behind the request reached the owner"
+        t.notify(0, 0, last=True)
+        t.terminate()
+        t.terminate()  # idempotent
+        with pytest.raises(ConnectionError, match="terminated"):
+            t.notify(1)
+        assert t.done() and t.status == 0, "the outcome stays readable after terminate"
+
+        local[:] = b"x" * 16
+        t = disagg.begin_transfer("bt-writer", f"d0;tcp;{where};timeout_ms,5000;{creds}", address, 16, True, local)
+        t.wait(5)
+        assert bytes(lent) == b"x" * 16
+        t.terminate()
+
+        srv.revoke(grant)
+        with pytest.raises(PermissionError):
+            disagg.begin_transfer("bt-late", f"d0;tcp;{where};timeout_ms,5000;{creds}", address, 16, False, local)
+        with pytest.raises(ValueError):
+            disagg.begin_transfer("bt-bad", "d0;tcp;host", address, 16, False, local)
+        with pytest.raises(ValueError, match="d0"):
+            disagg.begin_transfer("bt-name", f"d1;tcp;{where};{creds}", address, 16, False, local)
+        with pytest.raises(ValueError, match="non-zero"):
+            disagg.begin_transfer("bt-empty", f"d0;tcp;{where};{creds}", address, 0, False, local)
+        # The server still serves a new grant.
+        config = srv.grant_ex("lent", "*", rights="r")
+        creds = ";".join(p for p in config.split(";") if p.split(",", 1)[0] in ("grant", "secret"))
+        t = disagg.begin_transfer("bt-again", f"d0;tcp;{where};timeout_ms,5000;{creds}", address, 16, False, local)
+        t.wait(5)
+        assert bytes(local) == b"x" * 16
+        del t
+        srv.withdraw("lent")
+    finally:
+        srv.stop()
+        server.terminate()
+
+
 def test_reg_shares_another_transports_buffer_and_with_releases(memd):
     server = memd()
     action, t = client(server, "tcp")
