@@ -17,6 +17,7 @@ cdef class GrantTransfer:
     cdef clibd.libd_transport *_t
     cdef clibd.libd_op *_op
     cdef object _keep
+    cdef readonly bint told  # the holder's word went with the transfer (begin_transfer's word_when_done)
 
     def __cinit__(self):
         self._action = NULL
@@ -102,14 +103,18 @@ cdef class GrantTransfer:
 
 
 def begin_transfer(aid, durl, uint64_t address, size_t size, bint write, keep, bint word_with_request=False,
-                   uint64_t value=0):
+                   uint64_t value=0, bint word_when_done=False):
     """Starts one transfer between local memory [address, address+size) (`keep` owns it and is
     held as long as the transfer may touch it) and offset 0 of the memory a durl's grant opens,
     on a transport of its own (named by the durl, in an action named `aid`), and takes the
     owner's verdict on the grant (LibdTransportRDMA.remote): a refusal is raised here
     (PermissionError), as an owner out of reach is (ConnectionError). word_with_request: the
     holder's word (notify(value, 0)) is queued right behind the request (over tcp the owner's
-    server tells the owner once its memory has been served). Returns the GrantTransfer."""
+    server tells the owner once its memory has been served). word_when_done: if the transfer
+    completed as it started (shm's copies do) and succeeded, the holder's last word
+    (notify(value, 0, last=True)) goes at once, with nothing of the caller's in between; `told`
+    says whether it went (a word that could not go is left to the caller, who learns why when
+    it sends it). Returns the GrantTransfer."""
     if size == 0 or address == 0:
         raise ValueError("begin_transfer: address and size must be non-zero")
     baid, bdurl = _b(aid), _b(durl)
@@ -152,6 +157,8 @@ def begin_transfer(aid, durl, uint64_t address, size_t size, bint write, keep, b
         if rc == 0:
             what = NULL
             rc = clibd.libd_trdma_remote(t, &rsize, &rights)
+        if rc == 0 and word_when_done and clibd.libd_op_poll(op) == 0:
+            g.told = clibd.libd_trdma_notify_last(t, value, 0) == 0
     g._t = t
     g._op = op
     if rc < 0:

@@ -345,17 +345,27 @@ def test_poll_notify_is_none_until_the_holders_word_then_the_word():
     server.terminate()
 
 
+def first_word(srv, grant, timeout=10):
+    """The first word a holder of `grant` sent, polled for (None if none came in time)."""
+    deadline = time.monotonic() + timeout
+    word = None
+    while word is None and time.monotonic() < deadline:
+        word = srv.poll_notify(grant)
+    return word
+
+
 def test_begin_transfer_moves_one_grants_memory_in_one_call_and_says_what_failed():
     """disagg.begin_transfer: the transport made, the memory registered, the transfer started and
     the owner's verdict taken in one call; the object is the transfer, the transport and the
     action. A refused grant, a bad durl and an empty memory are errors of their own, and the
     server goes on serving."""
     server = LibdAction("bt-owner")
-    server.add_transport("srv;tcp_server;size,0")
+    server.add_transport(f"srv;tcp_server;size,0;path,/tmp/bt-owner-{os.getpid()}.sock")
     srv = server.get_transport("srv", "rdma_server")
     srv.serve(block=False)
     try:
         where = ";".join(p for p in srv.message.split(";") if p.split(",", 1)[0] in ("host", "port"))
+        path = dict(p.split(",", 1) for p in srv.message.split(";"))["path"]
         lent = bytearray(b"0123456789abcdef")
         srv.expose("lent", ctypes.addressof((ctypes.c_char * len(lent)).from_buffer(lent)), len(lent))
         config = srv.grant_ex("lent", "*", rights="rw")
@@ -365,20 +375,26 @@ def test_begin_transfer_moves_one_grants_memory_in_one_call_and_says_what_failed
         address = ctypes.addressof((ctypes.c_char * len(local)).from_buffer(local))
 
         t = disagg.begin_transfer("bt-reader", f"d0;tcp;{where};timeout_ms,5000;{creds}", address, 16, False, local,
-                                  True, 0xBEEF)
+                                  True, 0xBEEF, True)
+        assert not t.told, "over tcp the transfer had not completed as it started: no word with it"
         t.wait(5)
         assert t.done() and t.status == 0 and bytes(local) == bytes(lent)
-        deadline = time.monotonic() + 10
-        word = None
-        while word is None and time.monotonic() < deadline:
-            word = srv.poll_notify(grant)
-        assert word == (0xBEEF, 0), "the word queued behind the request reached the owner"
-        t.notify(0, 0, last=True)
+        assert first_word(srv, grant) == (0xBEEF, 0), "the word queued behind the request reached the owner"
+        t.notify(7, 0, last=True)
+        assert first_word(srv, grant) == (7, 0)
         t.terminate()
         t.terminate()  # idempotent
         with pytest.raises(ConnectionError, match="terminated"):
             t.notify(1)
         assert t.done() and t.status == 0, "the outcome stays readable after terminate"
+
+        # Over shm the copy is done as it starts: the last word goes with it, and lets go of the grant.
+        local[:] = bytes(16)
+        shm = disagg.begin_transfer("bt-shm", f"d0;shm;path,{path};share,1;timeout_ms,5000;{creds}", address, 16, False,
+                                    local, False, 0xCAFE, True)
+        assert shm.told and shm.done() and shm.status == 0 and bytes(local) == bytes(lent)
+        assert first_word(srv, grant) == (0xCAFE, 0)
+        shm.terminate()
 
         local[:] = b"x" * 16
         t = disagg.begin_transfer("bt-writer", f"d0;tcp;{where};timeout_ms,5000;{creds}", address, 16, True, local)

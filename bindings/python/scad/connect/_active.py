@@ -91,6 +91,7 @@ class ActiveOperation(OperationBase):
         self._value = int(md.notification_key, 16)
         self.impl = connector._choose_transport(md)
         self._pipelined = self.impl == "tcp"
+        self._told = False  # the word went with the transfer (one descriptor over shm)
         self._transports = []
         self._ops = []
         where = f"{_where(self.impl, md.host, md.port, md.path)};timeout_ms,{int(connector.timeout * 1000)}"
@@ -121,13 +122,16 @@ class ActiveOperation(OperationBase):
 
     def _start_one(self, begin_transfer: Any, remote: Any, where: str) -> None:
         """One descriptor (the common case): the binding makes its transport, starts the transfer
-        (which attaches the grant), queues the word behind it over tcp and takes the owner's
-        verdict in one call. What it returns is the action, the transport and the transfer."""
+        (which attaches the grant), queues the word behind it over tcp, takes the owner's
+        verdict, and over shm, where the copy is done as it starts, sends the word and lets go of
+        the grant: all in one call, nothing of Python's between the copy and the owner's word.
+        What it returns is the action, the transport and the transfer."""
         local = self._descs[0]
         local.register_memory(self._connector)
         t = begin_transfer(self._connector.name, f"d0;{self.impl};{where};grant,{remote.grant};secret,{remote.secret}",
                            local.ptr, local.size, self._kind is not OperationKind.READ, local, self._pipelined,
-                           self._value)
+                           self._value, not self._pipelined)
+        self._told = t.told
         self._action = t
         self._transports.append(t)
         self._ops.append(t)
@@ -258,7 +262,7 @@ class ActiveOperation(OperationBase):
             if self._status is not OperationStatus.IN_PROGRESS:
                 return
         try:
-            if not self._pipelined:  # (over tcp the word went with the requests)
+            if not self._pipelined and not self._told:  # (over tcp the word went with the requests)
                 for t in self._transports:
                     t.notify(self._value, 0, last=True)  # and let go of the grant in the same write
         except Exception as e:  # noqa: BLE001
