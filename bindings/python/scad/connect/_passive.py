@@ -242,19 +242,16 @@ class PassiveOperation(OperationBase):
             self._end(OperationStatus.COMPLETE, "")
 
     def _release(self) -> None:
-        """Revokes every grant and withdraws the memory; idempotent."""
+        """Withdraws the memory, which revokes every grant; idempotent."""
         elements, self._elements = self._elements, []
         grants, self._grants = self._grants, []
         if self._fd >= 0:
             for g in grants:
                 self._server.unwatch_notify(g, self._fd)  # nothing writes to it after this
-        # Already gone (KeyError) or the connector's server stopped (ConnectionError): stopping
-        # revoked everything, which is what this wanted.
-        for g in grants:
-            try:
-                self._server.revoke(g)
-            except (KeyError, ConnectionError):
-                pass
+        # Withdrawing an element revokes its grants (every grant here is on one of them): one
+        # call of the server's per element, on the path between the peer's word and the end of
+        # the owner's wait. Already gone (KeyError) or the connector's server stopped
+        # (ConnectionError): stopping revoked everything, which is what this wanted.
         for e in elements:
             try:
                 self._server.withdraw(e)
