@@ -924,6 +924,32 @@ cdef class LibdTransportRDMAServer(LibdTransport):
         _check(clibd.libd_trdma_server_grant_ex(self._tr(), &spec, out, sizeof(out)), "grant")
         return out.decode()
 
+    def lend(self, element, uint64_t address, uint64_t size, rights="rw", ttl=None):
+        """expose() and grant_ex() in one call: serves the caller's memory [address, address+size)
+        in place as `element` and grants it to whoever holds the grant ('*'), expiring after
+        `ttl` seconds (None: until revoked). Returns (grant id, secret). withdraw(element) ends
+        it (its grants go with it). If the grant cannot be made the element is withdrawn."""
+        cdef clibd.libd_transport *t = self._tr()
+        cdef clibd.libd_grant_spec spec
+        cdef char out[2048]
+        bel = _b(element)
+        spec.element = bel
+        spec.client = "*"
+        spec.offset = 0
+        spec.length = 0
+        spec.rights = (1 if "r" in rights else 0) | (2 if "w" in rights else 0)
+        spec.ttl_ms = 0 if ttl is None else max(1, int(ttl * 1000))
+        _check(clibd.libd_trdma_server_expose(t, spec.element, <void *><size_t>address, size), "expose")
+        cdef int rc = clibd.libd_trdma_server_grant_ex(t, &spec, out, sizeof(out))
+        if rc < 0:
+            err = _error(rc, "grant")
+            clibd.libd_trdma_server_withdraw(t, spec.element)
+            raise err
+        # The configuration ends "grant,G;secret,S" (libd's hand_out): read from the end.
+        config = out[:strlen(out)].decode()
+        head, _, secret = config.rpartition(";secret,")
+        return head[head.rindex("grant,") + 6:], secret
+
     def watch_notify(self, grant_id, int fd):
         """libd writes to `fd` (an eventfd) whenever wait_notify(grant_id) would have something to
         return; wait_notify(grant_id, 0) then takes it. KeyError if the grant is gone."""

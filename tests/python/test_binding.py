@@ -424,6 +424,38 @@ def test_begin_transfer_moves_one_grants_memory_in_one_call_and_says_what_failed
         server.terminate()
 
 
+def test_lend_serves_memory_in_place_under_one_grant_and_leaves_nothing_when_refused():
+    server = LibdAction("lend-owner")
+    server.add_transport("srv;tcp_server;size,0")
+    srv = server.get_transport("srv", "rdma_server")
+    srv.serve(block=False)
+    try:
+        where = ";".join(p for p in srv.message.split(";") if p.split(",", 1)[0] in ("host", "port"))
+        lent = bytearray(b"lent memory, in place")
+        address = ctypes.addressof((ctypes.c_char * len(lent)).from_buffer(lent))
+        with pytest.raises(ValueError, match="rights"):
+            srv.lend("el", address, len(lent), rights="")
+        # Refused: the element went with it, so the name is free again.
+        grant, secret = srv.lend("el", address, len(lent), rights="r", ttl=60)
+        assert grant and len(secret) >= 32 and ";" not in grant + secret and "," not in grant + secret
+        with pytest.raises(ValueError, match="exists"):
+            srv.lend("el", address, len(lent))
+        with LibdAction("lend-reader") as c:
+            c.add_transport(f"m;tcp;{where};timeout_ms,5000;grant,{grant};secret,{secret}")
+            t = c.get_transport("m", "rdma")
+            t.reg(len(lent))
+            t.read(len(lent), 0)
+            assert bytes(t.buf) == bytes(lent)
+            with pytest.raises(PermissionError):
+                t.write(4, 0)  # the grant reads only
+        srv.withdraw("el")  # the grant goes with the element
+        with pytest.raises(KeyError):
+            srv.revoke(grant)
+    finally:
+        srv.stop()
+        server.terminate()
+
+
 def test_reg_shares_another_transports_buffer_and_with_releases(memd):
     server = memd()
     action, t = client(server, "tcp")

@@ -74,12 +74,12 @@ class PassiveOperation(OperationBase):
             for i, descs in enumerate(lists):
                 element = f"op{self._key}-{i}"
                 if len(descs) == 1:
-                    server.expose(element, descs[0].ptr, descs[0].size)
+                    grant, secret = server.lend(element, descs[0].ptr, descs[0].size, rights, ttl)
+                    self._elements.append(element)
                 else:
                     server.expose_ranges(element, [(d.ptr, d.size) for d in descs])
-                self._elements.append(element)
-                config = server.grant_ex(element, "*", rights=rights, ttl=ttl)
-                grant, secret = grant_of(config)
+                    self._elements.append(element)
+                    grant, secret = grant_of(server.grant_ex(element, "*", rights=rights, ttl=ttl))
                 self._grants.append(grant)
                 # Descriptors in a row under one grant are its ranges, in order.
                 serialized += [SerializedDescriptor(d.size, grant, secret) for d in descs]
