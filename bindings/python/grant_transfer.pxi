@@ -25,11 +25,10 @@ cdef class GrantTransfer:
         self._op = NULL
 
     def __dealloc__(self):
-        # The transfer first: cancelled if it still runs (once that returns libd touches none of
-        # the memory `_keep` holds), then the action.
+        # The transfer first (libd cancels it if it still runs: once that returns libd touches
+        # none of the memory `_keep` holds), then the action.
         if self._op != NULL:
             with nogil:
-                clibd.libd_op_cancel(self._op)
                 clibd.libd_op_free(self._op)
             self._op = NULL
         self._release()
@@ -170,8 +169,7 @@ def begin_transfer(aid, durl, uint64_t address, size_t size, bint write, keep, b
         g._t = NULL
         if op != NULL:
             with nogil:
-                clibd.libd_op_cancel(op)
-                clibd.libd_op_free(op)
+                clibd.libd_op_free(op)  # cancelled if it still runs
             g._op = NULL
         g._release()
         raise err
