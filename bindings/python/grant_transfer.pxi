@@ -102,12 +102,13 @@ cdef class GrantTransfer:
 
 
 def begin_transfer(aid, durl, uint64_t address, size_t size, bint write, keep, bint word_with_request=False,
-                   uint64_t value=0, bint word_when_done=False):
+                   uint64_t value=0, bint word_when_done=False, uint64_t raddr=0, bint verdict=True):
     """Starts one transfer between local memory [address, address+size) (`keep` owns it and is
-    held as long as the transfer may touch it) and offset 0 of the memory a durl's grant opens,
+    held as long as the transfer may touch it) and offset `raddr` of the memory a durl's grant opens,
     on a transport of its own (named by the durl, in an action named `aid`), and takes the
     owner's verdict on the grant (LibdTransportRDMA.remote): a refusal is raised here
-    (PermissionError), as an owner out of reach is (ConnectionError). word_with_request: the
+    (PermissionError), as an owner out of reach is (ConnectionError). verdict=False: not waited
+    for (the transfer fails if the owner refuses; its wait says so). word_with_request: the
     holder's word (notify(value, 0)) is queued right behind the request (over tcp the owner's
     server tells the owner once its memory has been served). word_when_done: if the transfer
     completed as it started (shm's copies do) and succeeded, the holder's last word
@@ -147,13 +148,13 @@ def begin_transfer(aid, durl, uint64_t address, size_t size, bint write, keep, b
         if rc == 0:
             what = NULL
             if write:
-                rc = clibd.libd_trdma_write_async(t, size, 0, p, &op)
+                rc = clibd.libd_trdma_write_async(t, size, raddr, p, &op)
             else:
-                rc = clibd.libd_trdma_read_async(t, size, 0, p, &op)
+                rc = clibd.libd_trdma_read_async(t, size, raddr, p, &op)
         if rc == 0 and word_with_request:
             rc = clibd.libd_trdma_notify(t, value, 0)
             what = "notify"
-        if rc == 0:
+        if rc == 0 and verdict:
             what = NULL
             rc = clibd.libd_trdma_remote(t, &rsize, &rights)
         if rc == 0 and word_when_done and clibd.libd_op_poll(op) == 0:

@@ -464,9 +464,12 @@ def test_a_dropped_region_kept_idle_holds_no_memory_and_the_same_range_takes_it_
         if manager._endpoint["verbs"]:
             assert idle == [], "a region that pins pages is withdrawn at once"
             return
-        assert [(r.start, r.size, len(r.holders)) for r in idle] == [(addr, 4 * KiB, 0)] and manager.regions() == []
+        # (Regions other tests of this process dropped may be idle too: this one is looked at.)
+        mine = [r for r in idle if r.start == addr]
+        assert [(r.start, r.size, len(r.holders)) for r in mine] == [(addr, 4 * KiB, 0)]
+        assert not [r for r in manager.regions() if r[0] == addr], "dropped: not live"
         again = manager.request_buffer(array)
-        assert manager._cache.idle() == [] and manager._cache.find(addr, 4 * KiB) is idle[0], "taken back"
+        assert mine[0] not in manager._cache.idle() and manager._cache.find(addr, 4 * KiB) is mine[0], "taken back"
         assert again.whole and again.offset == 0
         dst = numpy.zeros(4 * KiB, numpy.uint8)
         await again.read_into(dst)

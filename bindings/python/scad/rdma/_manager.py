@@ -342,16 +342,9 @@ class RdmaManager:
             return
         self._forget_link(remote.route, reuse=True)
 
-    def _link(self, remote: RdmaBuffer, expose: bool = False) -> tuple:
-        """The link to remote's route and whether it is new (made now, not connected yet: its
-        first transfer connects, and learns the owner's verdict on the key then). expose: for a
-        QueuePair handed to a caller: it is never kept for another buffer."""
-        route = remote.route
-        link = self._links.get(route)
-        if link is not None:
-            if expose:
-                link.exposed = True
-            return link, False
+    def _how(self, remote: RdmaBuffer) -> tuple:
+        """(server, transport, durl of a link to it without its key) for remote's server, looked
+        up once per server."""
         server = (remote.hostname, remote.host, remote.port, remote.path, remote.verbs, remote.whole)
         how = self._servers.get(server)
         if how is None:
@@ -363,7 +356,34 @@ class RdmaManager:
                 # owner's grant table still cuts the link off when the buffer is dropped.
                 where += ";announce,0"
             how = self._servers[server] = (impl, f"qp;{impl};{where};timeout_ms,{self._timeout_ms};")
-        impl, durl = how
+        return (server,) + how
+
+    def _one_transfer(self, remote: RdmaBuffer, local: Any, busy_poll_us: float = 0.0) -> Any:
+        """One read of remote into `local` (a numpy array of remote's size), started on a
+        transport of its own, in one call of the binding (disagg.GrantTransfer): for a caller
+        that reads a buffer once, where making, rebinding and parking a link cost more than the
+        read. shm and tcp only (the transport rides the process's shared connection to the
+        owner's server); the caller waits for it (a refused key fails it) and terminates it.
+        busy_poll_us: over tcp, how long a wait in libd polls the socket before it sleeps."""
+        from disagg import begin_transfer
+        _, impl, durl = self._how(remote)
+        if impl == "tcp" and busy_poll_us > 0:
+            durl += f"busy_poll_us,{min(int(busy_poll_us), 1_000_000)};"
+        address, size, _ = _buffer_info(local)
+        return begin_transfer(self.name, f"d0{durl[2:]}grant,{remote.grant};secret,{remote._secret}",
+                              address, size, False, local, raddr=remote.offset, verdict=False)
+
+    def _link(self, remote: RdmaBuffer, expose: bool = False) -> tuple:
+        """The link to remote's route and whether it is new (made now, not connected yet: its
+        first transfer connects, and learns the owner's verdict on the key then). expose: for a
+        QueuePair handed to a caller: it is never kept for another buffer."""
+        route = remote.route
+        link = self._links.get(route)
+        if link is not None:
+            if expose:
+                link.exposed = True
+            return link, False
+        server, impl, durl = self._how(remote)
         idle = self._idle_links.get(server)
         while idle:
             try:

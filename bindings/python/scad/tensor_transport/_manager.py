@@ -31,6 +31,9 @@ except ImportError:  # pragma: no cover - depends on the environment
     _Base = object
 
 
+_ONE_SHOT = ("shm", "tcp")  # transports on which a receive of one buffer is one transfer of its own
+
+
 class _Loop:
     """An event loop on a daemon thread, for synchronous callers."""
 
@@ -334,10 +337,59 @@ class ScadTensorTransport(_Base):
             future = self._loop.submit(self._recv(receive, reads))
             return self.wait_fetch_complete(ScadFetchRequest(obj_id=obj_id, tensors=out, receive=receive, future=future))
         try:
-            self._recv_direct(receive, reads)
+            if len(reads) == 1 and type(reads[0][1]) is numpy.ndarray and manager._how(reads[0][0])[1] in _ONE_SHOT \
+                    and reads[0][0].route not in manager._links:
+                self._recv_one(receive, *reads[0])
+            else:
+                self._recv_direct(receive, reads)
         finally:
             self._end(receive, routes)
         return out
+
+    def _recv_one(self, receive: _Receive, buf: RdmaBuffer, local: numpy.ndarray) -> None:
+        """A receive of one buffer into one array, over shm or tcp: one transfer of its own,
+        set up and started in one call of the binding (RdmaManager._one_transfer), waited for
+        here, the GIL released in libd; no link to make, rebind or park."""
+        manager = RdmaManager.get()
+        made = []
+
+        def begin() -> None:
+            try:
+                made.append(manager._one_transfer(buf, local, self._busy_poll_us))
+            except (PermissionError, ConnectionError) as e:
+                raise _refusal(e, manager._how(buf)[1], False) from None
+            receive.track(made[0])  # an abort from now on cancels it
+
+        try:
+            try:
+                receive.start(begin)
+                transfer = made[0]
+                if not transfer.done():
+                    deadline = time.monotonic() + self._timeout
+                    poll_until(transfer.done, self._busy_poll_us)
+                    try:
+                        transfer.wait(max(0.0, deadline - time.monotonic()))  # in libd, the GIL released
+                    except TimeoutError:
+                        raise TimeoutError(f"the receive of object {receive.obj_id} took longer than "
+                                           f"{self._timeout} s and was cancelled") from None
+                    except (PermissionError, ConnectionError) as e:
+                        receive.check()  # aborted meanwhile: that is what it ended with
+                        raise _refusal(e, manager._how(buf)[1], False) from None
+                else:
+                    transfer.wait(0)  # raises what it failed with
+                receive.check()
+            except BaseException as e:
+                receive.fail(e)  # cancels what still runs: the target is not written after this
+                _counters.add(failed_receives=1)
+                raise
+            finally:
+                if made:
+                    receive.untrack(made[0])
+                    made[0].terminate()  # lets go of the key (over tcp the owner's server hears so)
+        except CancelledError:
+            raise ConnectionAbortedError(f"the receive of object {receive.obj_id} was aborted") from None
+        manager._mark_reached(buf)
+        _count_received([(buf, local)], [manager._how(buf)[1]])
 
     def _recv_direct(self, receive: _Receive, reads: List[tuple]) -> None:
         manager = RdmaManager.get()
