@@ -128,6 +128,49 @@ def test_a_source_whose_keys_cannot_be_made_lends_nothing(monkeypatch, tensors):
     assert manager.regions() == before
 
 
+def test_a_receive_of_one_tensor_is_one_transfer_of_its_own_that_leaves_no_link(monkeypatch):
+    """Once the owner's server was reached, an object of one tensor is received with one transfer
+    made for it (RdmaManager._one_transfer): the right bytes, a read counted, no link kept or
+    parked for its buffer; a loan ended before the receive is refused on that path too."""
+    from scad.rdma import RdmaManager
+    manager = RdmaManager.get()
+    t = ScadTensorTransport()
+    made = []
+    real = RdmaManager._one_transfer
+
+    def counting(self, remote, local, busy_poll_us=0.0):
+        made.append(remote.route)
+        return real(self, remote, local, busy_poll_us)
+
+    monkeypatch.setattr(RdmaManager, "_one_transfer", counting)
+    first = numpy.arange(64, dtype=numpy.float32)
+    meta = t.extract_tensor_transport_metadata("one-0", [first])
+    t.recv_multiple_tensors("one-0", meta, t.get_communicator_metadata())  # the server reached (perhaps now)
+    t.garbage_collect("one-0", meta)
+    made.clear()
+    for i in range(1, 4):
+        lent = numpy.arange(1000, dtype=numpy.int64) * i
+        meta = t.extract_tensor_transport_metadata(f"one-{i}", [lent])
+        before = t.counters()
+        idle = sum(len(v) for v in manager._idle_links.values())
+        got = t.recv_multiple_tensors(f"one-{i}", meta, t.get_communicator_metadata())
+        after = t.counters()
+        assert got[0].dtype == lent.dtype and (got[0] == lent).all()
+        assert len(made) == i, "one transfer of its own per receive"
+        assert made[-1] not in manager._links and sum(len(v) for v in manager._idle_links.values()) == idle
+        moved = {k: after[k] - before[k] for k in after}
+        assert moved["received_objects"] == 1 and moved["received_bytes"] == lent.nbytes
+        assert moved["shm_reads"] + moved["tcp_reads"] == 1 and moved["failed_receives"] == 0
+        t.garbage_collect(f"one-{i}", meta)
+    # The loan ended: the key is refused, and the receive says so.
+    lent = numpy.ones(16, dtype=numpy.uint8)
+    meta = t.extract_tensor_transport_metadata("one-gone", [lent])
+    t.garbage_collect("one-gone", meta)
+    with pytest.raises(PermissionError, match="refused"):
+        t.recv_multiple_tensors("one-gone", meta, t.get_communicator_metadata())
+    assert len(made) == 4 and made[-1] not in manager._links and t.counters()["failed_receives"] >= 1
+
+
 def test_the_interface_says_what_ray_asks():
     t = ScadTensorTransport()
     assert t.tensor_transport_backend() == "SCAD"

@@ -337,16 +337,16 @@ class ScadTensorTransport(_Base):
             future = self._loop.submit(self._recv(receive, reads))
             return self.wait_fetch_complete(ScadFetchRequest(obj_id=obj_id, tensors=out, receive=receive, future=future))
         try:
-            if len(reads) == 1 and type(reads[0][1]) is numpy.ndarray and manager._how(reads[0][0])[1] in _ONE_SHOT \
-                    and reads[0][0].route not in manager._links:
-                self._recv_one(receive, *reads[0])
+            impl = manager._how(reads[0][0])[1] if len(reads) == 1 and type(reads[0][1]) is numpy.ndarray else None
+            if impl in _ONE_SHOT and reads[0][0].route not in manager._links:
+                self._recv_one(receive, *reads[0], impl)
             else:
                 self._recv_direct(receive, reads)
         finally:
             self._end(receive, routes)
         return out
 
-    def _recv_one(self, receive: _Receive, buf: RdmaBuffer, local: numpy.ndarray) -> None:
+    def _recv_one(self, receive: _Receive, buf: RdmaBuffer, local: numpy.ndarray, impl: str) -> None:
         """A receive of one buffer into one array, over shm or tcp: one transfer of its own,
         set up and started in one call of the binding (RdmaManager._one_transfer), waited for
         here, the GIL released in libd; no link to make, rebind or park."""
@@ -357,7 +357,7 @@ class ScadTensorTransport(_Base):
             try:
                 made.append(manager._one_transfer(buf, local, self._busy_poll_us))
             except (PermissionError, ConnectionError) as e:
-                raise _refusal(e, manager._how(buf)[1], False) from None
+                raise _refusal(e, impl, False) from None
             receive.track(made[0])  # an abort from now on cancels it
 
         try:
@@ -374,7 +374,7 @@ class ScadTensorTransport(_Base):
                                            f"{self._timeout} s and was cancelled") from None
                     except (PermissionError, ConnectionError) as e:
                         receive.check()  # aborted meanwhile: that is what it ended with
-                        raise _refusal(e, manager._how(buf)[1], False) from None
+                        raise _refusal(e, impl, False) from None
                 else:
                     transfer.wait(0)  # raises what it failed with
                 receive.check()
@@ -389,7 +389,7 @@ class ScadTensorTransport(_Base):
         except CancelledError:
             raise ConnectionAbortedError(f"the receive of object {receive.obj_id} was aborted") from None
         manager._mark_reached(buf)
-        _count_received([(buf, local)], [manager._how(buf)[1]])
+        _count_received([(buf, local)], [impl])
 
     def _recv_direct(self, receive: _Receive, reads: List[tuple]) -> None:
         manager = RdmaManager.get()
