@@ -11,7 +11,8 @@ Commands arrive as JSON lines on stdin, answers leave as JSON lines on stdout.
           {"cmd": "digest", "start": a, "stop": b}               -> {"digest": ...}
           {"cmd": "digest", "slices": [[a, b], ...]}  of the slices end to end -> {"digest": ...}
           {"cmd": "regions"}                                      -> {"regions": [...]}
-  peer:   {"cmd": "read", "buffer": json|pickle, "size": n, "offset": o} -> {"digest": ..., "same_link": bool (as the previous read's), "impl": ...} | error
+  peer:   {"cmd": "read", "buffer": json|pickle, "size": n, "offset": o} -> {"digest": ..., "via": "once"|"link",
+                "link": n (which link carried it, numbered as first seen; null for a transfer of its own), "impl": ...} | error
           ("sizes": [n, ...] instead of "size": into a list of arrays, with one read_into; the
           digest is of them end to end; the same for "write")
           {"cmd": "write", "buffer": ..., "size": n, "seed": s, "offset": o} -> {"digest": ...} | error
@@ -71,7 +72,7 @@ class Peer:
         self.buffers = []
         self.lent = {}  # buffer index -> the array "lend" made for it
         self.started = None  # (queue pair, local memory) of "start", for "finish"
-        self.last_link = None
+        self.links = weakref.WeakKeyDictionary()  # link -> its number (a freed link is never mistaken for a new one)
         self.last_dst = None
 
     async def handle(self, msg):
@@ -115,13 +116,13 @@ class Peer:
             dst = numpy.zeros(msg["size"], numpy.uint8)
             buf = load(msg)
             await buf.read_into(dst, offset=msg.get("offset", 0), timeout=msg.get("timeout", 20))
-            # Which link carried it: the one of the previous read again? (A weak reference: one
-            # closed and freed meanwhile is not mistaken for a new one at the same address.)
+            # What carried it: a link (which one), or a transfer of its own (a buffer's first).
             link = self.manager._links.get(buf.route)
-            same = self.last_link is not None and self.last_link() is link
-            self.last_link = weakref.ref(link)
+            once = self.manager._one_shots.get(buf.route)
+            number = None if link is None else self.links.setdefault(link, len(self.links) + 1)
             self.last_dst = weakref.ref(dst)
-            return {"digest": digest(dst), "same_link": same, "impl": link.impl}
+            return {"digest": digest(dst), "via": "link" if link is not None else "once" if once is not None else None,
+                    "link": number, "impl": self.manager._how(buf)[1]}
         if cmd == "write":
             if "sizes" in msg:
                 src = seeded(sum(msg["sizes"]), msg["seed"])

@@ -21,7 +21,7 @@ import numpy
 
 from .. import _memserver
 from ..connect import Descriptor
-from .._waiter import wait_in_thread
+from .._waiter import wait_in_thread, wait_ready
 from .._memserver import MAX_RANGES, from_binding
 from ._buffer import LentBuffer, RdmaBuffer
 from ._key_link import KeyLink, refusal as _refusal
@@ -112,6 +112,9 @@ class RdmaManager:
         self._tokens: Dict[str, str] = {}  # grant -> the token its buffer is held by in the cache (keys made)
         self._next = 0
         self._links: Dict[tuple, KeyLink] = {}
+        # Per route: the transfer of its own that moved a buffer the first time (_one_transfer),
+        # kept, its key attached, until the buffer is dropped or moved again (then by a link).
+        self._one_shots: Dict[tuple, Any] = {}
         # Per owner's manager: the QueuePair handed out for it (request_queue_pair).
         self._queue_pairs: Dict[tuple, QueuePair] = {}
         # Per owner's server: links let go of after a transfer, kept for the next buffer of that
@@ -358,20 +361,86 @@ class RdmaManager:
             how = self._servers[server] = (impl, f"qp;{impl};{where};timeout_ms,{self._timeout_ms};")
         return (server,) + how
 
-    def _one_transfer(self, remote: RdmaBuffer, local: Any, busy_poll_us: float = 0.0) -> Any:
-        """One read of remote into `local` (a numpy array of remote's size), started on a
-        transport of its own, in one call of the binding (disagg.GrantTransfer): for a caller
-        that reads a buffer once, where making, rebinding and parking a link cost more than the
-        read. shm and tcp only (the transport rides the process's shared connection to the
+    def _one_transfer(self, remote: RdmaBuffer, local: Any, busy_poll_us: float = 0.0, write: bool = False,
+                      offset: int = 0, placed: Optional[tuple] = None) -> Any:
+        """One transfer between remote[offset:] and `local` (a numpy array that fits there),
+        started on a transport of its own, in one call of the binding (disagg.GrantTransfer): for
+        a buffer moved once, where making, pointing and parking a link cost more than the
+        transfer. shm and tcp only (the transport rides the process's shared connection to the
         owner's server); the caller waits for it (a refused key fails it) and terminates it.
-        busy_poll_us: over tcp, how long a wait in libd polls the socket before it sleeps."""
+        busy_poll_us: over tcp, how long a wait in libd polls the socket before it sleeps.
+        placed: (transport, durl, address, size) as _once found them."""
         from disagg import begin_transfer
-        _, impl, durl = self._how(remote)
+        if placed is None:
+            _, impl, durl = self._how(remote)
+            address, size, _ = _buffer_info(local)
+        else:
+            impl, durl, address, size = placed
         if impl == "tcp" and busy_poll_us > 0:
             durl += f"busy_poll_us,{min(int(busy_poll_us), 1_000_000)};"
-        address, size, _ = _buffer_info(local)
         return begin_transfer(self.name, f"d0{durl[2:]}grant,{remote.grant};secret,{remote._secret}",
-                              address, size, False, local, raddr=remote.offset, verdict=False)
+                              address, size, write, local, raddr=remote.offset + offset, verdict=False)
+
+    def _once(self, remote: RdmaBuffer, memory: Any, offset: int, read: bool) -> Optional[tuple]:
+        """Whether this transfer may be the route's first, made by _one_transfer: the first on
+        the route, over shm or tcp, of one numpy array that fits (anything else, or anything the
+        caller got wrong, goes the link's way, which says what). If so (transport, durl, address,
+        size), else None."""
+        route = remote.route
+        if type(memory) is not numpy.ndarray or remote.ranges is not None or route in self._links \
+                or route in self._one_shots or _buffer_info is None:
+            return None
+        _, impl, durl = self._how(remote)
+        if impl != "shm" and impl != "tcp":
+            return None
+        try:
+            address, size, readonly = _buffer_info(memory)
+        except (BufferError, ValueError):
+            return None
+        if size > 0 and not (read and readonly) and 0 <= offset and offset + size <= remote.size():
+            return impl, durl, address, size
+        return None
+
+    async def _transfer_once(self, remote: RdmaBuffer, memory: Any, offset: int, timeout: Optional[float],
+                             read: bool, placed: tuple) -> None:
+        """The route's first transfer, on a transport of its own (_one_transfer), kept (its key
+        attached) until the buffer is dropped or moved again."""
+        route = remote.route
+        impl = placed[0]
+        reached = self._reached(remote)
+        try:
+            made = self._one_transfer(remote, memory, self.busy_poll_us, not read, offset, placed)
+        except (PermissionError, ConnectionError) as e:
+            raise _refusal(e, impl, not reached) from None
+        self._one_shots[route] = made
+        try:
+            if not made.done():  # shm copies complete as they start: no wait at all
+                if _others_ready():
+                    await asyncio.sleep(0)  # as transfer(): a gather's other transfers go out first
+                fd, ok = await wait_ready(made.done, self.busy_poll_us, timeout, -1, made.watch)
+                if fd >= 0:
+                    made.watch(-1)  # no write to it after this
+                    os.close(fd)
+                if not ok:
+                    raise TimeoutError
+            made.wait(0)  # raises what it failed with
+            self._mark_reached(remote)
+        except TimeoutError:
+            self._forget_once(route)  # cancelled: the caller's memory is not written after "timed out"
+            raise TimeoutError(f"the transfer did not finish within {timeout} s and was cancelled") from None
+        except (ConnectionError, PermissionError) as e:
+            self._forget_once(route)
+            raise _refusal(e, impl, not reached) from None
+        except CancelledError:
+            raise ConnectionAbortedError(errno.ECONNABORTED, "the transfer was cancelled: its buffer was dropped "
+                                         "in this process, or its queue pair released") from None
+
+    def _forget_once(self, route: tuple) -> None:
+        """Lets go of the route's transfer of its own, if any (cancelled if it still runs)."""
+        made = self._one_shots.pop(route, None)
+        if made is not None:
+            made.cancel()
+            made.terminate()
 
     def _link(self, remote: RdmaBuffer, expose: bool = False) -> tuple:
         """The link to remote's route and whether it is new (made now, not connected yet: its
@@ -383,6 +452,9 @@ class RdmaManager:
             if expose:
                 link.exposed = True
             return link, False
+        once = self._one_shots.get(route)
+        if once is not None and once.done():
+            self._forget_once(route)  # the link attaches the key in its place
         server, impl, durl = self._how(remote)
         idle = self._idle_links.get(server)
         while idle:
@@ -464,6 +536,10 @@ class RdmaManager:
         if lock is None:
             lock = self._link_locks.setdefault(remote.route, asyncio.Lock())
         async with lock:  # one read_into/write_from at a time per route: one local region at a time
+            placed = self._once(remote, memory, offset, read)
+            if placed is not None:
+                await self._transfer_once(remote, memory, offset, timeout, read, placed)
+                return
             link, new = self._transfer_start(remote, memory, offset, read)
             try:
                 if not link.finished():  # shm copies complete as they start: no wait at all
@@ -501,6 +577,7 @@ class RdmaManager:
     def _forget_link(self, route: tuple, reuse: bool = False) -> None:
         """Lets go of the link to route. reuse: the peer is done with the buffer (nothing
         failed): kept, its key let go of, for the next buffer of the same server."""
+        self._forget_once(route)
         link = self._links.pop(route, None)
         self._link_locks.pop(route, None)
         if link is None:
