@@ -370,13 +370,17 @@ def test_a_buffer_dropped_here_under_a_queue_pairs_transfer_fails_its_wait(pair)
 def test_a_read_past_its_timeout_is_cancelled_and_the_next_one_goes_through(pair):
     owner, peer = pair
     buf = ok(owner.call(cmd="lend", size=MiB, seed=18))
+    fresh = ok(owner.call(cmd="lend", size=MiB, seed=28))
     assert ok(peer.call(cmd="read", size=MiB, buffer=buf["json"]))["digest"] == buf["digest"]
     ok(owner.call(cmd="stop"))  # its server does not answer now
     owner.wait_stopped()
-    r = peer.call(cmd="read", size=MiB, buffer=buf["json"], timeout=0.5)
+    r = peer.call(cmd="read", size=MiB, buffer=buf["json"], timeout=0.5)  # its second: on a link
+    assert r.get("error") == "TimeoutError" and "cancelled" in r["message"], r
+    r = peer.call(cmd="read", size=MiB, buffer=fresh["json"], timeout=0.5)  # its first: a transfer of its own
     assert r.get("error") == "TimeoutError" and "cancelled" in r["message"], r
     owner.resume()
     assert ok(peer.call(cmd="read", size=MiB, buffer=buf["json"]))["digest"] == buf["digest"]
+    assert ok(peer.call(cmd="read", size=MiB, buffer=fresh["json"]))["digest"] == fresh["digest"]
 
 
 @pytest.mark.parametrize("pair", IMPLS, indirect=True)
