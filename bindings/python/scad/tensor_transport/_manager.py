@@ -367,14 +367,7 @@ class ScadTensorTransport(_Base):
                 if not transfer.done():
                     deadline = time.monotonic() + self._timeout
                     poll_until(transfer.done, self._busy_poll_us)
-                    try:
-                        transfer.wait(max(0.0, deadline - time.monotonic()))  # in libd, the GIL released
-                    except TimeoutError:
-                        raise TimeoutError(f"the receive of object {receive.obj_id} took longer than "
-                                           f"{self._timeout} s and was cancelled") from None
-                    except (PermissionError, ConnectionError) as e:
-                        receive.check()  # aborted meanwhile: that is what it ended with
-                        raise _refusal(e, impl, False) from None
+                    self._wait_read(receive, transfer.wait, deadline, impl, False)
                 else:
                     transfer.wait(0)  # raises what it failed with
                 receive.check()
@@ -407,14 +400,7 @@ class ScadTensorTransport(_Base):
                     deadline = time.monotonic() + self._timeout
                     poll_until(lambda: all(link.poll_done() for _, link, _ in started), self._busy_poll_us)
                     for buf, link, new in started:
-                        try:
-                            link._wait_all(max(0.0, deadline - time.monotonic()))  # in libd, the GIL released
-                        except TimeoutError:
-                            raise TimeoutError(f"the receive of object {receive.obj_id} took longer than "
-                                               f"{self._timeout} s and was cancelled") from None
-                        except (PermissionError, ConnectionError) as e:
-                            receive.check()  # aborted meanwhile: that is what it ended with
-                            raise _refusal(e, link.impl, new and not manager._reached(buf)) from None
+                        self._wait_read(receive, link._wait_all, deadline, link.impl, new and not manager._reached(buf))
                 receive.check()
                 for _, link, _ in started:
                     link.reusable = True  # done, nothing runs: may serve another buffer once let go of
@@ -431,6 +417,18 @@ class ScadTensorTransport(_Base):
         for buf, link, _ in started:
             manager._mark_reached(buf)
         _count_received(reads, [link.impl for _, link, _ in started])
+
+    def _wait_read(self, receive: _Receive, wait: Any, deadline: float, impl: str, first_contact: bool) -> None:
+        """wait(seconds left) for a read of the receive, in libd with the GIL released; its
+        failure said as the receive's (a timeout, a refused key, an owner out of reach)."""
+        try:
+            wait(max(0.0, deadline - time.monotonic()))
+        except TimeoutError:
+            raise TimeoutError(f"the receive of object {receive.obj_id} took longer than "
+                               f"{self._timeout} s and was cancelled") from None
+        except (PermissionError, ConnectionError) as e:
+            receive.check()  # aborted meanwhile: that is what it ended with
+            raise _refusal(e, impl, first_contact) from None
 
     def _begin(self, obj_id: str, routes: Optional[List[tuple]] = None) -> tuple:
         """A new receive of obj_id, listed for abort_transport, and whether it took `routes` for
