@@ -602,6 +602,32 @@ def test_a_grant_and_its_secret_are_read_from_any_layout_of_its_configuration():
         assert fast(config) == both(config), config
 
 
+def test_a_first_transfer_whose_task_is_cancelled_is_cancelled_and_leaves_nothing_behind():
+    """A buffer's first transfer is one of its own: a task cancelled while it waits (asyncio.wait_for
+    running out) cancels the transfer, closes the eventfd it slept on and frees the route, and the
+    buffer's next transfer goes through."""
+    owner = RdmaManager(host=None, transport=None, timeout=10.0)
+    peer = RdmaManager(host=None, transport="tcp", timeout=10.0)
+    memory = numpy.arange(8 * MiB, dtype=numpy.uint64).view(numpy.uint8)  # 64 MiB
+    dst = numpy.zeros(64 * MiB, dtype=numpy.uint8)
+
+    async def main():
+        bufs = [RdmaBuffer.from_json(owner.request_buffer(memory).to_json()) for _ in range(4)]
+        await peer.transfer(bufs[0], dst[:64], 0, 10.0, read=True)  # the owner's server reached
+        fds = len(os.listdir("/proc/self/fd"))
+        for buf in bufs[1:]:
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(peer.transfer(buf, dst, 0, 10.0, read=True), 0.001)
+            assert buf.route not in peer._one_shots, "the cancelled transfer was let go of"
+        assert len(os.listdir("/proc/self/fd")) == fds, "an eventfd of a cancelled wait was left open"
+        await peer.transfer(bufs[-1], dst, 0, 30.0, read=True)
+        assert (dst == memory).all()
+        for buf in bufs:
+            peer.drop(buf)
+            owner.drop(buf)
+    asyncio.run(main())
+
+
 def test_a_buffers_key_is_made_when_the_buffer_first_leaves_its_owner():
     """Registration makes no key (as NIXL's makes none until its metadata is exported): the
     record makes it, once; a copy of the handle in the owner's process is the same buffer, whose

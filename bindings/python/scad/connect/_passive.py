@@ -242,16 +242,21 @@ class PassiveOperation(OperationBase):
             self._end(OperationStatus.COMPLETE, "")
 
     def _release(self) -> None:
-        """Withdraws the memory, which revokes every grant; idempotent."""
+        """Revokes every grant and withdraws the memory; idempotent."""
         elements, self._elements = self._elements, []
         grants, self._grants = self._grants, []
         if self._fd >= 0:
             for g in grants:
                 self._server.unwatch_notify(g, self._fd)  # nothing writes to it after this
-        # Withdrawing an element revokes its grants (every grant here is on one of them): one
-        # call of the server's per element, on the path between the peer's word and the end of
-        # the owner's wait. Already gone (KeyError) or the connector's server stopped
-        # (ConnectionError): stopping revoked everything, which is what this wanted.
+        # Each grant revoked by its id, not only with its element: a grant that expired is no
+        # longer the element's, and only its revoke lets go of the record the server keeps of
+        # it. Already gone (KeyError) or the connector's server stopped (ConnectionError):
+        # stopping revoked everything, which is what this wanted.
+        for g in grants:
+            try:
+                self._server.revoke(g)
+            except (KeyError, ConnectionError):
+                pass
         for e in elements:
             try:
                 self._server.withdraw(e)

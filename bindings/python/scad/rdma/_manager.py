@@ -21,7 +21,7 @@ import numpy
 
 from .. import _memserver
 from ..connect import Descriptor
-from .._waiter import wait_in_thread, wait_ready
+from .._waiter import new_eventfd, poll_until, wait_fd, wait_in_thread
 from .._memserver import MAX_RANGES, from_binding
 from ._buffer import LentBuffer, RdmaBuffer
 from ._key_link import KeyLink, refusal as _refusal
@@ -29,6 +29,10 @@ from ._queue_pair import QueuePair, owner_of
 from ._regions import Region, RegionCache
 
 _buffer_info = from_binding("buffer_info")  # (address, size, readonly) of an array, in one call
+
+
+class _Reserved:
+    """A route's first transfer while it starts (RdmaManager._once): nobody else's may start."""
 
 
 def _others_ready() -> bool:
@@ -384,8 +388,9 @@ class RdmaManager:
     def _once(self, remote: RdmaBuffer, memory: Any, offset: int, read: bool) -> Optional[tuple]:
         """Whether this transfer may be the route's first, made by _one_transfer: the first on
         the route, over shm or tcp, of one numpy array that fits (anything else, or anything the
-        caller got wrong, goes the link's way, which says what). If so (transport, durl, address,
-        size), else None."""
+        caller got wrong, goes the link's way, which says what). If so, the route is reserved for
+        it (a first transfer of another thread's meanwhile goes the link's way) and (transport,
+        durl, address, size, reservation) is returned; else None."""
         route = remote.route
         if type(memory) is not numpy.ndarray or remote.ranges is not None or route in self._links \
                 or route in self._one_shots or _buffer_info is None:
@@ -397,48 +402,86 @@ class RdmaManager:
             address, size, readonly = _buffer_info(memory)
         except (BufferError, ValueError):
             return None
-        if size > 0 and not (read and readonly) and 0 <= offset and offset + size <= remote.size():
-            return impl, durl, address, size
-        return None
+        if not (size > 0 and not (read and readonly) and 0 <= offset and offset + size <= remote.size()):
+            return None
+        reservation = _Reserved()
+        if self._one_shots.setdefault(route, reservation) is not reservation:
+            return None
+        return impl, durl, address, size, reservation
 
     async def _transfer_once(self, remote: RdmaBuffer, memory: Any, offset: int, timeout: Optional[float],
                              read: bool, placed: tuple) -> None:
         """The route's first transfer, on a transport of its own (_one_transfer), kept (its key
         attached) until the buffer is dropped or moved again."""
         route = remote.route
-        impl = placed[0]
+        impl, reservation = placed[0], placed[4]
         reached = self._reached(remote)
         try:
-            made = self._one_transfer(remote, memory, self.busy_poll_us, not read, offset, placed)
-        except (PermissionError, ConnectionError) as e:
-            raise _refusal(e, impl, not reached) from None
-        self._one_shots[route] = made
+            made = self._one_transfer(remote, memory, self.busy_poll_us, not read, offset, placed[:4])
+        except BaseException as e:
+            self._let_go_once(route, reservation)
+            if isinstance(e, (PermissionError, ConnectionError)):
+                raise _refusal(e, impl, not reached) from None
+            raise
+        with self._lock:
+            kept = self._one_shots.get(route) is reservation
+            if kept:
+                self._one_shots[route] = made
         try:
-            if not made.done():  # shm copies complete as they start: no wait at all
+            if not kept:  # dropped here while it started: it ends as a transfer of a dropped buffer does
+                made.cancel()
+            elif not made.done():  # shm copies complete as they start: no wait at all
                 if _others_ready():
                     await asyncio.sleep(0)  # as transfer(): a gather's other transfers go out first
-                fd, ok = await wait_ready(made.done, self.busy_poll_us, timeout, -1, made.watch)
-                if fd >= 0:
-                    made.watch(-1)  # no write to it after this
-                    os.close(fd)
-                if not ok:
+                if not await self._wait_once(made, timeout):
                     raise TimeoutError
             made.wait(0)  # raises what it failed with
             self._mark_reached(remote)
         except TimeoutError:
-            self._forget_once(route)  # cancelled: the caller's memory is not written after "timed out"
+            self._let_go_once(route, made)  # cancelled: the caller's memory is not written after "timed out"
             raise TimeoutError(f"the transfer did not finish within {timeout} s and was cancelled") from None
         except (ConnectionError, PermissionError) as e:
-            self._forget_once(route)
+            self._let_go_once(route, made)
             raise _refusal(e, impl, not reached) from None
         except CancelledError:
+            self._let_go_once(route, made)
             raise ConnectionAbortedError(errno.ECONNABORTED, "the transfer was cancelled: its buffer was dropped "
                                          "in this process, or its queue pair released") from None
+        except BaseException:  # the awaiting task was cancelled: so is the transfer
+            self._let_go_once(route, made)
+            raise
+        if not kept or route in self._links:
+            self._let_go_once(route, made)  # a link holds the route now (a queue pair took it meanwhile)
+
+    async def _wait_once(self, made: Any, timeout: Optional[float]) -> bool:
+        """Waits for a transfer of its own: polls for the manager's busy_poll_us, then sleeps on
+        an eventfd libd writes when it completes (closed whatever ends the wait). False if
+        `timeout` seconds passed first."""
+        if poll_until(made.done, self.busy_poll_us if timeout is None else min(self.busy_poll_us, timeout * 1e6)):
+            return True
+        fd = new_eventfd()
+        try:
+            made.watch(fd)
+            return await wait_fd(fd, made.done, timeout)
+        finally:
+            made.watch(-1)  # no write to it after this
+            os.close(fd)
+
+    def _let_go_once(self, route: tuple, made: Any) -> None:
+        """Lets go of `made`, a transfer of its own (or the reservation for one), cancelled if it
+        still runs; the route's entry goes with it if it is that one."""
+        with self._lock:
+            if self._one_shots.get(route) is made:
+                del self._one_shots[route]
+        if not isinstance(made, _Reserved):
+            made.cancel()
+            made.terminate()
 
     def _forget_once(self, route: tuple) -> None:
         """Lets go of the route's transfer of its own, if any (cancelled if it still runs)."""
-        made = self._one_shots.pop(route, None)
-        if made is not None:
+        with self._lock:
+            made = self._one_shots.pop(route, None)
+        if made is not None and not isinstance(made, _Reserved):
             made.cancel()
             made.terminate()
 
@@ -453,8 +496,8 @@ class RdmaManager:
                 link.exposed = True
             return link, False
         once = self._one_shots.get(route)
-        if once is not None and once.done():
-            self._forget_once(route)  # the link attaches the key in its place
+        if once is not None and not isinstance(once, _Reserved) and once.done():
+            self._let_go_once(route, once)  # the link attaches the key in its place
         server, impl, durl = self._how(remote)
         idle = self._idle_links.get(server)
         while idle:

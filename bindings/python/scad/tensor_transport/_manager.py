@@ -364,12 +364,10 @@ class ScadTensorTransport(_Base):
             try:
                 receive.start(begin)
                 transfer = made[0]
-                if not transfer.done():
-                    deadline = time.monotonic() + self._timeout
+                deadline = time.monotonic() + self._timeout
+                if not transfer.done():  # (shm copies are done as they start)
                     poll_until(transfer.done, self._busy_poll_us)
-                    self._wait_read(receive, transfer.wait, deadline, impl, False)
-                else:
-                    transfer.wait(0)  # raises what it failed with
+                self._wait_read(receive, transfer.wait, deadline, impl, False)  # says how it failed, if it did
                 receive.check()
             except BaseException as e:
                 receive.fail(e)  # cancels what still runs: the target is not written after this
