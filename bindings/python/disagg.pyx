@@ -209,6 +209,28 @@ cdef bytes _b(s):
     return str(s).encode("utf-8")
 
 
+cdef void _notify(clibd.libd_transport *t, uint64_t value, int status, bint last) except *:
+    """The holder's word to the memory's owner (LibdTransportRDMA.notify, GrantTransfer.notify)."""
+    cdef int rc
+    with nogil:
+        if last:
+            rc = clibd.libd_trdma_notify_last(t, value, status)
+        else:
+            rc = clibd.libd_trdma_notify(t, value, status)
+    _check(rc, "notify")
+
+
+cdef void _grant_spec(clibd.libd_grant_spec *spec, const char *element, const char *client, uint64_t offset,
+                      uint64_t length, rights, ttl) except *:
+    """A grant's spec: rights as "r", "w" or "rw", ttl in seconds (None: until revoked)."""
+    spec.element = element
+    spec.client = client
+    spec.offset = offset
+    spec.length = length
+    spec.rights = (1 if "r" in rights else 0) | (2 if "w" in rights else 0)
+    spec.ttl_ms = 0 if ttl is None else max(1, int(ttl * 1000))
+
+
 cdef class LibdAction:
     """One compute element's action object: an id, options, and named transports.
 
@@ -632,14 +654,7 @@ cdef class LibdTransportRDMA(LibdTransport):
         with a 64-bit value. Call it once the transfers it covers have completed. last: the holder
         is done with the grant (a shared connection lets go of it in the same write; terminate the
         transport after)."""
-        cdef clibd.libd_transport *t = self._tr()
-        cdef int rc
-        with nogil:
-            if last:
-                rc = clibd.libd_trdma_notify_last(t, value, status)
-            else:
-                rc = clibd.libd_trdma_notify(t, value, status)
-        _check(rc, "notify")
+        _notify(self._tr(), value, status, last)
 
     @property
     def size(self):
@@ -915,12 +930,7 @@ cdef class LibdTransportRDMAServer(LibdTransport):
         cdef char out[2048]
         bel = _b(element)
         bclient = _b(client)
-        spec.element = bel
-        spec.client = bclient
-        spec.offset = offset
-        spec.length = length
-        spec.rights = (1 if "r" in rights else 0) | (2 if "w" in rights else 0)
-        spec.ttl_ms = 0 if ttl is None else max(1, int(ttl * 1000))
+        _grant_spec(&spec, bel, bclient, offset, length, rights, ttl)
         _check(clibd.libd_trdma_server_grant_ex(self._tr(), &spec, out, sizeof(out)), "grant")
         return out.decode()
 
@@ -933,12 +943,7 @@ cdef class LibdTransportRDMAServer(LibdTransport):
         cdef clibd.libd_grant_spec spec
         cdef char out[2048]
         bel = _b(element)
-        spec.element = bel
-        spec.client = "*"
-        spec.offset = 0
-        spec.length = 0
-        spec.rights = (1 if "r" in rights else 0) | (2 if "w" in rights else 0)
-        spec.ttl_ms = 0 if ttl is None else max(1, int(ttl * 1000))
+        _grant_spec(&spec, bel, "*", 0, 0, rights, ttl)
         _check(clibd.libd_trdma_server_expose(t, spec.element, <void *><size_t>address, size), "expose")
         cdef int rc = clibd.libd_trdma_server_grant_ex(t, &spec, out, sizeof(out))
         if rc < 0:

@@ -3,30 +3,27 @@
 cdef enum:
     _EINVAL = 22  # errno.EINVAL on Linux
 
-cdef class GrantTransfer:
+cdef class GrantTransfer(Operation):
     """One local memory moved to or from the memory of one grant, with one transfer, on a
     transport of its own: an action with one transport, the memory registered, the transfer
     started. What an active scad.connect operation of one descriptor is made of; begin_transfer()
     makes it in one call with the GIL released once, where the general objects (LibdAction,
     LibdTransportRDMA, Operation) take a Python call and a wrapper each.
 
-    It is the action, the transport and the operation at once, with their methods: done(),
-    status, wait(), watch(), cancel() of the transfer; notify() to the memory's owner; terminate()
-    lets go of the grant and the registration (the transfer's outcome stays readable)."""
+    It is the operation (its done(), status, wait(), watch(), cancel(), await), with its action
+    and transport: notify() to the memory's owner; terminate() lets go of the grant and the
+    registration (the transfer's outcome stays readable)."""
     cdef clibd.libd_action *_action
     cdef clibd.libd_transport *_t
-    cdef clibd.libd_op *_op
-    cdef object _keep
     cdef readonly bint told  # the holder's word went with the transfer (begin_transfer's word_when_done)
 
     def __cinit__(self):
         self._action = NULL
         self._t = NULL
-        self._op = NULL
 
     def __dealloc__(self):
         # The transfer first (libd cancels it if it still runs: once that returns libd touches
-        # none of the memory `_keep` holds), then the action.
+        # none of the memory `_keep` holds), then the action; Operation's own finds nothing left.
         if self._op != NULL:
             with nogil:
                 clibd.libd_op_free(self._op)
@@ -46,55 +43,9 @@ cdef class GrantTransfer:
             raise ConnectionError(_errno.ESHUTDOWN, "the transfer's transport was terminated")
         return self._t
 
-    # ---- the transfer ----
-    @property
-    def status(self):
-        """0 when done, -EINPROGRESS while running, a negative errno if it failed."""
-        cdef int rc
-        with nogil:  # a look may run the client loop's work (libd_op_poll)
-            rc = clibd.libd_op_poll(self._op)
-        return rc
-
-    def done(self):
-        cdef int rc
-        with nogil:
-            rc = clibd.libd_op_poll(self._op)
-        return rc != -_errno.EINPROGRESS
-
-    def wait(self, timeout=None):
-        """Waits; TimeoutError if `timeout` (seconds) passes first (the transfer goes on)."""
-        cdef int ms = -1 if timeout is None else max(0, int(timeout * 1000))
-        cdef int rc
-        with nogil:
-            rc = clibd.libd_op_wait(self._op, ms)
-        if rc == -_errno.ETIMEDOUT and clibd.libd_op_poll(self._op) == -_errno.EINPROGRESS:
-            raise TimeoutError(_errno.ETIMEDOUT, "wait timed out; the operation goes on")
-        if rc < 0:
-            raise _error(rc)
-
-    def cancel(self):
-        """Cancels; True if it was cancelled, False if it had already finished."""
-        cdef int rc
-        with nogil:
-            rc = clibd.libd_op_cancel(self._op)
-        return rc == -_errno.ECANCELED
-
-    def watch(self, int fd):
-        """libd writes to `fd` (an eventfd) once the transfer has completed; watch(-1) stops it."""
-        with nogil:
-            clibd.libd_op_watch(self._op, fd)
-
-    # ---- the transport ----
     def notify(self, uint64_t value, int status=0, bint last=False):
         """The holder's word to the memory's owner (LibdTransportRDMA.notify)."""
-        cdef clibd.libd_transport *t = self._tr()
-        cdef int rc
-        with nogil:
-            if last:
-                rc = clibd.libd_trdma_notify_last(t, value, status)
-            else:
-                rc = clibd.libd_trdma_notify(t, value, status)
-        _check(rc, "notify")
+        _notify(self._tr(), value, status, last)
 
     def terminate(self):
         """Lets go of the grant and the registration (the action freed). Idempotent."""

@@ -467,20 +467,15 @@ class RdmaManager:
             made.watch(-1)  # no write to it after this
             os.close(fd)
 
-    def _let_go_once(self, route: tuple, made: Any) -> None:
+    def _let_go_once(self, route: tuple, made: Any = None) -> None:
         """Lets go of `made`, a transfer of its own (or the reservation for one), cancelled if it
-        still runs; the route's entry goes with it if it is that one."""
+        still runs, and of the route's entry if it is that one; made=None: of whatever the
+        route's entry holds."""
         with self._lock:
-            if self._one_shots.get(route) is made:
+            if made is None:
+                made = self._one_shots.pop(route, None)
+            elif self._one_shots.get(route) is made:
                 del self._one_shots[route]
-        if not isinstance(made, _Reserved):
-            made.cancel()
-            made.terminate()
-
-    def _forget_once(self, route: tuple) -> None:
-        """Lets go of the route's transfer of its own, if any (cancelled if it still runs)."""
-        with self._lock:
-            made = self._one_shots.pop(route, None)
         if made is not None and not isinstance(made, _Reserved):
             made.cancel()
             made.terminate()
@@ -620,7 +615,7 @@ class RdmaManager:
     def _forget_link(self, route: tuple, reuse: bool = False) -> None:
         """Lets go of the link to route. reuse: the peer is done with the buffer (nothing
         failed): kept, its key let go of, for the next buffer of the same server."""
-        self._forget_once(route)
+        self._let_go_once(route)
         link = self._links.pop(route, None)
         self._link_locks.pop(route, None)
         if link is None:
