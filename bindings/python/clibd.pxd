@@ -118,3 +118,7 @@ cdef extern from "libd.h" nogil:
     int libd_trdma_server_prefetch(libd_transport *trans, const char *element)
     int libd_trdma_notify(libd_transport *trans, uint64_t value, int status)
     int libd_trdma_notify_last(libd_transport *trans, uint64_t value, int status)
+    int libd_trdma_read_async_notify(libd_transport *trans, size_t size, uint64_t raddr, void *buf, uint64_t value,
+                                     libd_op **op)
+    int libd_trdma_write_async_notify(libd_transport *trans, size_t size, uint64_t raddr, const void *buf,
+                                      uint64_t value, libd_op **op)

@@ -60,8 +60,8 @@ def begin_transfer(aid, durl, uint64_t address, size_t size, bint write, keep, b
     owner's verdict on the grant (LibdTransportRDMA.remote): a refusal is raised here
     (PermissionError), as an owner out of reach is (ConnectionError). verdict=False: not waited
     for (the transfer fails if the owner refuses; its wait says so). word_with_request: the
-    holder's word (notify(value, 0)) is queued right behind the request (over tcp the owner's
-    server tells the owner once its memory has been served). word_when_done: if the transfer
+    holder's word (notify(value, 0)) is queued right behind the request, and over tcp both leave
+    in one write (the owner's server tells the owner once its memory has been served). word_when_done: if the transfer
     completed as it started (shm's copies do) and succeeded, the holder's last word
     (notify(value, 0, last=True)) goes at once, with nothing of the caller's in between; `told`
     says whether it went (a word that could not go is left to the caller, who learns why when
@@ -98,13 +98,17 @@ def begin_transfer(aid, durl, uint64_t address, size_t size, bint write, keep, b
             what = "reg_memory"
         if rc == 0:
             what = NULL
-            if write:
+            if word_with_request:  # the request and the word in one write, where one connection carries both
+                if write:
+                    rc = clibd.libd_trdma_write_async_notify(t, size, raddr, p, value, &op)
+                else:
+                    rc = clibd.libd_trdma_read_async_notify(t, size, raddr, p, value, &op)
+                if rc != 0 and op != NULL:
+                    what = "notify"  # the transfer started; its word could not be queued
+            elif write:
                 rc = clibd.libd_trdma_write_async(t, size, raddr, p, &op)
             else:
                 rc = clibd.libd_trdma_read_async(t, size, raddr, p, &op)
-        if rc == 0 and word_with_request:
-            rc = clibd.libd_trdma_notify(t, value, 0)
-            what = "notify"
         if rc == 0 and verdict:
             what = NULL
             rc = clibd.libd_trdma_remote(t, &rsize, &rights)

@@ -37,7 +37,7 @@ extern "C" {
 #endif
 
 #define LIBD_VERSION_MAJOR 1
-#define LIBD_VERSION_MINOR 6
+#define LIBD_VERSION_MINOR 7
 
 typedef struct libd_action libd_action;
 typedef struct libd_transport libd_transport;
@@ -363,6 +363,16 @@ int libd_trdma_notify(libd_transport *trans, uint64_t value, int status);
  * — on a shared connection (share,1) the grant is let go of in the same write, so the owner, woken
  * by the word, finds nobody holding it. The transport moves no more data afterwards (terminate it). */
 int libd_trdma_notify_last(libd_transport *trans, uint64_t value, int status);
+/* A transfer and the holder's word right behind it (since 1.7): as libd_trdma_read_async (write)
+ * followed by libd_trdma_notify(trans, value, 0), except that where one connection carries both
+ * (tcp) the request and the word leave in one write and reach the owner's server in one read. The
+ * owner hears the word once its memory has been served (the server takes a connection's frames in
+ * order). On success *op is set, as libd_trdma_read_async sets it; if the transfer started and the
+ * word could not be queued, *op is set too and the word's error is returned (the transfer runs). */
+int libd_trdma_read_async_notify(libd_transport *trans, size_t size, uint64_t raddr, void *buf, uint64_t value,
+                                 libd_op **op);
+int libd_trdma_write_async_notify(libd_transport *trans, size_t size, uint64_t raddr, const void *buf,
+                                  uint64_t value, libd_op **op);
 
 /* An owner that polls for a holder's word drives the server itself (since 1.5), as an application
  * drives UCX's worker with ucp_worker_progress: each call runs the server's loop once, without

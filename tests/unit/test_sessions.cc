@@ -454,6 +454,69 @@ TEST_P(Shared, TheLastWordLetsGoOfTheGrantInTheSameWrite) {
   EXPECT_EQ(1u, o.server->connections()) << test::transport_error(first) << " | " << test::transport_error(t);
 }
 
+TEST_P(Shared, AWriteWithItsWordBehindItIsInTheOwnersMemoryWhenTheWordComes) {
+  std::vector<char> mem(4096, 0);
+  Owner o(mem);
+  auto *first = o.holder(GetParam(), o.grant());
+  ASSERT_EQ(0, libd_transport_connect(first)) << libd_last_error();  // the session: the next attach rides a request
+  auto g = o.grant();
+  auto *t = o.holder(GetParam(), g);
+  char *buf = nullptr;
+  ASSERT_EQ(0, libd_trdma_reg(t, 1024, reinterpret_cast<void **>(&buf)));
+  test::fill_random(buf, 1024, 17);
+  libd_op *op = nullptr;
+  ASSERT_EQ(0, libd_trdma_write_async_notify(t, 1024, 512, buf, 21, &op)) << libd_last_error();
+  libd::Notice n;
+  ASSERT_EQ(0, o.server->wait_notify(g.id, &n, 3000)) << libd_last_error();
+  EXPECT_EQ(21u, n.value);
+  EXPECT_EQ(0, n.status);
+  EXPECT_EQ(0, std::memcmp(mem.data() + 512, buf, 1024)) << "the word came before the data it follows";
+  EXPECT_EQ(0, libd_op_wait(op, 3000)) << libd_last_error();
+  libd_op_free(op);
+  EXPECT_EQ(1u, o.server->connections());
+}
+
+TEST_P(Shared, AReadWithItsWordBehindItMovesTheDataAndTellsTheOwner) {
+  std::vector<char> mem(4096);
+  test::fill_random(mem.data(), mem.size(), 5);
+  Owner o(mem);
+  auto g = o.grant();
+  auto *t = o.holder(GetParam(), g);
+  char *buf = nullptr;
+  ASSERT_EQ(0, libd_trdma_reg(t, 256, reinterpret_cast<void **>(&buf)));
+  for (uint64_t i = 0; i < 3; i++) {  // the first connects; the next ride the connection
+    libd_op *op = nullptr;
+    std::memset(buf, 0, 256);
+    ASSERT_EQ(0, libd_trdma_read_async_notify(t, 256, i * 256, buf, 40 + i, &op)) << libd_last_error();
+    ASSERT_EQ(0, libd_op_wait(op, 3000)) << libd_last_error();
+    libd_op_free(op);
+    EXPECT_EQ(0, std::memcmp(mem.data() + i * 256, buf, 256));
+    libd::Notice n;
+    ASSERT_EQ(0, o.server->wait_notify(g.id, &n, 3000)) << libd_last_error();
+    EXPECT_EQ(40 + i, n.value);
+  }
+}
+
+TEST(WordBehindARequest, AWordTheTransportCannotSendLeavesItsTransferRunning) {
+  auto a = make_action("words");
+  ASSERT_EQ(0, libd_action_add_transport(a.get(), "m;local;size,4096")) << libd_last_error();
+  auto *t = libd_action_get_transport(a.get(), "m");
+  char *buf = nullptr;
+  ASSERT_EQ(0, libd_trdma_reg(t, 64, reinterpret_cast<void **>(&buf)));
+  std::memset(buf, 7, 64);
+  libd_op *op = nullptr;
+  EXPECT_EQ(-EOPNOTSUPP, libd_trdma_write_async_notify(t, 64, 128, buf, 1, &op)) << "local memory has no owner to tell";
+  ASSERT_NE(nullptr, op) << "the transfer started all the same";
+  EXPECT_EQ(0, libd_op_wait(op, 3000)) << libd_last_error();
+  libd_op_free(op);
+  std::memset(buf, 0, 64);
+  ASSERT_EQ(0, libd_trdma_read(t, 64, 128, buf)) << libd_last_error();
+  EXPECT_EQ(7, buf[63]);
+  op = nullptr;
+  EXPECT_EQ(-EINVAL, libd_trdma_read_async_notify(nullptr, 64, 0, buf, 1, &op));
+  EXPECT_EQ(nullptr, op);
+}
+
 TEST_P(Shared, APlainWordKeepsTheGrantUntilTheHolderLeaves) {
   std::vector<char> mem(4096);
   Owner o(mem);

@@ -6,6 +6,7 @@
 
 #include "core/action.h"
 #include "core/error.h"
+#include "core/send_batch.h"
 #include "core/server_base.h"
 #include "core/transport.h"
 #include "ibv/device.h"
@@ -393,6 +394,26 @@ int libd_trdma_notify(libd_transport *t, uint64_t value, int status) {
 int libd_trdma_notify_last(libd_transport *t, uint64_t value, int status) {
   CHECK_T(t);
   return T(t)->notify(value, status, true);
+}
+
+namespace {
+// The transfer and the word in one SendBatch: a connection that carries both writes them together
+// when the batch ends.
+int start_with_word(libd_transport *t, OpKind kind, char *buf, size_t size, uint64_t raddr, uint64_t value,
+                    libd_op **op) {
+  libd::SendBatch batch;
+  if (int rc = start(t, kind, {{size, raddr, buf}}, op)) return rc;
+  return T(t)->notify(value, 0);
+}
+}  // namespace
+
+int libd_trdma_read_async_notify(libd_transport *t, size_t size, uint64_t raddr, void *buf, uint64_t value,
+                                 libd_op **op) {
+  return start_with_word(t, OpKind::Read, static_cast<char *>(buf), size, raddr, value, op);
+}
+int libd_trdma_write_async_notify(libd_transport *t, size_t size, uint64_t raddr, const void *buf, uint64_t value,
+                                  libd_op **op) {
+  return start_with_word(t, OpKind::Write, static_cast<char *>(const_cast<void *>(buf)), size, raddr, value, op);
 }
 
 }  // extern "C"

@@ -99,10 +99,16 @@ std::shared_ptr<TcpConn::OpState> TcpConn::enqueue_locked(const std::shared_ptr<
     encode_header(h, hdr);
     queue_locked(hdr, is_write ? s.buf : nullptr, is_write ? size_t(s.size) : 0, st);
   }
-  // A batch goes out in one system call. If the kernel could not take everything, the loop sends
-  // the rest when the socket is writable again.
-  if (!closed_ && !flush_locked()) want_loop_locked();
+  // A batch goes out in one system call (with what a SendBatch open on this thread adds behind
+  // it, when the batch ends). If the kernel could not take everything, the loop sends the rest
+  // when the socket is writable again.
+  if (!closed_ && !SendBatch::defer(shared_from_this()) && !flush_locked()) want_loop_locked();
   return st;
+}
+
+void TcpConn::flush_batched() {
+  Lock lk(mu_);
+  if (!closed_ && !sendq_.empty() && !flush_locked()) want_loop_locked();
 }
 
 bool TcpConn::refused_locked(uint32_t handle, const std::shared_ptr<Op> &op) {
@@ -305,7 +311,7 @@ int TcpConn::notify(uint64_t value, int status, uint32_t handle, bool detach) {
     }
     queue_detach_locked(handle, st);
   }
-  if (!flush_locked()) want_loop_locked();
+  if (!SendBatch::defer(shared_from_this()) && !flush_locked()) want_loop_locked();
   if (closed_) return set_error(close_err_, "the connection to the memory element is closed (" + close_why_ + ")");
   return 0;
 }

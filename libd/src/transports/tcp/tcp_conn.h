@@ -28,6 +28,7 @@
 #include <unordered_map>
 
 #include "core/op.h"
+#include "core/send_batch.h"
 #include "io/ioloop.h"
 #include "proto/auth.h"
 #include "proto/client_handshake.h"
@@ -37,7 +38,10 @@ namespace libd {
 
 using TcpCredentials = proto::Credentials;
 
-class TcpConn : public proto::FrameReader::Handler, public OpDriver, public std::enable_shared_from_this<TcpConn> {
+class TcpConn : public proto::FrameReader::Handler,
+                public OpDriver,
+                public BatchedSender,
+                public std::enable_shared_from_this<TcpConn> {
  public:
   using FailFn = std::function<void(int err, const std::string &why)>;
 
@@ -56,6 +60,8 @@ class TcpConn : public proto::FrameReader::Handler, public OpDriver, public std:
   void run(const std::shared_ptr<Op> &op, uint32_t handle = 0, uint32_t spin_us = 0);
   // Detaches an operation (cancel): on return the connection no longer touches its buffers.
   void cancel(Op *op) override;
+  // The end of a SendBatch that held this connection's sends back: they go now.
+  void flush_batched() override;
   // A waiter that polls (libd_op_poll) reads what the socket holds itself when nobody else is
   // reading right now: its answer is taken without the loop's thread being woken for it.
   void progress(Op *waiting) override;
