@@ -26,6 +26,7 @@ cdef extern from "libd.h" nogil:
         LIBD_CAP_NOTIFY
         LIBD_CAP_LAZY_CONNECT
         LIBD_CAP_SERVER
+        LIBD_WORD_LAST
 
     const char *libd_strerror(int err)
     const char *libd_last_error()
@@ -119,6 +120,9 @@ cdef extern from "libd.h" nogil:
     int libd_trdma_notify(libd_transport *trans, uint64_t value, int status)
     int libd_trdma_notify_last(libd_transport *trans, uint64_t value, int status)
     int libd_trdma_read_async_notify(libd_transport *trans, size_t size, uint64_t raddr, void *buf, uint64_t value,
-                                     libd_op **op)
+                                     unsigned flags, libd_op **op)
     int libd_trdma_write_async_notify(libd_transport *trans, size_t size, uint64_t raddr, const void *buf,
-                                      uint64_t value, libd_op **op)
+                                      uint64_t value, unsigned flags, libd_op **op)
+    int libd_trdma_read_async_last(libd_transport *trans, size_t size, uint64_t raddr, void *buf, libd_op **op)
+    int libd_trdma_write_async_last(libd_transport *trans, size_t size, uint64_t raddr, const void *buf,
+                                    libd_op **op)

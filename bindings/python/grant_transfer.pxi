@@ -53,7 +53,7 @@ cdef class GrantTransfer(Operation):
 
 
 def begin_transfer(aid, durl, uint64_t address, size_t size, bint write, keep, bint word_with_request=False,
-                   uint64_t value=0, bint word_when_done=False, uint64_t raddr=0, bint verdict=True):
+                   uint64_t value=0, bint word_when_done=False, uint64_t raddr=0, bint verdict=True, bint last=False):
     """Starts one transfer between local memory [address, address+size) (`keep` owns it and is
     held as long as the transfer may touch it) and offset `raddr` of the memory a durl's grant opens,
     on a transport of its own (named by the durl, in an action named `aid`), and takes the
@@ -65,7 +65,10 @@ def begin_transfer(aid, durl, uint64_t address, size_t size, bint write, keep, b
     completed as it started (shm's copies do) and succeeded, the holder's last word
     (notify(value, 0, last=True)) goes at once, with nothing of the caller's in between; `told`
     says whether it went (a word that could not go is left to the caller, who learns why when
-    it sends it). Returns the GrantTransfer."""
+    it sends it). last: the transfer is the holder's last (the word, if it goes with the request,
+    is its last word): over a shared tcp connection the grant is let go of right behind the
+    request, in the same write, so that terminate sends nothing (the transfer still completes;
+    nothing more moves on it). Returns the GrantTransfer."""
     if size == 0 or address == 0:
         raise ValueError("begin_transfer: address and size must be non-zero")
     baid, bdurl = _b(aid), _b(durl)
@@ -78,6 +81,7 @@ def begin_transfer(aid, durl, uint64_t address, size_t size, bint write, keep, b
     cdef uint64_t rsize = 0
     cdef unsigned rights = 0
     cdef int rc = 0
+    cdef unsigned flags = 0
     cdef bint made = True
     cdef const char *what = NULL  # what failed, as the general objects' messages name it
     g._keep = keep  # before the transfer starts: the memory outlives it whatever happens next
@@ -99,12 +103,20 @@ def begin_transfer(aid, durl, uint64_t address, size_t size, bint write, keep, b
         if rc == 0:
             what = NULL
             if word_with_request:  # the request and the word in one write, where one connection carries both
+                flags = clibd.LIBD_WORD_LAST if last else 0
                 if write:
-                    rc = clibd.libd_trdma_write_async_notify(t, size, raddr, p, value, &op)
+                    rc = clibd.libd_trdma_write_async_notify(t, size, raddr, p, value, flags, &op)
                 else:
-                    rc = clibd.libd_trdma_read_async_notify(t, size, raddr, p, value, &op)
+                    rc = clibd.libd_trdma_read_async_notify(t, size, raddr, p, value, flags, &op)
                 if rc != 0 and op != NULL:
                     what = "notify"  # the transfer started; its word could not be queued
+            elif last:  # the request and the grant's release in one write
+                if write:
+                    rc = clibd.libd_trdma_write_async_last(t, size, raddr, p, &op)
+                else:
+                    rc = clibd.libd_trdma_read_async_last(t, size, raddr, p, &op)
+                if rc != 0 and op != NULL:
+                    what = "let_go"
             elif write:
                 rc = clibd.libd_trdma_write_async(t, size, raddr, p, &op)
             else:

@@ -368,11 +368,20 @@ int libd_trdma_notify_last(libd_transport *trans, uint64_t value, int status);
  * (tcp) the request and the word leave in one write and reach the owner's server in one read. The
  * owner hears the word once its memory has been served (the server takes a connection's frames in
  * order). On success *op is set, as libd_trdma_read_async sets it; if the transfer started and the
- * word could not be queued, *op is set too and the word's error is returned (the transfer runs). */
+ * word could not be queued, *op is set too and the word's error is returned (the transfer runs).
+ * flags: LIBD_WORD_LAST for the holder's last word (the grant let go of in the same write). */
+#define LIBD_WORD_LAST 1u  /* the word is the holder's last (libd_trdma_notify_last) */
 int libd_trdma_read_async_notify(libd_transport *trans, size_t size, uint64_t raddr, void *buf, uint64_t value,
-                                 libd_op **op);
+                                 unsigned flags, libd_op **op);
 int libd_trdma_write_async_notify(libd_transport *trans, size_t size, uint64_t raddr, const void *buf,
-                                  uint64_t value, libd_op **op);
+                                  uint64_t value, unsigned flags, libd_op **op);
+/* The holder's last transfer (since 1.7): as libd_trdma_read_async (write), and the holder is done
+ * with the grant once it has been answered — on a shared connection (share,1) the grant is let go
+ * of right behind the request, in the same write, as libd_trdma_notify_last lets go of it behind
+ * the word. The operation completes as any other; the transport moves no more data (terminate it
+ * once the operation is over). Errors as libd_trdma_read_async_notify's. */
+int libd_trdma_read_async_last(libd_transport *trans, size_t size, uint64_t raddr, void *buf, libd_op **op);
+int libd_trdma_write_async_last(libd_transport *trans, size_t size, uint64_t raddr, const void *buf, libd_op **op);
 
 /* An owner that polls for a holder's word drives the server itself (since 1.5), as an application
  * drives UCX's worker with ucp_worker_progress: each call runs the server's loop once, without

@@ -396,6 +396,27 @@ def test_begin_transfer_moves_one_grants_memory_in_one_call_and_says_what_failed
         assert first_word(srv, grant) == (0xCAFE, 0)
         shm.terminate()
 
+        # The holder's last transfer, with its last word and without a word: the grant let go of
+        # behind the request (terminate sends nothing more); the shared connection serves on.
+        local[:] = bytes(16)
+        t = disagg.begin_transfer("bt-last", f"d0;tcp;{where};share,1;timeout_ms,5000;{creds}", address, 16, False,
+                                  local, True, 0xD00D, last=True)
+        t.wait(5)
+        assert t.status == 0 and bytes(local) == bytes(lent)
+        assert first_word(srv, grant) == (0xD00D, 0)
+        t.terminate()
+        for i in range(3):
+            local[:] = bytes(16)
+            t = disagg.begin_transfer(f"bt-last-{i}", f"d0;tcp;{where};share,1;timeout_ms,5000;{creds}", address, 16,
+                                      False, local, last=True)
+            t.wait(5)
+            assert t.status == 0 and bytes(local) == bytes(lent)
+            t.terminate()
+        for i in range(3):  # a holder that let go without a word: the owner hears that, once each
+            with pytest.raises(ConnectionError, match="without saying it finished"):
+                srv.poll_notify(grant)
+        assert srv.poll_notify(grant) is None
+
         local[:] = b"x" * 16
         t = disagg.begin_transfer("bt-writer", f"d0;tcp;{where};timeout_ms,5000;{creds}", address, 16, True, local)
         t.wait(5)

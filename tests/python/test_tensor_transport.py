@@ -138,9 +138,10 @@ def test_a_receive_of_one_tensor_is_one_transfer_of_its_own_that_leaves_no_link(
     made = []
     real = RdmaManager._one_transfer
 
-    def counting(self, remote, *args):
+    def counting(self, remote, *args, **kwargs):
+        assert kwargs.get("last"), "a receive's transfer is its last through the key"
         made.append(remote.route)
-        return real(self, remote, *args)
+        return real(self, remote, *args, **kwargs)
 
     monkeypatch.setattr(RdmaManager, "_one_transfer", counting)
     first = numpy.arange(64, dtype=numpy.float32)

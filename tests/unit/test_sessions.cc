@@ -3,7 +3,9 @@
 // opens, and when it stops opening anything, is exactly what it is on a connection of its own.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstring>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -465,7 +467,7 @@ TEST_P(Shared, AWriteWithItsWordBehindItIsInTheOwnersMemoryWhenTheWordComes) {
   ASSERT_EQ(0, libd_trdma_reg(t, 1024, reinterpret_cast<void **>(&buf)));
   test::fill_random(buf, 1024, 17);
   libd_op *op = nullptr;
-  ASSERT_EQ(0, libd_trdma_write_async_notify(t, 1024, 512, buf, 21, &op)) << libd_last_error();
+  ASSERT_EQ(0, libd_trdma_write_async_notify(t, 1024, 512, buf, 21, 0, &op)) << libd_last_error();
   libd::Notice n;
   ASSERT_EQ(0, o.server->wait_notify(g.id, &n, 3000)) << libd_last_error();
   EXPECT_EQ(21u, n.value);
@@ -487,7 +489,7 @@ TEST_P(Shared, AReadWithItsWordBehindItMovesTheDataAndTellsTheOwner) {
   for (uint64_t i = 0; i < 3; i++) {  // the first connects; the next ride the connection
     libd_op *op = nullptr;
     std::memset(buf, 0, 256);
-    ASSERT_EQ(0, libd_trdma_read_async_notify(t, 256, i * 256, buf, 40 + i, &op)) << libd_last_error();
+    ASSERT_EQ(0, libd_trdma_read_async_notify(t, 256, i * 256, buf, 40 + i, 0, &op)) << libd_last_error();
     ASSERT_EQ(0, libd_op_wait(op, 3000)) << libd_last_error();
     libd_op_free(op);
     EXPECT_EQ(0, std::memcmp(mem.data() + i * 256, buf, 256));
@@ -505,7 +507,7 @@ TEST(WordBehindARequest, AWordTheTransportCannotSendLeavesItsTransferRunning) {
   ASSERT_EQ(0, libd_trdma_reg(t, 64, reinterpret_cast<void **>(&buf)));
   std::memset(buf, 7, 64);
   libd_op *op = nullptr;
-  EXPECT_EQ(-EOPNOTSUPP, libd_trdma_write_async_notify(t, 64, 128, buf, 1, &op)) << "local memory has no owner to tell";
+  EXPECT_EQ(-EOPNOTSUPP, libd_trdma_write_async_notify(t, 64, 128, buf, 1, 0, &op)) << "local memory has no owner to tell";
   ASSERT_NE(nullptr, op) << "the transfer started all the same";
   EXPECT_EQ(0, libd_op_wait(op, 3000)) << libd_last_error();
   libd_op_free(op);
@@ -513,8 +515,89 @@ TEST(WordBehindARequest, AWordTheTransportCannotSendLeavesItsTransferRunning) {
   ASSERT_EQ(0, libd_trdma_read(t, 64, 128, buf)) << libd_last_error();
   EXPECT_EQ(7, buf[63]);
   op = nullptr;
-  EXPECT_EQ(-EINVAL, libd_trdma_read_async_notify(nullptr, 64, 0, buf, 1, &op));
+  EXPECT_EQ(-EINVAL, libd_trdma_read_async_notify(nullptr, 64, 0, buf, 1, 0, &op));
   EXPECT_EQ(nullptr, op);
+  EXPECT_EQ(-EINVAL, libd_trdma_read_async_notify(t, 64, 0, buf, 1, 0x40, &op)) << "an unknown flag";
+  EXPECT_EQ(nullptr, op);
+}
+
+// Waits until the server counts `n` holders of the grant (a DETACH is read by the server's loop).
+void wait_holders(libd::MemoryServer &server, const std::string &grant, size_t n) {
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (server.holders(grant) != n && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+  ASSERT_EQ(n, server.holders(grant));
+}
+
+TEST_P(Shared, ALastTransferLetsGoOfTheGrantOnceAnswered) {
+  std::vector<char> mem(4096);
+  test::fill_random(mem.data(), mem.size(), 13);
+  Owner o(mem);
+  auto *first = o.holder(GetParam(), o.grant());
+  ASSERT_EQ(0, libd_transport_connect(first)) << libd_last_error();
+  auto g = o.grant();
+  auto *t = o.holder(GetParam(), g);
+  char *buf = nullptr;
+  ASSERT_EQ(0, libd_trdma_reg(t, 512, reinterpret_cast<void **>(&buf)));
+  libd_op *op = nullptr;
+  ASSERT_EQ(0, libd_trdma_read_async_last(t, 512, 1024, buf, &op)) << libd_last_error();
+  ASSERT_EQ(0, libd_op_wait(op, 3000)) << "the read completes all the same: " << libd_last_error();
+  libd_op_free(op);
+  EXPECT_EQ(0, std::memcmp(mem.data() + 1024, buf, 512));
+  if (GetParam() == "tcp") {
+    wait_holders(*o.server, g.id, 0);  // let go of behind the request, before any terminate
+    EXPECT_NE(0, libd_trdma_read(t, 64, 0, buf)) << "the holder let go of the grant";
+  }
+  ASSERT_EQ(0, libd_transport_terminate(t));
+  wait_holders(*o.server, g.id, 0);
+  EXPECT_EQ(1u, o.server->connections()) << "the session goes on for the others";
+  char *fbuf = nullptr;
+  ASSERT_EQ(0, libd_trdma_reg(first, 64, reinterpret_cast<void **>(&fbuf)));
+  EXPECT_EQ(0, libd_trdma_read(first, 64, 0, fbuf)) << libd_last_error();
+}
+
+TEST_P(Shared, ALastWriteWithItsLastWordLeavesNobodyHoldingTheGrant) {
+  std::vector<char> mem(4096, 0);
+  Owner o(mem);
+  auto *first = o.holder(GetParam(), o.grant());
+  ASSERT_EQ(0, libd_transport_connect(first)) << libd_last_error();
+  auto g = o.grant();
+  auto *t = o.holder(GetParam(), g);
+  char *buf = nullptr;
+  ASSERT_EQ(0, libd_trdma_reg(t, 256, reinterpret_cast<void **>(&buf)));
+  test::fill_random(buf, 256, 29);
+  libd_op *op = nullptr;
+  ASSERT_EQ(0, libd_trdma_write_async_notify(t, 256, 0, buf, 33, LIBD_WORD_LAST, &op)) << libd_last_error();
+  libd::Notice n;
+  ASSERT_EQ(0, o.server->wait_notify(g.id, &n, 3000)) << libd_last_error();
+  EXPECT_EQ(33u, n.value);
+  EXPECT_EQ(0, std::memcmp(mem.data(), buf, 256));
+  EXPECT_EQ(0u, o.server->holders(g.id)) << "the DETACH is counted before the word is handed over";
+  EXPECT_EQ(0, libd_op_wait(op, 3000)) << libd_last_error();
+  libd_op_free(op);
+  ASSERT_EQ(0, libd_transport_terminate(t));
+  EXPECT_EQ(0, o.server->revoke(g.id));
+  EXPECT_EQ(1u, o.server->connections());
+}
+
+TEST(SharedTcp, ALastReadOnARevokedGrantFailsWithTheRefusal) {
+  std::vector<char> mem(4096);
+  Owner o(mem);
+  auto *first = o.holder("tcp", o.grant());
+  ASSERT_EQ(0, libd_transport_connect(first)) << libd_last_error();
+  auto g = o.grant();
+  ASSERT_EQ(0, o.server->revoke(g.id));
+  auto *t = o.holder("tcp", g);
+  char *buf = nullptr;
+  ASSERT_EQ(0, libd_trdma_reg(t, 64, reinterpret_cast<void **>(&buf)));
+  libd_op *op = nullptr;
+  ASSERT_EQ(0, libd_trdma_read_async_last(t, 64, 0, buf, &op)) << libd_last_error();
+  EXPECT_EQ(-EACCES, libd_op_wait(op, 5000));
+  libd_op_free(op);
+  ASSERT_EQ(0, libd_transport_terminate(t));
+  char *fbuf = nullptr;
+  ASSERT_EQ(0, libd_trdma_reg(first, 64, reinterpret_cast<void **>(&fbuf)));
+  EXPECT_EQ(0, libd_trdma_read(first, 64, 0, fbuf)) << "the session goes on: " << libd_last_error();
+  EXPECT_EQ(1u, o.server->connections());
 }
 
 TEST_P(Shared, APlainWordKeepsTheGrantUntilTheHolderLeaves) {

@@ -399,21 +399,36 @@ int libd_trdma_notify_last(libd_transport *t, uint64_t value, int status) {
 namespace {
 // The transfer and the word in one SendBatch: a connection that carries both writes them together
 // when the batch ends.
+// (flags: LIBD_WORD_LAST, or kNoWord for a last transfer without a word.)
+constexpr unsigned kNoWord = 1u << 31;
+
 int start_with_word(libd_transport *t, OpKind kind, char *buf, size_t size, uint64_t raddr, uint64_t value,
-                    libd_op **op) {
+                    unsigned flags, libd_op **op) {
+  if (flags & ~(LIBD_WORD_LAST | kNoWord)) return set_error(-EINVAL, "unknown flags");
   libd::SendBatch batch;
   if (int rc = start(t, kind, {{size, raddr, buf}}, op)) return rc;
-  return T(t)->notify(value, 0);
+  if (flags & kNoWord) return T(t)->let_go();
+  return T(t)->notify(value, 0, (flags & LIBD_WORD_LAST) != 0);
 }
+
+char *writable(const void *buf) { return static_cast<char *>(const_cast<void *>(buf)); }
 }  // namespace
 
 int libd_trdma_read_async_notify(libd_transport *t, size_t size, uint64_t raddr, void *buf, uint64_t value,
-                                 libd_op **op) {
-  return start_with_word(t, OpKind::Read, static_cast<char *>(buf), size, raddr, value, op);
+                                 unsigned flags, libd_op **op) {
+  if (flags & kNoWord) return set_error(-EINVAL, "unknown flags");
+  return start_with_word(t, OpKind::Read, writable(buf), size, raddr, value, flags, op);
 }
 int libd_trdma_write_async_notify(libd_transport *t, size_t size, uint64_t raddr, const void *buf, uint64_t value,
-                                  libd_op **op) {
-  return start_with_word(t, OpKind::Write, static_cast<char *>(const_cast<void *>(buf)), size, raddr, value, op);
+                                  unsigned flags, libd_op **op) {
+  if (flags & kNoWord) return set_error(-EINVAL, "unknown flags");
+  return start_with_word(t, OpKind::Write, writable(buf), size, raddr, value, flags, op);
+}
+int libd_trdma_read_async_last(libd_transport *t, size_t size, uint64_t raddr, void *buf, libd_op **op) {
+  return start_with_word(t, OpKind::Read, writable(buf), size, raddr, 0, kNoWord, op);
+}
+int libd_trdma_write_async_last(libd_transport *t, size_t size, uint64_t raddr, const void *buf, libd_op **op) {
+  return start_with_word(t, OpKind::Write, writable(buf), size, raddr, 0, kNoWord, op);
 }
 
 }  // extern "C"

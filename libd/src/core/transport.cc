@@ -572,6 +572,11 @@ int Transport::notify(uint64_t value, int status, bool last) {
   return when_ready(deadline, [&](std::shared_lock<IoGate> &io) { return do_notify(value, status, last, io, deadline); });
 }
 
+int Transport::let_go() {
+  if (kind() != LIBD_KIND_RDMA) return unsupported("let_go");
+  return when_ready(op_deadline(), [&](std::shared_lock<IoGate> &io) { return do_let_go(io); });
+}
+
 int Transport::do_map(void **addr, uint64_t *size) {
   (void)addr, (void)size;
   return set_error(-EOPNOTSUPP, "transport " + quote(name_) + " (" + impl_name() +

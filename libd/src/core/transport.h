@@ -92,6 +92,11 @@ class Transport : public libd_transport {
   // every transfer the caller already saw complete. Waits for READY like an operation.
   // last: the holder is done with the grant (libd_trdma_notify_last).
   int notify(uint64_t value, int status, bool last = false);
+  // The holder is done with the grant once what it started has been answered (its last transfer
+  // is under way): on a shared connection the grant is let go of behind it, in the same write
+  // when a SendBatch holds the request back (libd_trdma_read_async_last). The transport moves no
+  // more data afterwards; what it started still completes.
+  int let_go();
   // A mapping of the memory this transport reaches, for the caller to read (and, under a writable
   // grant, write) in place (libd_trdma_map). Connects first if it must.
   int map(void **addr, uint64_t *size);
@@ -172,6 +177,12 @@ class Transport : public libd_transport {
   virtual int do_notify(uint64_t value, int status, bool last, std::shared_lock<IoGate> &io, Deadline deadline) {
     (void)value, (void)status, (void)last, (void)io, (void)deadline;
     return unsupported("notify");
+  }
+  // let_go(): an engine whose connection the grant is attached to says so behind the requests
+  // sent (tcp's shared connection); for the others terminate does all there is to do.
+  virtual int do_let_go(std::shared_lock<IoGate> &io) {
+    (void)io;
+    return 0;
   }
 
   // faults,1 is on for every transport of this implementation (`fake`: local memory with faults).

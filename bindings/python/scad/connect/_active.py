@@ -122,15 +122,16 @@ class ActiveOperation(OperationBase):
 
     def _start_one(self, begin_transfer: Any, remote: Any, where: str) -> None:
         """One descriptor (the common case): the binding makes its transport, starts the transfer
-        (which attaches the grant), queues the word behind it over tcp, takes the owner's
-        verdict, and over shm, where the copy is done as it starts, sends the word and lets go of
-        the grant: all in one call, nothing of Python's between the copy and the owner's word.
-        What it returns is the action, the transport and the transfer."""
+        (which attaches the grant), queues the word behind it over tcp (the last word: the grant
+        is let go of in the same write, so ending the operation sends nothing more), takes the
+        owner's verdict, and over shm, where the copy is done as it starts, sends the word and
+        lets go of the grant: all in one call, nothing of Python's between the copy and the
+        owner's word. What it returns is the action, the transport and the transfer."""
         local = self._descs[0]
         local.register_memory(self._connector)
         t = begin_transfer(self._connector.name, f"d0;{self.impl};{where};grant,{remote.grant};secret,{remote.secret}",
                            local.ptr, local.size, self._kind is not OperationKind.READ, local, self._pipelined,
-                           self._value, not self._pipelined)
+                           self._value, not self._pipelined, last=self._pipelined)
         self._told = t.told
         self._action = t
         self._transports.append(t)

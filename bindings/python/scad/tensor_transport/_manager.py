@@ -355,7 +355,7 @@ class ScadTensorTransport(_Base):
 
         def begin() -> None:
             try:
-                made.append(manager._one_transfer(buf, local, self._busy_poll_us))
+                made.append(manager._one_transfer(buf, local, self._busy_poll_us, last=True))
             except (PermissionError, ConnectionError) as e:
                 raise _refusal(e, impl, False) from None
             receive.track(made[0])  # an abort from now on cancels it
@@ -376,7 +376,7 @@ class ScadTensorTransport(_Base):
             finally:
                 if made:
                     receive.untrack(made[0])
-                    made[0].terminate()  # lets go of the key (over tcp the owner's server hears so)
+                    made[0].terminate()  # (over tcp the owner's server heard of it behind the request)
         except CancelledError:
             raise ConnectionAbortedError(f"the receive of object {receive.obj_id} was aborted") from None
         manager._mark_reached(buf)

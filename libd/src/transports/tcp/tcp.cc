@@ -134,11 +134,16 @@ class TcpTransport : public Transport {
   }
 
   void do_disconnect() override {
+    bool unsettled = unsettled_;
     unsettled_ = false;
     if (!conn_) return;
     if (shared_) {
-      // The connection stays, for the next transport; a last word detached this one already.
-      if (!detached_) conn_->detach(handle_);
+      // The connection stays, for the next transport; a last word (or let_go) detached this one
+      // already, and left the record of an ATTACH whose verdict nobody read.
+      if (!detached_)
+        conn_->detach(handle_);
+      else if (unsettled)
+        conn_->forget_attach(handle_);
     } else {
       conn_->close(-ECONNABORTED, "the transport was closed");
     }
@@ -168,6 +173,15 @@ class TcpTransport : public Transport {
     if (detach) detached_ = true;  // terminate then has nothing left to say
     io.unlock();
     return conn->notify(value, status, handle, detach);
+  }
+
+  int do_let_go(std::shared_lock<IoGate> &io) override {
+    if (!shared_ || !conn_ || detached_) return 0;  // a connection of its own goes at terminate
+    auto conn = conn_;
+    uint32_t handle = handle_;
+    detached_ = true;  // terminate then has nothing left to say
+    io.unlock();
+    return conn->let_go(handle);
   }
 
  private:

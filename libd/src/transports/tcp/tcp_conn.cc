@@ -302,18 +302,37 @@ int TcpConn::notify(uint64_t value, int status, uint32_t handle, bool detach) {
   char hdr[kHeaderSize];
   encode_notify(value, status, hdr, handle);
   queue_locked(hdr, nullptr, 0, st);
-  if (detach && session_) {
-    users_.erase(handle);
-    auto pending = attaches_.find(handle);
-    if (pending != attaches_.end() && pending->second.async) {
-      if (!pending->second.done) attaching_--;
-      attaches_.erase(pending);
-    }
-    queue_detach_locked(handle, st);
-  }
+  if (detach && session_) detach_behind_locked(handle, st);
   if (!SendBatch::defer(shared_from_this()) && !flush_locked()) want_loop_locked();
   if (closed_) return set_error(close_err_, "the connection to the memory element is closed (" + close_why_ + ")");
   return 0;
+}
+
+int TcpConn::let_go(uint32_t handle) {
+  Lock lk(mu_);
+  if (closed_) return set_error(-ENOTCONN, "the connection to the memory element is closed (" + close_why_ + ")");
+  if (!session_ || ended_.count(handle)) return 0;  // nothing attached any more
+  auto st = std::make_shared<OpState>();
+  detach_behind_locked(handle, st);
+  if (!SendBatch::defer(shared_from_this()) && !flush_locked()) want_loop_locked();
+  return 0;
+}
+
+void TcpConn::detach_behind_locked(uint32_t handle, const std::shared_ptr<OpState> &st) {
+  // Unlike detach(), the handle's operations go on: their answers come before the server reads
+  // the DETACH, and complete them as any answer does. An ATTACH not answered yet keeps its record:
+  // a refusal fails the requests that followed it with the refusal itself, and verdict() still
+  // reads it (forget_attach() lets go of it when the transport ends unsettled).
+  users_.erase(handle);
+  queue_detach_locked(handle, st);
+}
+
+void TcpConn::forget_attach(uint32_t handle) {
+  Lock lk(mu_);
+  auto pending = attaches_.find(handle);
+  if (pending == attaches_.end() || !pending->second.async) return;
+  if (!pending->second.done) attaching_--;  // its answer, when it comes, finds nobody
+  attaches_.erase(pending);
 }
 
 uint32_t TcpConn::queue_attach_locked(const TcpCredentials &creds, bool flush) {

@@ -83,6 +83,12 @@ class TcpConn : public proto::FrameReader::Handler,
   // Queues a NOTIFY behind everything sent so far (it has no answer). -ENOTCONN if closed.
   // detach: and the DETACH of `handle` in the same write (its operations are all done).
   int notify(uint64_t value, int status, uint32_t handle = 0, bool detach = false);
+  // Queues the DETACH of `handle` behind everything sent so far: the server lets go of the grant
+  // once it has answered the handle's requests, which still complete here.
+  int let_go(uint32_t handle);
+  // The verdict on `handle`'s ATTACH will not be asked for (its transport ended unsettled after
+  // letting go of the grant): its record goes.
+  void forget_attach(uint32_t handle);
   // Closes the connection; pending operations fail with err. Waits until the loop let go of it.
   void close(int err, const std::string &why);
 
@@ -168,6 +174,8 @@ class TcpConn : public proto::FrameReader::Handler,
   void cut_handle_locked(uint32_t handle, int reason);                 // DETACHED
   void queue_locked(const char *hdr, const char *data, size_t len, const std::shared_ptr<OpState> &st);
   void queue_detach_locked(uint32_t handle, const std::shared_ptr<OpState> &st);  // a DETACH frame, not flushed
+  // The handle let go of behind what it sent (its operations go on): a DETACH queued, not flushed.
+  void detach_behind_locked(uint32_t handle, const std::shared_ptr<OpState> &st);
   bool flush_locked();  // true when sendq_ is empty
   void read_locked();   // consumes what the socket holds
   void maybe_finish_locked(const std::shared_ptr<OpState> &st);
