@@ -96,6 +96,38 @@ def test_targets_that_do_not_match_the_tensors_one_by_one_are_refused():
         t.garbage_collect("empty", meta)
 
 
+def test_a_lone_tensors_target_that_does_not_fit_is_refused_and_nothing_is_left_behind():
+    """An object of one tensor into a given array: the wrong size, a read-only array, a strided
+    view and an array of Python objects are each refused with what is wrong, the array untouched;
+    a fitting one is filled in place, and the receive leaves no record of itself (nothing listed
+    for abort_transport, no route held)."""
+    t = ScadTensorTransport()
+    lent = numpy.arange(16, dtype=numpy.float32)
+    meta = t.extract_tensor_transport_metadata("lone", [lent])
+    try:
+        t.recv_multiple_tensors("lone", meta, t.get_communicator_metadata())  # the owner's server reached
+        small = numpy.zeros(8, dtype=numpy.float32)
+        with pytest.raises(ValueError, match="a target of 32 bytes for tensor 0 of 64"):
+            t.recv_multiple_tensors("lone", meta, t.get_communicator_metadata(), target_buffers=[small])
+        frozen = numpy.zeros(16, dtype=numpy.float32)
+        frozen.flags.writeable = False
+        with pytest.raises(ValueError, match="read-only"):
+            t.recv_multiple_tensors("lone", meta, t.get_communicator_metadata(), target_buffers=[frozen])
+        strided = numpy.zeros(32, dtype=numpy.float32)[::2]
+        with pytest.raises(ValueError, match="C-contiguous"):
+            t.recv_multiple_tensors("lone", meta, t.get_communicator_metadata(), target_buffers=[strided])
+        objects = numpy.empty(16, dtype=object)
+        with pytest.raises(TypeError, match="Python objects"):
+            t.recv_multiple_tensors("lone", meta, t.get_communicator_metadata(), target_buffers=[objects])
+        assert not small.any() and not frozen.any() and not strided.any()
+        into = numpy.zeros(16, dtype=numpy.float32)
+        got = t.recv_multiple_tensors("lone", meta, t.get_communicator_metadata(), target_buffers=[into])
+        assert got[0] is into and (into == lent).all()
+        assert not t._receiving and not t._routes
+    finally:
+        t.garbage_collect("lone", meta)
+
+
 @pytest.mark.parametrize("tensors", [1, 3])
 def test_a_source_whose_keys_cannot_be_made_lends_nothing(monkeypatch, tensors):
     """The buffers' keys are made as their records are written: a failure there takes back

@@ -22,6 +22,7 @@ import numpy
 
 from ..rdma import RdmaBuffer, RdmaManager
 from ..rdma._key_link import refusal as _refusal
+from .._memserver import from_binding
 from .._waiter import poll_until, wait_in_thread
 from ._metadata import CommunicatorMetadata, FetchRequest, ScadCommunicatorMetadata, ScadTransportMetadata
 
@@ -32,6 +33,7 @@ except ImportError:  # pragma: no cover - depends on the environment
 
 
 _ONE_SHOT = ("shm", "tcp")  # transports on which a receive of one buffer is one transfer of its own
+_buffer_info = from_binding("buffer_info")  # (address, size, readonly) of an array, in one call
 
 
 class _Loop:
@@ -270,6 +272,10 @@ class ScadTensorTransport(_Base):
     # ---- the source ---------------------------------------------------------------------
     def extract_tensor_transport_metadata(self, obj_id: str, rdt_object: List[Any]) -> ScadTransportMetadata:
         """Lends the object's tensors in place and describes them (shape, dtype, buffer)."""
+        if len(rdt_object) == 1 and type(rdt_object[0]) is numpy.ndarray:
+            lone = self._lend_lone(obj_id, rdt_object[0])
+            if lone is not None:
+                return lone
         manager = RdmaManager.get()
         memories = [_memory(t) for t in rdt_object]
         nonempty = [m for m in memories if m.nbytes]
@@ -302,6 +308,22 @@ class ScadTensorTransport(_Base):
             return ScadTransportMetadata(tensor_meta=meta, tensor_device="cpu", buffers=[], lent_list=records[0])
         return ScadTransportMetadata(tensor_meta=meta, tensor_device="cpu", buffers=records)
 
+    def _lend_lone(self, obj_id: str, tensor: numpy.ndarray) -> Optional[ScadTransportMetadata]:
+        """The common object, one numpy array with bytes in it, lent under a key of its own with
+        no view made of it; None for anything else (the general path lends it or says why not)."""
+        if tensor.dtype.hasobject or not tensor.flags.c_contiguous or not tensor.nbytes:
+            return None
+        buf = RdmaManager.get().request_buffer(tensor)
+        try:
+            record = buf.to_json()  # the key is made here: a failure leaves nothing lent
+        except BaseException:
+            buf.drop()
+            raise
+        with self._lock:
+            self._lent.setdefault(obj_id, []).append(buf)
+        _counters.lent(1, tensor.nbytes)
+        return ScadTransportMetadata(tensor_meta=[(tensor.shape, tensor.dtype)], tensor_device="cpu", buffers=[record])
+
     def get_communicator_metadata(self, src_actor: Any = None, dst_actor: Any = None,
                                   backend: Optional[str] = None) -> CommunicatorMetadata:
         return ScadCommunicatorMetadata()
@@ -328,6 +350,9 @@ class ScadTensorTransport(_Base):
         object's buffers, and their owners' servers have been reached before, so no handshake can
         hold it up), the reads start and are waited for in the calling thread, in libd with the
         GIL released: no hand-off to the module's loop thread and back."""
+        single = self._single(tensor_transport_metadata, target_buffers)
+        if single is not None:
+            return self._recv_single(obj_id, *single)
         out, reads = self._targets(tensor_transport_metadata, target_buffers)
         manager = RdmaManager.get()
         routes = [buf.route for buf, _ in reads]
@@ -346,16 +371,62 @@ class ScadTensorTransport(_Base):
             self._end(receive, routes)
         return out
 
-    def _recv_one(self, receive: _Receive, buf: RdmaBuffer, local: numpy.ndarray, impl: str) -> None:
+    @staticmethod
+    def _single(meta: Any, target_buffers: Optional[List[Any]]) -> Optional[tuple]:
+        """The common object, one numpy tensor under a key of its own, read into a numpy array
+        over shm or tcp from an owner reached before: (target, buffer, (transport, durl, address,
+        size)) for _recv_single, which makes no link and reserves no route (the transfer is one
+        of its own). None for anything else, or anything amiss: the general path then receives
+        it, or says what is wrong."""
+        if type(meta) is not ScadTransportMetadata or meta.lent_list or _buffer_info is None:
+            return None
+        records, described = meta.buffers, meta.tensor_meta
+        if len(records) != 1 or len(described) != 1 or not records[0]:
+            return None
+        if target_buffers is None:
+            shape, dtype = described[0]
+            if not isinstance(dtype, numpy.dtype) or dtype.hasobject:
+                return None
+            target = numpy.empty(shape, dtype=dtype)
+        elif len(target_buffers) != 1 or type(target_buffers[0]) is not numpy.ndarray or target_buffers[0].dtype.hasobject:
+            return None
+        else:
+            target = target_buffers[0]
+        try:
+            address, size, readonly = _buffer_info(target)
+        except (BufferError, ValueError):
+            return None
+        buf = RdmaBuffer.from_json(records[0])
+        manager = RdmaManager.get()
+        if readonly or size == 0 or size != buf.size() or buf.route in manager._links or not manager._reached(buf):
+            return None
+        _, impl, durl = manager._how(buf)
+        if impl not in _ONE_SHOT:
+            return None
+        return target, buf, (impl, durl, address, size)
+
+    def _recv_single(self, obj_id: str, target: numpy.ndarray, buf: RdmaBuffer, placed: tuple) -> List[Any]:
+        receive = _Receive(obj_id)
+        with self._lock:
+            self._receiving.setdefault(obj_id, set()).add(receive)
+        try:
+            self._recv_one(receive, buf, target, placed[0], placed)
+        finally:
+            self._end(receive)
+        return [target]
+
+    def _recv_one(self, receive: _Receive, buf: RdmaBuffer, local: numpy.ndarray, impl: str,
+                  placed: Optional[tuple] = None) -> None:
         """A receive of one buffer into one array, over shm or tcp: one transfer of its own,
         set up and started in one call of the binding (RdmaManager._one_transfer), waited for
-        here, the GIL released in libd; no link to make, rebind or park."""
+        here, the GIL released in libd; no link to make, rebind or park. placed: (transport,
+        durl, address, size), when the caller has them."""
         manager = RdmaManager.get()
         made = []
 
         def begin() -> None:
             try:
-                made.append(manager._one_transfer(buf, local, self._busy_poll_us, last=True))
+                made.append(manager._one_transfer(buf, local, self._busy_poll_us, placed=placed, last=True))
             except (PermissionError, ConnectionError) as e:
                 raise _refusal(e, impl, False) from None
             receive.track(made[0])  # an abort from now on cancels it
