@@ -366,16 +366,16 @@ class RdmaManager:
         return (server,) + how
 
     def _one_transfer(self, remote: RdmaBuffer, local: Any, busy_poll_us: float = 0.0, write: bool = False,
-                      offset: int = 0, placed: Optional[tuple] = None, last: bool = False) -> Any:
+                      offset: int = 0, placed: Optional[tuple] = None, **options: Any) -> Any:
         """One transfer between remote[offset:] and `local` (a numpy array that fits there),
         started on a transport of its own, in one call of the binding (disagg.GrantTransfer): for
         a buffer moved once, where making, pointing and parking a link cost more than the
         transfer. shm and tcp only (the transport rides the process's shared connection to the
         owner's server); the caller waits for it (a refused key fails it) and terminates it.
         busy_poll_us: over tcp, how long a wait in libd polls the socket before it sleeps.
-        placed: (transport, durl, address, size) as _once found them. last: nothing more moves
-        through this key here (over tcp the grant is let go of behind the request, in the same
-        write: terminating it then sends nothing)."""
+        placed: (transport, durl, address, size) as _once found them. options: begin_transfer's
+        own (last=True: nothing more moves through this key here; over tcp the grant is let go of
+        behind the request, in the same write)."""
         from disagg import begin_transfer
         if placed is None:
             _, impl, durl = self._how(remote)
@@ -385,7 +385,7 @@ class RdmaManager:
         if impl == "tcp" and busy_poll_us > 0:
             durl += f"busy_poll_us,{min(int(busy_poll_us), 1_000_000)};"
         return begin_transfer(self.name, f"d0{durl[2:]}grant,{remote.grant};secret,{remote._secret}",
-                              address, size, write, local, raddr=remote.offset + offset, verdict=False, last=last)
+                              address, size, write, local, raddr=remote.offset + offset, verdict=False, **options)
 
     def _once(self, remote: RdmaBuffer, memory: Any, offset: int, read: bool) -> Optional[tuple]:
         """Whether this transfer may be the route's first, made by _one_transfer: the first on
