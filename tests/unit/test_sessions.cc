@@ -55,6 +55,24 @@ void wait_not_ready(libd_transport *t) {
     ASSERT_GE(libd_transport_wait_change(t, &seq, 5000), 0) << "the holder was not cut off";
 }
 
+// A session already open (its first holder connected) and a second holder `t` of a fresh grant
+// `g`, with `bytes` of its own registered at `buf`: a holder whose requests ride an ATTACH.
+struct SecondHolder {
+  libd_transport *first = nullptr, *t = nullptr;
+  libd::Grant g;
+  char *buf = nullptr;
+};
+
+SecondHolder second_holder(Owner &o, const std::string &impl, size_t bytes) {
+  SecondHolder h;
+  h.first = o.holder(impl, o.grant());
+  EXPECT_EQ(0, libd_transport_connect(h.first)) << libd_last_error();
+  h.g = o.grant();
+  h.t = o.holder(impl, h.g);
+  EXPECT_EQ(0, libd_trdma_reg(h.t, bytes, reinterpret_cast<void **>(&h.buf))) << libd_last_error();
+  return h;
+}
+
 class Shared : public ::testing::TestWithParam<std::string> {};
 
 }  // namespace
@@ -408,7 +426,10 @@ TEST(SharedTcp, AnOperationRidesItsOwnAttach) {
   EXPECT_EQ(1u, o.server->connections());
 }
 
-TEST(SharedTcp, AnOperationOnARevokedGrantFailsWithTheRefusal) {
+// A read on a grant revoked before it was attached, started by `start`: it fails with the refusal
+// itself, and the session goes on for the others.
+static void a_read_on_a_revoked_grant_is_refused(int (*start)(libd_transport *, size_t, uint64_t, void *, libd_op **),
+                                                 bool settles) {
   std::vector<char> mem(4096);
   Owner o(mem);
   auto *first = o.holder("tcp", o.grant());
@@ -419,27 +440,28 @@ TEST(SharedTcp, AnOperationOnARevokedGrantFailsWithTheRefusal) {
   char *buf = nullptr;
   ASSERT_EQ(0, libd_trdma_reg(t, 64, reinterpret_cast<void **>(&buf)));
   libd_op *op = nullptr;
-  ASSERT_EQ(0, libd_trdma_read_async(t, 64, 0, buf, &op)) << libd_last_error();
+  ASSERT_EQ(0, start(t, 64, 0, buf, &op)) << libd_last_error();
   EXPECT_EQ(-EACCES, libd_op_wait(op, 5000));
   libd_op_free(op);
-  EXPECT_EQ(-EACCES, libd_trdma_remote(t, nullptr, nullptr));
-  EXPECT_NE(LIBD_STATE_READY, libd_transport_state(t));
-  // The session goes on for the others.
+  EXPECT_EQ(-EACCES, libd_trdma_remote(t, nullptr, nullptr)) << "the verdict is kept for whoever asks";
+  if (settles) {
+    EXPECT_NE(LIBD_STATE_READY, libd_transport_state(t));
+  }
+  ASSERT_EQ(0, libd_transport_terminate(t));
   char *fbuf = nullptr;
   ASSERT_EQ(0, libd_trdma_reg(first, 64, reinterpret_cast<void **>(&fbuf)));
-  EXPECT_EQ(0, libd_trdma_read(first, 64, 0, fbuf)) << libd_last_error();
+  EXPECT_EQ(0, libd_trdma_read(first, 64, 0, fbuf)) << "the session goes on: " << libd_last_error();
   EXPECT_EQ(1u, o.server->connections());
+}
+
+TEST(SharedTcp, AnOperationOnARevokedGrantFailsWithTheRefusal) {
+  a_read_on_a_revoked_grant_is_refused(libd_trdma_read_async, true);
 }
 
 TEST_P(Shared, TheLastWordLetsGoOfTheGrantInTheSameWrite) {
   std::vector<char> mem(4096);
   Owner o(mem);
-  auto *first = o.holder(GetParam(), o.grant());
-  ASSERT_EQ(0, libd_transport_connect(first)) << libd_last_error();
-  auto g = o.grant();
-  auto *t = o.holder(GetParam(), g);
-  char *buf = nullptr;
-  ASSERT_EQ(0, libd_trdma_reg(t, 64, reinterpret_cast<void **>(&buf)));
+  auto [first, t, g, buf] = second_holder(o, GetParam(), 64);
   ASSERT_EQ(0, libd_trdma_read(t, 64, 0, buf)) << libd_last_error();
   ASSERT_EQ(0, libd_trdma_notify_last(t, 9, 0)) << libd_last_error();
   libd::Notice n;
@@ -459,12 +481,7 @@ TEST_P(Shared, TheLastWordLetsGoOfTheGrantInTheSameWrite) {
 TEST_P(Shared, AWriteWithItsWordBehindItIsInTheOwnersMemoryWhenTheWordComes) {
   std::vector<char> mem(4096, 0);
   Owner o(mem);
-  auto *first = o.holder(GetParam(), o.grant());
-  ASSERT_EQ(0, libd_transport_connect(first)) << libd_last_error();  // the session: the next attach rides a request
-  auto g = o.grant();
-  auto *t = o.holder(GetParam(), g);
-  char *buf = nullptr;
-  ASSERT_EQ(0, libd_trdma_reg(t, 1024, reinterpret_cast<void **>(&buf)));
+  auto [first, t, g, buf] = second_holder(o, GetParam(), 1024);
   test::fill_random(buf, 1024, 17);
   libd_op *op = nullptr;
   ASSERT_EQ(0, libd_trdma_write_async_notify(t, 1024, 512, buf, 21, 0, &op)) << libd_last_error();
@@ -522,7 +539,7 @@ TEST(WordBehindARequest, AWordTheTransportCannotSendLeavesItsTransferRunning) {
 }
 
 // Waits until the server counts `n` holders of the grant (a DETACH is read by the server's loop).
-void wait_holders(libd::MemoryServer &server, const std::string &grant, size_t n) {
+static void wait_holders(libd::MemoryServer &server, const std::string &grant, size_t n) {
   auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
   while (server.holders(grant) != n && std::chrono::steady_clock::now() < until) std::this_thread::yield();
   ASSERT_EQ(n, server.holders(grant));
@@ -532,12 +549,7 @@ TEST_P(Shared, ALastTransferLetsGoOfTheGrantOnceAnswered) {
   std::vector<char> mem(4096);
   test::fill_random(mem.data(), mem.size(), 13);
   Owner o(mem);
-  auto *first = o.holder(GetParam(), o.grant());
-  ASSERT_EQ(0, libd_transport_connect(first)) << libd_last_error();
-  auto g = o.grant();
-  auto *t = o.holder(GetParam(), g);
-  char *buf = nullptr;
-  ASSERT_EQ(0, libd_trdma_reg(t, 512, reinterpret_cast<void **>(&buf)));
+  auto [first, t, g, buf] = second_holder(o, GetParam(), 512);
   libd_op *op = nullptr;
   ASSERT_EQ(0, libd_trdma_read_async_last(t, 512, 1024, buf, &op)) << libd_last_error();
   ASSERT_EQ(0, libd_op_wait(op, 3000)) << "the read completes all the same: " << libd_last_error();
@@ -558,12 +570,7 @@ TEST_P(Shared, ALastTransferLetsGoOfTheGrantOnceAnswered) {
 TEST_P(Shared, ALastWriteWithItsLastWordLeavesNobodyHoldingTheGrant) {
   std::vector<char> mem(4096, 0);
   Owner o(mem);
-  auto *first = o.holder(GetParam(), o.grant());
-  ASSERT_EQ(0, libd_transport_connect(first)) << libd_last_error();
-  auto g = o.grant();
-  auto *t = o.holder(GetParam(), g);
-  char *buf = nullptr;
-  ASSERT_EQ(0, libd_trdma_reg(t, 256, reinterpret_cast<void **>(&buf)));
+  auto [first, t, g, buf] = second_holder(o, GetParam(), 256);
   test::fill_random(buf, 256, 29);
   libd_op *op = nullptr;
   ASSERT_EQ(0, libd_trdma_write_async_notify(t, 256, 0, buf, 33, LIBD_WORD_LAST, &op)) << libd_last_error();
@@ -580,24 +587,9 @@ TEST_P(Shared, ALastWriteWithItsLastWordLeavesNobodyHoldingTheGrant) {
 }
 
 TEST(SharedTcp, ALastReadOnARevokedGrantFailsWithTheRefusal) {
-  std::vector<char> mem(4096);
-  Owner o(mem);
-  auto *first = o.holder("tcp", o.grant());
-  ASSERT_EQ(0, libd_transport_connect(first)) << libd_last_error();
-  auto g = o.grant();
-  ASSERT_EQ(0, o.server->revoke(g.id));
-  auto *t = o.holder("tcp", g);
-  char *buf = nullptr;
-  ASSERT_EQ(0, libd_trdma_reg(t, 64, reinterpret_cast<void **>(&buf)));
-  libd_op *op = nullptr;
-  ASSERT_EQ(0, libd_trdma_read_async_last(t, 64, 0, buf, &op)) << libd_last_error();
-  EXPECT_EQ(-EACCES, libd_op_wait(op, 5000));
-  libd_op_free(op);
-  ASSERT_EQ(0, libd_transport_terminate(t));
-  char *fbuf = nullptr;
-  ASSERT_EQ(0, libd_trdma_reg(first, 64, reinterpret_cast<void **>(&fbuf)));
-  EXPECT_EQ(0, libd_trdma_read(first, 64, 0, fbuf)) << "the session goes on: " << libd_last_error();
-  EXPECT_EQ(1u, o.server->connections());
+  // The holder let go of the grant behind its request: the refusal fails the read all the same
+  // (the transport, which moves nothing more, is not put in ERROR for it).
+  a_read_on_a_revoked_grant_is_refused(libd_trdma_read_async_last, false);
 }
 
 TEST_P(Shared, APlainWordKeepsTheGrantUntilTheHolderLeaves) {
