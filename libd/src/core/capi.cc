@@ -65,6 +65,23 @@ int start(libd_transport *t, OpKind kind, Segments segs, libd_op **op) {
   return 0;
 }
 
+char *writable(const void *buf) { return static_cast<char *>(const_cast<void *>(buf)); }
+
+// A transfer and what follows it (`then`: the holder's word, or the grant let go of) in one
+// SendBatch: a connection that carries both writes them together when the batch ends.
+template <class Then>
+int start_then(libd_transport *t, OpKind kind, const void *buf, size_t size, uint64_t raddr, libd_op **op, Then then) {
+  libd::SendBatch batch;
+  if (int rc = start(t, kind, {{size, raddr, writable(buf)}}, op)) return rc;
+  return then();
+}
+
+int start_with_word(libd_transport *t, OpKind kind, const void *buf, size_t size, uint64_t raddr, uint64_t value,
+                    unsigned flags, libd_op **op) {
+  if (flags & ~LIBD_WORD_LAST) return set_error(-EINVAL, "unknown flags");
+  return start_then(t, kind, buf, size, raddr, op, [&] { return T(t)->notify(value, 0, (flags & LIBD_WORD_LAST) != 0); });
+}
+
 #define CHECK_T(t) \
   if (!(t)) return set_error(-EINVAL, "NULL transport")
 
@@ -396,39 +413,20 @@ int libd_trdma_notify_last(libd_transport *t, uint64_t value, int status) {
   return T(t)->notify(value, status, true);
 }
 
-namespace {
-// The transfer and the word in one SendBatch: a connection that carries both writes them together
-// when the batch ends.
-// (flags: LIBD_WORD_LAST, or kNoWord for a last transfer without a word.)
-constexpr unsigned kNoWord = 1u << 31;
-
-int start_with_word(libd_transport *t, OpKind kind, char *buf, size_t size, uint64_t raddr, uint64_t value,
-                    unsigned flags, libd_op **op) {
-  if (flags & ~(LIBD_WORD_LAST | kNoWord)) return set_error(-EINVAL, "unknown flags");
-  libd::SendBatch batch;
-  if (int rc = start(t, kind, {{size, raddr, buf}}, op)) return rc;
-  if (flags & kNoWord) return T(t)->let_go();
-  return T(t)->notify(value, 0, (flags & LIBD_WORD_LAST) != 0);
-}
-
-char *writable(const void *buf) { return static_cast<char *>(const_cast<void *>(buf)); }
-}  // namespace
 
 int libd_trdma_read_async_notify(libd_transport *t, size_t size, uint64_t raddr, void *buf, uint64_t value,
                                  unsigned flags, libd_op **op) {
-  if (flags & kNoWord) return set_error(-EINVAL, "unknown flags");
-  return start_with_word(t, OpKind::Read, writable(buf), size, raddr, value, flags, op);
+  return start_with_word(t, OpKind::Read, buf, size, raddr, value, flags, op);
 }
 int libd_trdma_write_async_notify(libd_transport *t, size_t size, uint64_t raddr, const void *buf, uint64_t value,
                                   unsigned flags, libd_op **op) {
-  if (flags & kNoWord) return set_error(-EINVAL, "unknown flags");
-  return start_with_word(t, OpKind::Write, writable(buf), size, raddr, value, flags, op);
+  return start_with_word(t, OpKind::Write, buf, size, raddr, value, flags, op);
 }
 int libd_trdma_read_async_last(libd_transport *t, size_t size, uint64_t raddr, void *buf, libd_op **op) {
-  return start_with_word(t, OpKind::Read, writable(buf), size, raddr, 0, kNoWord, op);
+  return start_then(t, OpKind::Read, buf, size, raddr, op, [&] { return T(t)->let_go(); });
 }
 int libd_trdma_write_async_last(libd_transport *t, size_t size, uint64_t raddr, const void *buf, libd_op **op) {
-  return start_with_word(t, OpKind::Write, writable(buf), size, raddr, 0, kNoWord, op);
+  return start_then(t, OpKind::Write, buf, size, raddr, op, [&] { return T(t)->let_go(); });
 }
 
 }  // extern "C"

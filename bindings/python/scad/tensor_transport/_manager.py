@@ -22,7 +22,7 @@ import numpy
 
 from ..rdma import RdmaBuffer, RdmaManager
 from ..rdma._key_link import refusal as _refusal
-from .._memserver import from_binding
+from ..rdma._manager import _buffer_info  # (address, size, readonly) of an array, in one call
 from .._waiter import poll_until, wait_in_thread
 from ._metadata import CommunicatorMetadata, FetchRequest, ScadCommunicatorMetadata, ScadTransportMetadata
 
@@ -33,7 +33,6 @@ except ImportError:  # pragma: no cover - depends on the environment
 
 
 _ONE_SHOT = ("shm", "tcp")  # transports on which a receive of one buffer is one transfer of its own
-_buffer_info = from_binding("buffer_info")  # (address, size, readonly) of an array, in one call
 
 
 class _Loop:
