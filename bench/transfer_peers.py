@@ -22,9 +22,9 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-import numpy  # noqa: E402
+import numpy  # noqa: E402,F401 - loaded before anything is timed (transfer_pair.array makes the buffers)
 
-from transfer_pair import arrays, await_command, check, claim_stdout, emit, fail, fill_value, measure, start_active, stdio_channel  # noqa: E402
+from transfer_pair import array, arrays, await_command, check, claim_stdout, emit, fail, fill_value, measure, start_active, stdio_channel  # noqa: E402
 
 perf = time.perf_counter
 yield_cpu = os.sched_yield
@@ -137,7 +137,7 @@ class Owner:
         self.proc.wait(30)
 
     def xfer(self, size, op, inflight, value):
-        remote = numpy.full(size, value, dtype=numpy.uint8)
+        remote = array(size, value)
         if self.api == "nixl":
             reg, rec = self.lib.lend([remote])
         else:
@@ -254,7 +254,7 @@ class Active:
     def xfer(self, msg):
         size, inflight, read = msg["size"], msg["inflight"], msg["op"] == "read"
         value = msg["value"]
-        local = numpy.full(size * inflight, 255 - value, dtype=numpy.uint8)
+        local = array(size * inflight, 255 - value)
         slots = [local[i * size:(i + 1) * size] for i in range(inflight)]
         if self.api == "nixl":
             agent = self.lib.agent

@@ -18,7 +18,7 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "build" / "python"), str(ROOT / "bindings" / "python"), str(ROOT / "bench")]
 
-import numpy  # noqa: E402
+import numpy  # noqa: E402,F401 - loaded before anything is timed (transfer_pair.array makes the buffers)
 
 # How long our waits poll before they sleep (the APIs' busy_poll_us): NIXL and Mooncake poll their
 # transfers (and NIXL's owner its notifications) with a core spinning, so ours do too.
@@ -33,7 +33,7 @@ OWNER_POLL_US = 1_000_000.0
 # windows take a core the bulk transfers need on two cores.
 SERVER_POLL_US = 100.0
 
-from transfer_pair import arrays, await_command, check, claim_stdout, Channel, emit, fail, fill_value, measure, measure_async, start_active, stdio_channel  # noqa: E402
+from transfer_pair import array, arrays, await_command, check, claim_stdout, Channel, emit, fail, fill_value, measure, measure_async, start_active, stdio_channel  # noqa: E402
 
 perf = time.perf_counter
 
@@ -71,7 +71,7 @@ class Owner:
     def xfer(self, size, op, inflight, value):
         from scad import _memserver
         action, srv, ep = _memserver.start(f"bench-owner-{os.getpid()}", "127.0.0.1", False, SERVER_POLL_US)
-        remote = numpy.full(size, value, dtype=numpy.uint8)
+        remote = array(size, value)
         srv.expose("x", remote.ctypes.data, remote.nbytes)
         config = srv.grant_ex("x", "*", rights="rw")
         self.peer.send({"cmd": "xfer", "config": config, "endpoint": ep, "size": size, "op": op,
@@ -178,7 +178,7 @@ class Active:
     def xfer(self, msg):
         from disagg import LibdAction
         size, inflight, ep = msg["size"], msg["inflight"], msg["endpoint"]
-        local = numpy.full(size * inflight, 255 - msg["value"], dtype=numpy.uint8)
+        local = array(size * inflight, 255 - msg["value"])
         action = LibdAction("bench")
         where = f"path,{ep['path']}" if self.transport == "shm" else f"host,{ep['host']};port,{ep['port']}"
         spin = f";busy_poll_us,{int(BUSY_POLL_US)}" if self.transport == "tcp" else ""
