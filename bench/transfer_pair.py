@@ -42,9 +42,8 @@ def array(size, value):
     """A buffer of `size` bytes holding `value`, its pages backed the same way in every worker.
 
     numpy asks for huge pages for a large array (madvise), but whether it gets them depends on
-    the process's malloc history: once glibc has freed a large mapping it raises its mmap
-    threshold, and the next 16 MiB array comes from heap pages already touched as 4 KiB pages.
-    A 16 MiB copy over shared memory then takes 2.2-2.5 ms instead of 1.6-1.8 (measured with
+    the process's malloc history (a mapping of its own, or heap carved out once glibc has raised
+    its mmap threshold, with pages already touched as 4 KiB ones): docs/benchmarks.md. A 16 MiB copy over shared memory then takes 2.2-2.5 ms instead of 1.6-1.8 (measured with
     huge pages switched off and on), so an API's figure would follow the allocations its
     earlier cells happened to make. A large buffer here is a fresh private mapping of its own
     with MADV_HUGEPAGE, for ours and the peers alike."""
