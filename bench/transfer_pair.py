@@ -43,10 +43,10 @@ def array(size, value):
 
     numpy asks for huge pages for a large array (madvise), but whether it gets them depends on
     the process's malloc history (a mapping of its own, or heap carved out once glibc has raised
-    its mmap threshold, with pages already touched as 4 KiB ones): docs/benchmarks.md. A 16 MiB copy over shared memory then takes 2.2-2.5 ms instead of 1.6-1.8 (measured with
-    huge pages switched off and on), so an API's figure would follow the allocations its
-    earlier cells happened to make. A large buffer here is a fresh private mapping of its own
-    with MADV_HUGEPAGE, for ours and the peers alike."""
+    its mmap threshold, with pages already touched as 4 KiB ones; docs/benchmarks.md). A 16 MiB
+    copy over shared memory takes 2.2-2.5 ms on 4 KiB pages against 1.6-1.8 on huge pages, so an
+    API's figure would follow the allocations its earlier cells happened to make. A large buffer
+    here is a fresh private mapping of its own with MADV_HUGEPAGE, for ours and the peers alike."""
     import numpy  # the workers' environments have it; the driver never calls this
 
     if size < HUGE_FROM:

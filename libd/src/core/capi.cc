@@ -413,7 +413,6 @@ int libd_trdma_notify_last(libd_transport *t, uint64_t value, int status) {
   return T(t)->notify(value, status, true);
 }
 
-
 int libd_trdma_read_async_notify(libd_transport *t, size_t size, uint64_t raddr, void *buf, uint64_t value,
                                  unsigned flags, libd_op **op) {
   return start_with_word(t, OpKind::Read, buf, size, raddr, value, flags, op);
