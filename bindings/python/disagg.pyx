@@ -27,7 +27,7 @@ from posix.mman cimport munmap
 from cpython.exc cimport PyErr_CheckSignals
 from libc.stdint cimport int64_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc
-from libc.string cimport strlen
+from libc.string cimport strlen, strncmp
 from libcpp cimport bool as cbool
 from libcpp.vector cimport vector
 
@@ -229,6 +229,23 @@ cdef void _grant_spec(clibd.libd_grant_spec *spec, const char *element, const ch
     spec.length = length
     spec.rights = (1 if "r" in rights else 0) | (2 if "w" in rights else 0)
     spec.ttl_ms = 0 if ttl is None else max(1, int(ttl * 1000))
+
+
+cdef tuple _key_of(const char *config):
+    """(grant id, secret) of the configuration libd's server hands out for a grant, which ends
+    "grant,ID;secret,HEX" (the secret is hex and the id names no ';'): read from the end."""
+    cdef Py_ssize_t n = strlen(config)
+    cdef Py_ssize_t s = n - 1
+    while s >= 0 and config[s] != b';':
+        s -= 1
+    cdef Py_ssize_t g = s - 1
+    while g >= 0 and config[g] != b';':
+        g -= 1
+    # config[g+1:s] is "grant,ID", config[s+1:] "secret,HEX"
+    if s < 0 or s - (g + 1) <= 6 or n - (s + 1) <= 7 or strncmp(config + g + 1, "grant,", 6) != 0 \
+            or strncmp(config + s + 1, "secret,", 7) != 0:
+        raise RuntimeError("libd handed out a grant configuration that does not end in its grant and secret")
+    return config[g + 7:s].decode("ascii"), config[s + 8:n].decode("ascii")
 
 
 cdef class LibdAction:
@@ -933,6 +950,16 @@ cdef class LibdTransportRDMAServer(LibdTransport):
         _grant_spec(&spec, bel, bclient, offset, length, rights, ttl)
         _check(clibd.libd_trdma_server_grant_ex(self._tr(), &spec, out, sizeof(out)), "grant")
         return out.decode()
+
+    def grant_key(self, element, uint64_t offset=0, uint64_t length=0, rights="rw", ttl=None):
+        """grant_ex() for whoever holds the key ('*'), returned as (grant id, secret) instead of a
+        configuration: for a lender that writes its own record, once per buffer."""
+        cdef clibd.libd_grant_spec spec
+        cdef char out[2048]
+        bel = _b(element)
+        _grant_spec(&spec, bel, "*", offset, length, rights, ttl)
+        _check(clibd.libd_trdma_server_grant_ex(self._tr(), &spec, out, sizeof(out)), "grant")
+        return _key_of(out)
 
     def lend(self, element, uint64_t address, uint64_t size, rights="rw", ttl=None):
         """expose() and grant_ex() in one call: serves the caller's memory [address, address+size)

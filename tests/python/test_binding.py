@@ -477,6 +477,39 @@ def test_lend_serves_memory_in_place_under_one_grant_and_leaves_nothing_when_ref
         server.terminate()
 
 
+def test_grant_key_is_grant_ex_as_id_and_secret_for_exactly_its_slice():
+    server = LibdAction("key-owner")
+    server.add_transport("srv;tcp_server;size,0")
+    srv = server.get_transport("srv", "rdma_server")
+    srv.serve(block=False)
+    try:
+        where = ";".join(p for p in srv.message.split(";") if p.split(",", 1)[0] in ("host", "port"))
+        lent = bytearray(b"0123456789abcdef")
+        address = ctypes.addressof((ctypes.c_char * len(lent)).from_buffer(lent))
+        srv.expose("el", address, len(lent))
+        grant, secret = srv.grant_key("el", 4, 8, "r")
+        assert grant.startswith("g") and len(secret) == 64 and int(secret, 16) >= 0
+        with pytest.raises(KeyError):
+            srv.grant_key("no-such-element", 0, 0, "rw")
+        with LibdAction("key-reader") as c:
+            c.add_transport(f"m;tcp;{where};timeout_ms,5000;grant,{grant};secret,{secret}")
+            t = c.get_transport("m", "rdma")
+            t.reg(8)
+            t.read(8, 4)  # remote addresses are the element's: the grant is [4, 12)
+            assert bytes(t.buf) == b"456789ab"
+            with pytest.raises(ValueError, match="outside the granted"):
+                t.read(8, 0)
+            with pytest.raises(PermissionError):
+                t.write(1, 4)  # the key reads only
+        srv.revoke(grant)
+        with pytest.raises(KeyError):
+            srv.revoke(grant)
+        srv.withdraw("el")
+    finally:
+        srv.stop()
+        server.terminate()
+
+
 def test_reg_shares_another_transports_buffer_and_with_releases(memd):
     server = memd()
     action, t = client(server, "tcp")

@@ -37,6 +37,12 @@ def _owner_part(owner: str, hostname: str, host: str, port: int, path: str, verb
                        "verbs": verbs}, separators=(",", ":"))[1:-1]
 
 
+def record_head(place: tuple) -> str:
+    """What the record of every buffer a server lends starts with, up to its grant id's text:
+    place is (owner, hostname, host, port, path, verbs) of that server."""
+    return f'{{"version":{VERSION},{_owner_part(*place)},"grant":"'
+
+
 def _checked_ranges(ranges: Sequence[int], size: int, offset: int) -> Tuple[int, ...]:
     """The sizes of a buffer over several memories, checked: 1..MAX_RANGES positive integers that
     make up the whole buffer (such a buffer is a whole lent element: offset 0)."""
@@ -223,13 +229,23 @@ class LentBuffer(RdmaBuffer):
         key = self._key
         return (key if key is not None else self._lender._mint(self))[1]
 
+    def to_json(self, with_ranges: bool = True) -> str:
+        """The record (RdmaBuffer.to_json), its key made now if it has none yet. A lent buffer
+        covers one memory, and its key's id and secret are libd's (letters, digits and '_'):
+        nothing in them to escape."""
+        key = self._key
+        if key is None:
+            key = self._lender._mint(self)
+        return (f'{self._lender.record_head}{key[0]}","secret":"{key[1]}","offset":{self.offset},'
+                f'"size":{self._size},"whole":{"true" if self.whole else "false"}}}')
+
     def drop(self) -> None:
         """Revokes the slice's key (peers holding it are cut off) and releases its memory when
         the region has no buffer left. In a child forked after it was lent, the buffer is the
         parent's: the child lets go of its own link to it, if it made one, and nothing else."""
         lender = self._lender
         if not lender._forked():
-            lender.drop(self)
+            lender._drop_lent(self)
         elif self._key is not None:
             _manager().drop(self)  # the child's own manager: not the owner, it forgets its link
 

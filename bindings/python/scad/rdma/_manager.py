@@ -23,7 +23,7 @@ from .. import _memserver
 from ..connect import Descriptor
 from .._waiter import new_eventfd, poll_until, wait_fd, wait_in_thread
 from .._memserver import MAX_RANGES, from_binding
-from ._buffer import LentBuffer, RdmaBuffer
+from ._buffer import LentBuffer, RdmaBuffer, record_head
 from ._key_link import KeyLink, refusal as _refusal
 from ._queue_pair import QueuePair, owner_of
 from ._regions import Region, RegionCache
@@ -111,13 +111,14 @@ class RdmaManager:
         self._server_action = None
         self._endpoint: dict = {}
         self._place: tuple = ()  # (owner, hostname, host, port, path, verbs) of its buffers, once it serves
+        self.record_head = ""  # what the records of its buffers start with, once it serves (record_head)
         self._cache = RegionCache()
         self._lists: Dict[str, tuple] = {}  # grant -> (element, the objects owning its memory): _request_list
         self._tokens: Dict[str, str] = {}  # grant -> the token its buffer is held by in the cache (keys made)
         self._next = 0
         self._links: Dict[tuple, KeyLink] = {}
         # Per route: the transfer of its own that moved a buffer the first time (_one_transfer),
-        # kept, its key attached, until the buffer is dropped or moved again (then by a link).
+        # kept until the buffer is dropped or moved again (then by a link, which attaches the key).
         self._one_shots: Dict[tuple, Any] = {}
         # Per owner's manager: the QueuePair handed out for it (request_queue_pair).
         self._queue_pairs: Dict[tuple, QueuePair] = {}
@@ -220,9 +221,7 @@ class RdmaManager:
         if buf._key is not None:
             return buf._key
         if self._cache.holds(buf._region, buf.token):
-            config = self._server.grant_ex(buf._region.element, "*", offset=buf.offset, length=buf._size,
-                                           rights=buf._rights, ttl=ttl)
-            buf._key = _memserver.grant_of(config)
+            buf._key = self._server.grant_key(buf._region.element, buf.offset, buf._size, buf._rights, ttl)
             self._tokens[buf._key[0]] = buf.token  # a copy of the handle in this process drops it too
         else:
             # Dropped before anyone asked for its key: one the owner never made, refused as a
@@ -295,6 +294,22 @@ class RdmaManager:
         and opening nothing, are not listed."""
         with self._lock:
             return [(r.start, r.size, len(r.holders)) for r in self._cache.regions() if r.holders]
+
+    def _drop_lent(self, buf: LentBuffer) -> None:
+        """drop() of a buffer this manager lent, in the process that lent it."""
+        with self._lock:
+            region = self._cache.release(buf.token)
+            if region is None:
+                return  # dropped already
+            key = buf._key
+            if key is not None:
+                self._tokens.pop(key[0], None)
+                try:
+                    self._server.revoke(key[0])
+                except KeyError:
+                    pass  # expired and revoked already
+            if not region.holders:
+                self._idle_locked(region)
 
     def drop(self, buf: RdmaBuffer) -> None:
         if isinstance(buf, LentBuffer) and buf._key is None and buf._lender is not self:
@@ -413,13 +428,16 @@ class RdmaManager:
 
     async def _transfer_once(self, remote: RdmaBuffer, memory: Any, offset: int, timeout: Optional[float],
                              read: bool, placed: tuple) -> None:
-        """The route's first transfer, on a transport of its own (_one_transfer), kept (its key
-        attached) until the buffer is dropped or moved again."""
+        """The route's first transfer, on a transport of its own (_one_transfer), kept until the
+        buffer is dropped or moved again (it let go of the key with its request)."""
         route = remote.route
         impl, reservation = placed[0], placed[4]
         reached = self._reached(remote)
         try:
-            made = self._one_transfer(remote, memory, self.busy_poll_us, not read, offset, placed[:4])
+            # last: a later transfer of the buffer goes by a link, which attaches the key itself,
+            # so this one lets go of it in the write that carries its request (over tcp; nothing
+            # to say elsewhere), and ending it later sends nothing.
+            made = self._one_transfer(remote, memory, self.busy_poll_us, not read, offset, placed[:4], last=True)
         except BaseException as e:
             self._let_go_once(route, reservation)
             if isinstance(e, (PermissionError, ConnectionError)):
@@ -612,6 +630,7 @@ class RdmaManager:
             self._server_action, self._server, self._endpoint = _memserver.start(self.name, self._host, self._verbs)
             ep = self._endpoint
             self._place = (self.name, self.hostname, ep["host"], ep["port"], ep["path"], ep["verbs"])
+            self.record_head = record_head(self._place)
         return self._server
 
     def _forget_link(self, route: tuple, reuse: bool = False) -> None:
