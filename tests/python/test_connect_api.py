@@ -97,6 +97,17 @@ def test_register_memory_is_idempotent_and_binds_one_connector():
     b.close()
 
 
+def test_a_one_descriptor_record_written_by_its_owner_is_the_general_writers_text():
+    with Connector() as c:
+        for make in (c.create_readable, c.create_writable):
+            with make(Descriptor(numpy.zeros(64, dtype=numpy.uint8)), expires_in=30) as op:
+                md = op.metadata()
+                text = md.to_json()  # the text the owner wrote as it made the record
+                assert text == json.dumps(md.to_dict(), separators=(",", ":"))
+                again = RdmaMetadata.from_json(text)
+                assert again == md and again.to_json() == text  # a parsed record writes the same
+
+
 def test_metadata_round_trips_hides_its_secrets_and_refuses_anything_else():
     async def main():
         with Connector() as c:

@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 from .. import _memserver
 from ._active import ReadOperation, WriteOperation
-from ._metadata import RdmaMetadata
+from ._metadata import RdmaMetadata, owner_part
 from ._passive import ReadableOperation, WritableOperation
 
 _TRANSPORTS = (None, "shm", "tcp", "verbs")
@@ -119,6 +119,7 @@ class Connector:
                 action, srv, endpoint = _memserver.start(self._name, self._host, self._verbs)
                 # The server last: a caller that finds it without the lock finds its endpoint too.
                 self._action, self._endpoint = action, endpoint
+                self._record_owner = owner_part(self._name, self._hostname, endpoint)  # in every record
                 self._srv = srv
             return self._srv
 

@@ -49,6 +49,23 @@ def _owner_part(md: "RdmaMetadata") -> str:
     return _owner_fields(md.owner, md.hostname, md.host, int(md.port), md.path, bool(md.verbs))
 
 
+def owner_part(owner: str, hostname: str, endpoint: dict) -> str:
+    """The owner's fields of every record a memory server's operations hand out, as JSON (the
+    middle of the text): for a lender to keep and write its records with (one_grant_record)."""
+    return _owner_fields(owner, hostname, endpoint["host"], int(endpoint["port"]), endpoint["path"],
+                         bool(endpoint["verbs"]))
+
+
+def one_grant_record(kind: int, key: str, owner_fields: str, expires_at: float, size: int, grant: str,
+                     secret: str) -> str:
+    """to_json()'s text for the record of a passive operation of one host-memory descriptor,
+    written at once by its owner: the notification key is hex, and libd's grant ids and secrets
+    are letters, digits and '_', so nothing in it needs escaping. owner_fields: owner_part()."""
+    return (f'{{"version":{VERSION},"operation_kind":{kind},"notification_key":"{key}",{owner_fields},'
+            f'"expires_at":{expires_at!r},"descriptors":[{{"size":{size},"device":"cpu","grant":"{grant}",'
+            f'"secret":"{secret}"}}]}}')
+
+
 class SerializedDescriptor(NamedTuple):
     """One remote descriptor: its size, device, and the grant that opens it (alone, or with the
     descriptors beside it under the same grant). A tuple: a record of many is made often."""
@@ -118,6 +135,9 @@ class RdmaMetadata:
         }
 
     def to_json(self) -> str:
+        text = self.__dict__.get("_text")  # written by the owner as it made the record (one_grant_record)
+        if text is not None:
+            return text
         # The same text json.dumps(self.to_dict()) gives, written out directly: a record goes out
         # with every operation, and most of it (the owner's part) is the same every time.
         parts, grant = [], None

@@ -20,7 +20,7 @@ from concurrent.futures import CancelledError as _LibdCancelled
 from typing import Any, Optional
 
 from ._descriptor import Descriptor, as_list
-from ._metadata import RdmaMetadata, SerializedDescriptor
+from ._metadata import RdmaMetadata, SerializedDescriptor, one_grant_record
 from ._operation_kind import TERMINAL as _TERMINAL, OperationBase, OperationKind, OperationStatus
 from .._memserver import MAX_RANGES, grant_of
 from .._waiter import wait_ready
@@ -88,10 +88,16 @@ class PassiveOperation(OperationBase):
             raise
         self._pending = set(self._grants)
         ep = connector._endpoint
-        self._metadata = RdmaMetadata.made(
-            operation_kind=int(self._kind), notification_key=self._key, owner=connector.name,
+        expires_at = time.time() + ttl
+        kind = int(self._kind)
+        self._metadata = md = RdmaMetadata.made(
+            operation_kind=kind, notification_key=self._key, owner=connector.name,
             hostname=connector.hostname, host=ep["host"], port=ep["port"], path=ep["path"],
-            expires_at=time.time() + ttl, descriptors=tuple(serialized), verbs=ep["verbs"])
+            expires_at=expires_at, descriptors=tuple(serialized), verbs=ep["verbs"])
+        if len(serialized) == 1:  # the common record, its text written now from what is at hand
+            d = serialized[0]
+            md.__dict__["_text"] = one_grant_record(kind, self._key, connector._record_owner, expires_at, d.size,
+                                                    d.grant, d.secret)
         self._status = OperationStatus.INITIALIZED
 
     # ---- Dynamo's surface ---------------------------------------------------------------
