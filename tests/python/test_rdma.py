@@ -541,6 +541,22 @@ def test_the_handle_is_written_as_json_would_write_it_and_read_strictly():
             RdmaBuffer.from_json(json.dumps(dict(raw, **{key: "a,b"})))
 
 
+def test_a_lent_buffers_record_written_by_its_owner_is_the_general_writers_text():
+    manager = RdmaManager.get()
+    lent = numpy.zeros(256, dtype=numpy.uint8)
+    whole, part = manager.request_buffer(lent), manager.request_buffer(lent[16:48])
+    try:
+        for buf in (whole, part):
+            text = buf.to_json()  # the lender's own writer, its key made now
+            assert text == json.dumps(buf.to_dict(), separators=(",", ":"))
+            again = RdmaBuffer.from_json(text)
+            assert again.to_json() == text and again == buf
+        assert (json.loads(part.to_json())["offset"], json.loads(part.to_json())["whole"]) == (16, False)
+    finally:
+        whole.drop()
+        part.drop()
+
+
 def test_a_record_is_parsed_exactly_as_json_loads_parses_it():
     import random
 

@@ -236,7 +236,7 @@ class LentBuffer(RdmaBuffer):
         key = self._key
         if key is None:
             key = self._lender._mint(self)
-        return (f'{self._lender.record_head}{key[0]}","secret":"{key[1]}","offset":{self.offset},'
+        return (f'{self._lender._record_head}{key[0]}","secret":"{key[1]}","offset":{self.offset},'
                 f'"size":{self._size},"whole":{"true" if self.whole else "false"}}}')
 
     def drop(self) -> None:

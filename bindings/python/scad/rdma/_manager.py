@@ -111,7 +111,7 @@ class RdmaManager:
         self._server_action = None
         self._endpoint: dict = {}
         self._place: tuple = ()  # (owner, hostname, host, port, path, verbs) of its buffers, once it serves
-        self.record_head = ""  # what the records of its buffers start with, once it serves (record_head)
+        self._record_head = ""  # what the records of its buffers start with, once it serves (record_head)
         self._cache = RegionCache()
         self._lists: Dict[str, tuple] = {}  # grant -> (element, the objects owning its memory): _request_list
         self._tokens: Dict[str, str] = {}  # grant -> the token its buffer is held by in the cache (keys made)
@@ -630,7 +630,7 @@ class RdmaManager:
             self._server_action, self._server, self._endpoint = _memserver.start(self.name, self._host, self._verbs)
             ep = self._endpoint
             self._place = (self.name, self.hostname, ep["host"], ep["port"], ep["path"], ep["verbs"])
-            self.record_head = record_head(self._place)
+            self._record_head = record_head(self._place)
         return self._server
 
     def _forget_link(self, route: tuple, reuse: bool = False) -> None:
