@@ -1,0 +1,114 @@
+#!/usr/bin/env python3
+"""Mooncake Transfer Engine's operation taken apart as bench/api_steps.py takes ours apart: the
+same pair of processes, pipe and stamps, so that a step of ours can be set beside the peer's.
+Runs in the peers' environment (.bench-venv, made by bench/transfer.py's set-up):
+
+    .bench-venv/bin/python bench/peer_steps.py [--op read|write] [--size 64] [--runs 1000]
+
+The owner registers its memory and hands the address to the peer over the pipe; the peer moves
+the bytes with one synchronous transfer (protocol tcp, P2PHANDSHAKE, as bench/transfer_peers.py
+drives it) and says so; the owner unregisters. The peer's own memory is registered once, outside
+the timed part. Medians in microseconds after 100 warm-up operations. The host's pace moves by
+half from one minute to the next: compare with a run of bench/api_steps.py made right before or
+after, not with figures from another hour.
+"""
+import argparse
+import os
+import pathlib
+import statistics
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import numpy  # noqa: E402,F401 - loaded before anything is timed (transfer_pair.array makes the buffers)
+
+from transfer_pair import array, Channel  # noqa: E402
+
+perf = time.perf_counter
+WARMUP = 100
+STEPS = ("owner: register_memory", "owner: the address onto the pipe", "pipe to the peer",
+         "peer: the line read and parsed", "peer: transfer_sync_read|write", "the peer's word reaches the owner",
+         "owner: unregister_memory")
+
+
+def engine():
+    from mooncake.engine import TransferEngine
+    e = TransferEngine()
+    if e.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") != 0:
+        raise RuntimeError("Mooncake's transfer engine did not initialize")
+    return e
+
+
+def peer(chan, size, write):
+    e = engine()
+    local = array(size, 3)
+    if e.register_memory(local.ctypes.data, size) != 0:
+        raise RuntimeError("Mooncake register_memory failed")
+    target = chan.recv()["target"]
+    chan.send({"ok": True})
+    move = e.transfer_sync_write if write else e.transfer_sync_read
+    while True:
+        chan.wait_readable()  # polled, as bench/transfer.py's active sides wait for a command
+        t = [perf()]
+        msg = chan.recv()
+        if msg.get("quit"):
+            return
+        t.append(perf())
+        if move(target, local.ctypes.data, msg["addr"], size) != 0:
+            raise RuntimeError("Mooncake transfer failed")
+        t.append(perf())
+        chan.send({"t": t})
+
+
+def owner(chan, size, runs):
+    e = engine()
+    chan.send({"target": f"127.0.0.1:{e.get_rpc_port()}"})
+    chan.recv()
+    lent = array(size, 7)
+    rows = []
+    for _ in range(runs):
+        t0 = perf()
+        if e.register_memory(lent.ctypes.data, size) != 0:
+            raise RuntimeError("Mooncake register_memory failed")
+        t1 = perf()
+        chan.send({"addr": lent.ctypes.data})
+        t2 = perf()
+        theirs = chan.recv_polling()["t"]
+        t3 = perf()
+        e.unregister_memory(lent.ctypes.data)
+        t4 = perf()
+        rows.append([t0, t1, t2] + theirs + [t3, t4])
+    chan.send({"quit": True})
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--op", choices=("read", "write"), default="read")
+    ap.add_argument("--size", type=int, default=64, help="bytes moved (default 64)")
+    ap.add_argument("--runs", type=int, default=1000)
+    args = ap.parse_args()
+    if args.size < 1 or args.runs < 1:
+        ap.error("--size and --runs must be at least 1")
+    to_peer, from_peer = os.pipe(), os.pipe()
+    pid = os.fork()  # before either side has loaded the engine
+    if pid == 0:
+        try:
+            peer(Channel(os.fdopen(to_peer[0], "r"), os.fdopen(from_peer[1], "w")), args.size, args.op == "write")
+        finally:
+            os._exit(0)
+    rows = owner(Channel(os.fdopen(from_peer[0], "r"), os.fdopen(to_peer[1], "w")), args.size, args.runs + WARMUP)
+    os.waitpid(pid, 0)
+    print(f"one {args.size}-byte {args.op} operation of Mooncake Transfer Engine over tcp, median µs of {args.runs}:")
+    rows = rows[WARMUP:]
+    for i, name in enumerate(STEPS):
+        print(f"  {name:52} {statistics.median([(r[i + 1] - r[i]) * 1e6 for r in rows]):8.1f}")
+    total = statistics.median([(r[-1] - r[0]) * 1e6 for r in rows])
+    label = "total (the owner's view)"
+    print(f"  {label:52} {total:8.1f}")
+
+
+if __name__ == "__main__":
+    main()
