@@ -83,12 +83,12 @@ async def owner(api, transport, size, runs, chan, write):
         if api == "connect":
             await op.wait_for_completion()
             t.append(perf())
-            peer = chan.recv_polling()["t"]
+            peer = [ns * 1e-9 for ns in chan.recv_polling()["t"]]  # perf_counter's clock, in nanoseconds
             drops.append(0.0)
         else:
             word = chan.recv_polling(drive)
-            peer = word["t"]
-            drops.append(word["dropped_us"])
+            peer = [ns * 1e-9 for ns in word["t"]]
+            drops.append(word["dropped_ns"] / 1e3)
             t.append(perf())
             if api == "rdma":
                 buf.drop()
@@ -113,35 +113,38 @@ async def peer(api, transport, size, chan, write):
             RdmaManager.get(transport=transport)  # the transport the tensor transport's reads use
             from scad.tensor_transport import ScadTensorTransport
             tensors = ScadTensorTransport(busy_poll_us=BUSY_POLL_US)
-    dropped_us = 0.0  # scad.rdma: how long the last operation's drop took, after its word
+    # The peer's stamps go to the owner as integer nanoseconds: the repr of a float, Python's
+    # shortest round-trip digits, costs about a microsecond each, and the word's step would carry it.
+    stamp = time.perf_counter_ns
+    dropped_ns = 0  # scad.rdma: how long the last operation's drop took, after its word
     while True:
         chan.wait_readable()  # polled, as bench/transfer.py's active sides wait for a command
-        t = [perf()]
+        t = [stamp()]
         msg = chan.recv()
         if msg.get("quit"):
             return
         if api == "connect":
             md = RdmaMetadata.from_json(msg["record"])
-            t.append(perf())
+            t.append(stamp())
             op = connector.begin_write(Descriptor(local), md) if write else connector.begin_read(md, Descriptor(local))
-            t.append(perf())
+            t.append(stamp())
             await op.wait_for_completion()
         elif api == "rdma":
             buf = RdmaBuffer.from_json(msg["record"])
-            t.append(perf())
+            t.append(stamp())
             await (buf.write_from(local) if write else buf.read_into(local))
-            t.append(perf())
+            t.append(stamp())
         else:
             meta = pickle.loads(base64.b64decode(msg["meta"]))
-            t.append(perf())
+            t.append(stamp())
             tensors.recv_multiple_tensors(msg["object"], meta, tensors.get_communicator_metadata(), target_buffers=[local])
-            t.append(perf())
-        t.append(perf())
-        chan.send({"t": t, "dropped_us": dropped_us})
+            t.append(stamp())
+        t.append(stamp())
+        chan.send({"t": t, "dropped_ns": dropped_ns})
         if api == "rdma":  # its link let go of once the owner has its word, as transfer_scad.py's peer does
-            t0 = perf()
+            t0 = stamp()
             buf.drop()
-            dropped_us = (perf() - t0) * 1e6
+            dropped_ns = stamp() - t0
 
 
 def main():

@@ -49,16 +49,17 @@ def peer(chan, size, write):
     target = chan.recv()["target"]
     chan.send({"ok": True})
     move = e.transfer_sync_write if write else e.transfer_sync_read
+    stamp = time.perf_counter_ns  # integers to the owner, as bench/api_steps.py's peer sends them
     while True:
         chan.wait_readable()  # polled, as bench/transfer.py's active sides wait for a command
-        t = [perf()]
+        t = [stamp()]
         msg = chan.recv()
         if msg.get("quit"):
             return
-        t.append(perf())
+        t.append(stamp())
         if move(target, local.ctypes.data, msg["addr"], size) != 0:
             raise RuntimeError("Mooncake transfer failed")
-        t.append(perf())
+        t.append(stamp())
         chan.send({"t": t})
 
 
@@ -75,7 +76,7 @@ def owner(chan, size, runs):
         t1 = perf()
         chan.send({"addr": lent.ctypes.data})
         t2 = perf()
-        theirs = chan.recv_polling()["t"]
+        theirs = [ns * 1e-9 for ns in chan.recv_polling()["t"]]  # perf_counter's clock, in nanoseconds
         t3 = perf()
         e.unregister_memory(lent.ctypes.data)
         t4 = perf()
