@@ -1,5 +1,6 @@
 """The Python action API (disagg) against real memory elements (libd-memd processes)."""
 import asyncio
+import contextlib
 import ctypes
 import gc
 import os
@@ -445,13 +446,23 @@ def test_begin_transfer_moves_one_grants_memory_in_one_call_and_says_what_failed
         server.terminate()
 
 
-def test_lend_serves_memory_in_place_under_one_grant_and_leaves_nothing_when_refused():
-    server = LibdAction("lend-owner")
+@contextlib.contextmanager
+def lending_tcp_server(name):
+    """A tcp memory server of caller memory (size,0) serving on its own thread: yields it and the
+    host and port part of a durl that reaches it."""
+    server = LibdAction(name)
     server.add_transport("srv;tcp_server;size,0")
     srv = server.get_transport("srv", "rdma_server")
     srv.serve(block=False)
     try:
-        where = ";".join(p for p in srv.message.split(";") if p.split(",", 1)[0] in ("host", "port"))
+        yield srv, ";".join(p for p in srv.message.split(";") if p.split(",", 1)[0] in ("host", "port"))
+    finally:
+        srv.stop()
+        server.terminate()
+
+
+def test_lend_serves_memory_in_place_under_one_grant_and_leaves_nothing_when_refused():
+    with lending_tcp_server("lend-owner") as (srv, where):
         lent = bytearray(b"lent memory, in place")
         address = ctypes.addressof((ctypes.c_char * len(lent)).from_buffer(lent))
         with pytest.raises(ValueError, match="rights"):
@@ -472,18 +483,10 @@ def test_lend_serves_memory_in_place_under_one_grant_and_leaves_nothing_when_ref
         srv.withdraw("el")  # the grant goes with the element
         with pytest.raises(KeyError):
             srv.revoke(grant)
-    finally:
-        srv.stop()
-        server.terminate()
 
 
 def test_grant_key_is_grant_ex_as_id_and_secret_for_exactly_its_slice():
-    server = LibdAction("key-owner")
-    server.add_transport("srv;tcp_server;size,0")
-    srv = server.get_transport("srv", "rdma_server")
-    srv.serve(block=False)
-    try:
-        where = ";".join(p for p in srv.message.split(";") if p.split(",", 1)[0] in ("host", "port"))
+    with lending_tcp_server("key-owner") as (srv, where):
         lent = bytearray(b"0123456789abcdef")
         address = ctypes.addressof((ctypes.c_char * len(lent)).from_buffer(lent))
         srv.expose("el", address, len(lent))
@@ -505,9 +508,6 @@ def test_grant_key_is_grant_ex_as_id_and_secret_for_exactly_its_slice():
         with pytest.raises(KeyError):
             srv.revoke(grant)
         srv.withdraw("el")
-    finally:
-        srv.stop()
-        server.terminate()
 
 
 def test_reg_shares_another_transports_buffer_and_with_releases(memd):

@@ -298,18 +298,22 @@ class RdmaManager:
     def _drop_lent(self, buf: LentBuffer) -> None:
         """drop() of a buffer this manager lent, in the process that lent it."""
         with self._lock:
-            region = self._cache.release(buf.token)
-            if region is None:
-                return  # dropped already
-            key = buf._key
-            if key is not None:
-                self._tokens.pop(key[0], None)
-                try:
-                    self._server.revoke(key[0])
-                except KeyError:
-                    pass  # expired and revoked already
-            if not region.holders:
-                self._idle_locked(region)
+            self._release_locked(buf.token, buf._key)
+
+    def _release_locked(self, token: Optional[str], key: Optional[tuple]) -> None:
+        """Lets go of the buffer the cache holds by `token` (none: dropped already), its key
+        (grant id first) revoked if it has one, and of its region once no buffer is left on it."""
+        region = self._cache.release(token) if token is not None else None
+        if region is None:
+            return
+        if key is not None:
+            self._tokens.pop(key[0], None)
+            try:
+                self._server.revoke(key[0])
+            except KeyError:
+                pass  # expired and revoked already
+        if not region.holders:
+            self._idle_locked(region)
 
     def drop(self, buf: RdmaBuffer) -> None:
         if isinstance(buf, LentBuffer) and buf._key is None and buf._lender is not self:
@@ -330,16 +334,7 @@ class RdmaManager:
                         return
                     # a copy of a handle this process lent (from its record): the same buffer
                     token, key = self._tokens.get(buf.grant), (buf.grant, None)
-                region = self._cache.release(token) if token is not None else None
-                if region is not None:
-                    if key is not None:
-                        self._tokens.pop(key[0], None)
-                        try:
-                            self._server.revoke(key[0])
-                        except KeyError:
-                            pass  # expired and revoked already
-                    if not region.holders:
-                        self._idle_locked(region)
+                self._release_locked(token, key)
             return
         self._forget_link(buf.route, reuse=True)
 
