@@ -27,7 +27,7 @@ sys.path[:0] = [str(ROOT / "build" / "python"), str(ROOT / "bindings" / "python"
 
 import numpy  # noqa: E402,F401 - loaded before anything is timed (transfer_pair.array makes the buffers)
 
-from transfer_pair import array, Channel  # noqa: E402
+from transfer_pair import array, Channel, stamped_command  # noqa: E402
 
 perf = time.perf_counter
 BUSY_POLL_US = 500.0
@@ -118,11 +118,10 @@ async def peer(api, transport, size, chan, write):
     stamp = time.perf_counter_ns
     dropped_ns = 0  # scad.rdma: how long the last operation's drop took, after its word
     while True:
-        chan.wait_readable()  # polled, as bench/transfer.py's active sides wait for a command
-        t = [stamp()]
-        msg = chan.recv()
-        if msg.get("quit"):
+        seen, msg = stamped_command(chan)
+        if msg is None:
             return
+        t = [seen]
         if api == "connect":
             md = RdmaMetadata.from_json(msg["record"])
             t.append(stamp())

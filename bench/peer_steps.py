@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import numpy  # noqa: E402,F401 - loaded before anything is timed (transfer_pair.array makes the buffers)
 
-from transfer_pair import array, Channel  # noqa: E402
+from transfer_pair import array, Channel, stamped_command  # noqa: E402
 
 perf = time.perf_counter
 WARMUP = 100
@@ -51,12 +51,10 @@ def peer(chan, size, write):
     move = e.transfer_sync_write if write else e.transfer_sync_read
     stamp = time.perf_counter_ns  # integers to the owner, as bench/api_steps.py's peer sends them
     while True:
-        chan.wait_readable()  # polled, as bench/transfer.py's active sides wait for a command
-        t = [stamp()]
-        msg = chan.recv()
-        if msg.get("quit"):
+        seen, msg = stamped_command(chan)
+        if msg is None:
             return
-        t.append(stamp())
+        t = [seen, stamp()]
         if move(target, local.ctypes.data, msg["addr"], size) != 0:
             raise RuntimeError("Mooncake transfer failed")
         t.append(stamp())

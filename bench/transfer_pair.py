@@ -131,6 +131,16 @@ def await_command(progress=None):
         os.sched_yield()
 
 
+def stamped_command(chan):
+    """A step-timing peer's next command (bench/api_steps.py, peer_steps.py): waited for as every
+    active side waits (polled), stamped in integer nanoseconds of perf_counter's clock as its line
+    is seen. (stamp, message), the message None once the owner says quit."""
+    chan.wait_readable()
+    seen = time.perf_counter_ns()
+    msg = chan.recv()
+    return seen, (None if msg.get("quit") else msg)
+
+
 def claim_stdout():
     """Keeps this process's stdout for the protocol and sends everything else written to fd 1
     (libraries' own logging) to stderr. Call before the libraries are loaded."""
