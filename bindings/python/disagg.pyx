@@ -977,10 +977,7 @@ cdef class LibdTransportRDMAServer(LibdTransport):
             err = _error(rc, "grant")
             clibd.libd_trdma_server_withdraw(t, spec.element)
             raise err
-        # The configuration ends "grant,G;secret,S" (libd's hand_out): read from the end.
-        config = out[:strlen(out)].decode()
-        head, _, secret = config.rpartition(";secret,")
-        return head[head.rindex("grant,") + 6:], secret
+        return _key_of(out)
 
     def watch_notify(self, grant_id, int fd):
         """libd writes to `fd` (an eventfd) whenever wait_notify(grant_id) would have something to
