@@ -83,6 +83,29 @@ TEST(LoopLease, ALapsedLeaseGivesTheLoopBack) {
   EXPECT_NE(std::this_thread::get_id(), where.get());
 }
 
+// A holder that renewed its lease for a long while (the parked thread looking later and later
+// meanwhile) and then stops calling still gets the loop taken back.
+TEST(LoopLease, ALeaseRenewedForLongThenLeftLapsesToo) {
+  libd::IoLoop loop;
+  ASSERT_TRUE(take_loop(loop, 1000));
+  auto end = Clock::now() + milliseconds(80);
+  while (Clock::now() < end) loop.progress(1000);
+  auto where = ran_on(loop);
+  ASSERT_EQ(std::future_status::ready, where.wait_for(std::chrono::seconds(10))) << "the loop's thread stayed parked";
+  EXPECT_NE(std::this_thread::get_id(), where.get());
+}
+
+// When the parked thread looks at the lease next: at its end at first, then later past it the
+// longer the loop has been leased (a quarter of the time parked), never more than 10 ms past it.
+TEST(LoopLease, TheParkedThreadLooksLaterTheLongerItIsParked) {
+  const int64_t ms = 1'000'000, until = 500 * ms;
+  EXPECT_EQ(until, libd::IoLoop::next_look_ns(until, 100 * ms, 100 * ms)) << "just parked: at the lease's end";
+  EXPECT_EQ(until + 1 * ms, libd::IoLoop::next_look_ns(until, 100 * ms, 104 * ms));
+  EXPECT_EQ(until + 5 * ms, libd::IoLoop::next_look_ns(until, 100 * ms, 120 * ms));
+  EXPECT_EQ(until + libd::IoLoop::kMaxParkedSlackNs, libd::IoLoop::next_look_ns(until, 100 * ms, 499 * ms));
+  EXPECT_EQ(10 * ms, libd::IoLoop::kMaxParkedSlackNs);
+}
+
 TEST(LoopLease, RunSyncDuringALeaseDoesNotWaitForTheHolder) {
   libd::IoLoop loop;
   ASSERT_TRUE(take_loop(loop, 60'000'000));

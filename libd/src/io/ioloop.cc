@@ -2,6 +2,7 @@
 
 #include <sched.h>
 
+#include <algorithm>
 #include <chrono>
 
 #include "core/error.h"
@@ -54,6 +55,17 @@ void IoLoop::run_thread() {
   driver_.store(std::thread::id(), std::memory_order_release);
 }
 
+int64_t IoLoop::next_look_ns(int64_t until, int64_t parked_since, int64_t now) {
+  // The first look comes as the lease ends. A holder that keeps calling renews it before then,
+  // and a thread that looked at every lease's end would be woken once a lease (1 ms, say) for as
+  // long as the holder drives: on a host whose cores the holder and its peer keep busy, each of
+  // those wake-ups takes a core from one of them. So the longer the loop has been leased, the
+  // later the thread looks: a quarter of the time parked so far past the lease's end, at most
+  // kMaxParkedSlackNs. A holder that stops calling (without release()) thus delays the loop by
+  // its lease and that slack; release() still wakes the thread at once.
+  return until + std::min((now - parked_since) / 4, kMaxParkedSlackNs);
+}
+
 bool IoLoop::leased() const {
   int64_t until = lease_until_ns_.load(std::memory_order_acquire);
   return until != 0 && now_ns() < until;
@@ -66,10 +78,13 @@ void IoLoop::park(std::unique_lock<std::mutex> &drive) {
     // A mutex of its own, which release() takes before it signals: a release that comes between
     // a look at the lease and the wait is not lost (drive_mu_ may be held by a lease holder).
     std::unique_lock<std::mutex> parked(park_mu_);
+    const int64_t since = now_ns();
     for (;;) {
       int64_t until = lease_until_ns_.load(std::memory_order_acquire);
-      if (until == 0 || now_ns() >= until) break;
-      parked_cv_.wait_until(parked, std::chrono::steady_clock::time_point(std::chrono::nanoseconds(until)));
+      int64_t now = now_ns();
+      if (until == 0 || now >= until) break;
+      parked_cv_.wait_until(parked, std::chrono::steady_clock::time_point(std::chrono::nanoseconds(
+                                        next_look_ns(until, since, now))));
     }
   }
   drive.lock();

@@ -6,11 +6,13 @@
 // progress(), as an application drives UCX's worker with ucp_worker_progress: a request that
 // arrives meanwhile is served on that thread, with no thread woken. The loop's own thread parks
 // while such a lease lasts and takes the loop back when the lease is released or lapses, so a
-// driver that stops calling (or dies in user code) delays the loop by one lease at most.
+// driver that stops calling (or dies in user code) delays the loop by its lease, and by at most
+// a quarter of the time it held the loop beyond (10 ms at most: next_look_ns).
 #pragma once
 #include <uv.h>
 
 #include <atomic>
+#include <cstdint>
 #include <condition_variable>
 #include <functional>
 #include <mutex>
@@ -51,6 +53,13 @@ class IoLoop {
   bool progress(uint32_t lease_us);
   // Ends the caller's lease: the loop's thread takes the loop back at once.
   void release();
+
+  // When a thread parked since `parked_since` looks at a lease that lasts `until` next (steady
+  // clock, ns): past the lease's end by a quarter of the time parked so far, at most
+  // kMaxParkedSlackNs, so that a lease its holder keeps renewing does not wake the thread once a
+  // lease.
+  static constexpr int64_t kMaxParkedSlackNs = 10'000'000;
+  static int64_t next_look_ns(int64_t until, int64_t parked_since, int64_t now);
 
  private:
   void drain();
