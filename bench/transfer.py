@@ -21,15 +21,17 @@ Sizes 64 B .. 16 MiB, read and write, 1 and 16 in flight (per buffer: the batch'
 batch is each API's own way of moving several buffers at once, transfer_pair.py says which).
 The ratio is the peer's time over ours: above 1, ours is faster. Raw results go to bench/out/.
 
-A run is several rounds, each measuring every API and peer once, ours first in one round and the
-peers first in the next: on a shared two-core host one operation's time drifts by half from one
-minute to the next, so a ratio is taken within a round (ours and the peer a few seconds apart) and
-the figures printed are medians over the rounds.
+A run is several rounds. In a round the driver starts every pair of a transport at once and
+steps them through the cells together: each cell is measured by every pair in turn (ours first
+for one cell, the peers first for the next), the others asleep meanwhile. On a shared two-core
+host one operation's time drifts by half from one minute to the next, so a ratio is taken within
+a round, from figures measured seconds apart, and the figures printed are medians over the rounds.
 """
 import argparse
 import json
 import os
 import pathlib
+import select
 import signal
 import statistics
 import subprocess
@@ -71,45 +73,123 @@ def plan_for(api, sizes, mode):
     return cells
 
 
-def time_limit_s(plan):
-    """How long a worker pair may take: a cell takes about a second (0.25 s of measured batches,
-    warm-up, a 16 MiB cell's copies), so 10 s a cell and 30 s to start is ample; 20 cells: 230 s."""
-    return 30 + 10 * len(plan)
+# How long a pair may take to start (NIXL's agents, Mooncake's engines, imports) and one cell (a
+# cell takes about a second: 0.25 s of measured batches, warm-up, a 16 MiB cell's copies).
+READY_LIMIT_S = 120
+CELL_LIMIT_S = 60
 
 
-def run_worker(python, script, api, transport, plan, env, log):
-    argv = [python, str(BENCH / script), "owner", api, transport, json.dumps(plan)]
-    t0 = time.time()
-    limit = time_limit_s(plan)
-    # A session of its own: a worker that hangs (a NIXL pair once spun for 8 minutes) is killed
-    # with its active side, the whole process group, and the run goes on with the next API.
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, text=True, env=env, start_new_session=True)
-    timed_out = False
-    try:
-        stdout, _ = proc.communicate(timeout=limit)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        os.killpg(proc.pid, signal.SIGKILL)
-        stdout, _ = proc.communicate()
-    rows, error = [], None
-    for line in stdout.splitlines():
-        if line.startswith("@@"):
-            msg = json.loads(line[2:])
-            if "error" in msg:
-                error = msg["error"]
-            else:
-                rows.append(msg)
-    crash = ""
-    if timed_out:
-        error = f"took longer than {limit} s: killed after {len(rows)} of {len(plan)} cells"
-    elif proc.returncode != 0 and error is None:
-        if len(rows) == len(plan):  # seen with NIXL: SIGSEGV in the agent's teardown, after every figure
-            crash = f" (the process then ended with status {proc.returncode})"
-        else:
-            error = f"exit status {proc.returncode} after {len(rows)} of {len(plan)} cells"
-    print(f"  {NAMES[api]:22} {transport:4} {len(rows):3} cells in {time.time() - t0:5.1f} s{crash}"
-          + (f"  FAILED: {error}" if error else ""), flush=True)
-    return rows, error
+class Pair:
+    """One worker pair (its owner process, which starts its active side), stepped through its plan
+    by the driver one cell at a time. A pair that fails, or takes longer than its limit (a NIXL pair
+    once spun for 8 minutes), is killed with its active side, the whole process group, and the run
+    goes on with the others."""
+
+    def __init__(self, python, script, api, mode, transport, plan, env, log, key):
+        self.api, self.mode, self.transport, self.plan, self.key = api, mode, transport, plan, key
+        self.index = {cell: i for i, cell in enumerate(plan)}
+        argv = [python, str(BENCH / script), "owner", api, transport, json.dumps(plan)]
+        # A session of its own: killed, its active side goes too.
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=env,
+                                     start_new_session=True)
+        self.pending = b""
+        self.rows, self.error, self.busy_s = [], None, 0.0
+
+    def alive(self):
+        return self.error is None
+
+    def message(self, limit_s):
+        """The owner's next line for the driver, as a dict."""
+        deadline = time.time() + limit_s
+        fd = self.proc.stdout.fileno()
+        while True:
+            nl = self.pending.find(b"\n")
+            if nl >= 0:
+                line, self.pending = self.pending[:nl], self.pending[nl + 1:]
+                if line.startswith(b"@@"):
+                    msg = json.loads(line[2:])
+                    if "error" in msg:
+                        raise RuntimeError(msg["error"])
+                    return msg
+                continue
+            left = deadline - time.time()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                raise TimeoutError(f"no answer within {limit_s} s")
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                raise EOFError(f"the owner ended (status {self.proc.wait()})")
+            self.pending += chunk
+
+    def fail(self, why):
+        self.error = why
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+
+    def wait_ready(self):
+        try:
+            self.message(READY_LIMIT_S)
+        except (RuntimeError, TimeoutError, EOFError) as e:
+            self.fail(f"did not start: {e}")
+
+    def run_cell(self, cell, rnd):
+        """Measures `cell` (mode, size, op, inflight) if it is in this pair's plan."""
+        if not self.alive() or cell not in self.index:
+            return
+        t0 = time.time()
+        try:
+            self.proc.stdin.write(f"@@{json.dumps({'cell': self.index[cell]})}\n".encode())
+            self.proc.stdin.flush()
+            self.rows.append(dict(self.message(CELL_LIMIT_S), round=rnd))
+        except (RuntimeError, TimeoutError, EOFError, BrokenPipeError) as e:
+            self.fail(f"{e} (after {len(self.rows)} of {len(self.plan)} cells)")
+        self.busy_s += time.time() - t0
+
+    def finish(self):
+        """Tells the owner to quit; the note about how it ended ("" if it ended well)."""
+        if not self.alive():
+            return ""
+        try:
+            self.proc.stdin.write(b'@@{"quit":true}\n')
+            self.proc.stdin.close()
+        except BrokenPipeError:
+            pass
+        try:
+            code = self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.fail("did not end within 60 s of its last cell")
+            return ""
+        # Seen with NIXL: SIGSEGV in the agent's teardown, after every figure.
+        return f" (the process then ended with status {code})" if code != 0 else ""
+
+
+def cell_order(sizes):
+    """Every cell (size, op, inflight) of a transport, in the order the pairs measure them: that
+    of an operation plan (the 1 MiB read of one at a time first, each pair's cold first figure)."""
+    return [(size, op, k) for _, size, op, k in plan_for("rdma", sizes, "op")]
+
+
+def run_round(specs, transport, sizes, rnd, log):
+    """One round over `transport`: every pair started at once and stepped through the cells
+    together, each cell measured by every pair that has it, ours first for one cell and the
+    peers first for the next (which go first in the round's first cell alternates by round),
+    the pairs not measuring asleep meanwhile. Returns the pairs, done."""
+    pairs = [Pair(python, script, api, mode, transport, plan_for(api, sizes, mode), env, log, key)
+             for python, script, api, mode, env, key, _ in specs]
+    ours = [p for p, spec in zip(pairs, specs) if spec[6]]
+    peers = [p for p, spec in zip(pairs, specs) if not spec[6]]
+    for p in pairs:
+        p.wait_ready()
+    for n, (size, op, k) in enumerate(cell_order(sizes)):
+        for p in (ours + peers if (n + rnd) % 2 == 0 else peers + ours):
+            p.run_cell((p.mode, size, op, k), rnd)
+    for p in pairs:
+        crash = p.finish()
+        print(f"  {NAMES[p.api]:22} {transport:4} {p.mode:4} {len(p.rows):3} cells, {p.busy_s:5.1f} s measuring{crash}"
+              + (f"  FAILED: {p.error}" if p.error else ""), flush=True)
+    return pairs
 
 
 def per_op_us(row):
@@ -154,23 +234,21 @@ def main():
         for rnd in range(args.rounds):
             for transport in transports:
                 print(f"round {rnd + 1} of {args.rounds}: measuring over {transport} ...", flush=True)
-                # (python, script, api, mode, env, failure key) of every worker pair of the round
-                ours = [(ours_python, "transfer_scad.py", api, "xfer" if api == "libd" else "op", base_env,
-                         (api, transport)) for api in apis]
-                peers = []
+                # (python, script, api, mode, env, failure key, ours?) of every worker pair of the round
+                specs = [(ours_python, "transfer_scad.py", api, "xfer" if api == "libd" else "op", base_env,
+                          (api, transport), True) for api in apis]
                 if not args.skip_peers:
                     # NIXL: operations and steady-state transfers.
                     env = dict(base_env, UCX_TLS=NIXL_TLS[transport], UCX_NET_DEVICES="lo")
-                    peers += [(peer_python, "transfer_peers.py", "nixl", mode, env, ("nixl", transport, mode))
+                    specs += [(peer_python, "transfer_peers.py", "nixl", mode, env, ("nixl", transport, mode), False)
                               for mode in ("op", "xfer")]
                     if transport in MOONCAKE_TRANSPORTS:
-                        peers += [(peer_python, "transfer_peers.py", "mooncake", mode, base_env,
-                                   ("mooncake", transport, mode)) for mode in ("op", "xfer")]
-                for python, script, api, mode, env, key in (ours + peers if rnd % 2 == 0 else peers + ours):
-                    got, err = run_worker(python, script, api, transport, plan_for(api, sizes, mode), env, log)
-                    rows += [dict(r, round=rnd) for r in got]
-                    if err:
-                        failures[key] = err
+                        specs += [(peer_python, "transfer_peers.py", "mooncake", mode, base_env,
+                                   ("mooncake", transport, mode), False) for mode in ("op", "xfer")]
+                for p in run_round(specs, transport, sizes, rnd, log):
+                    rows += p.rows
+                    if p.error:
+                        failures[p.key] = p.error
     if not args.skip_peers:
         notes.append(f"NIXL over shm is UCX_TLS={NIXL_TLS['shm']}: with shared memory alone its UCX backend "
                      "cannot start (UCX: 'no active messages transport ... no peer failure handler').")

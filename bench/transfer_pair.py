@@ -8,6 +8,11 @@ channel that carries a record (metadata, a buffer handle, a descriptor list) to 
 same for every API. Lines meant for the other side start with "@@"; what libraries print on
 stdout goes to stderr (claim_stdout).
 
+The driver starts every pair of a round at once and steps them through the cells together: each
+cell is measured by every pair in turn (ours first for one cell, the peers first for the next),
+the others asleep meanwhile (their owners on the driver's pipe, driver_cells; their active sides
+on the owner's, after its "rest"), so that a ratio compares figures taken seconds apart.
+
 A cell is (mode, size, op, inflight):
   op    one operation as users run it, timed in the owner: lend the memory (register, grant),
         hand the record over, the peer moves the bytes, the owner learns it finished and ends the
@@ -121,10 +126,15 @@ class Channel:
 _proto_out = None
 
 
-def await_command(progress=None):
-    """How every active side waits for the owner's next command: polling its pipe (and yielding
-    the CPU), as NIXL's must (without a progress thread its agent has to be driven meanwhile), so
-    that no API's figure carries a pipe wake-up the others do not. `progress` runs each round."""
+def await_command(progress=None, spin=True):
+    """How every active side waits for the owner's next command within a cell: polling its pipe
+    (and yielding the CPU), as NIXL's must (without a progress thread its agent has to be driven
+    meanwhile), so that no API's figure carries a pipe wake-up the others do not. `progress` runs
+    each round. spin=False, between cells: asleep on the pipe, so that a pair waiting for its
+    next cell takes no CPU from the pair being measured."""
+    if not spin:
+        select.select([sys.stdin], [], [])
+        return
     while not select.select([sys.stdin], [], [], 0)[0]:
         if progress is not None:
             progress()
@@ -139,6 +149,19 @@ def stamped_command(chan):
     seen = time.perf_counter_ns()
     msg = chan.recv()
     return seen, (None if msg.get("quit") else msg)
+
+
+def driver_cells():
+    """The cells the driver asks an owner for, one at a time: their indices in its plan, read from
+    the owner's stdin (asleep in between: a pair waiting for its turn takes no CPU). Ends when the
+    driver says quit or closes the pipe."""
+    for line in sys.stdin:
+        if not line.startswith(PREFIX):
+            continue
+        msg = json.loads(line[len(PREFIX):])
+        if "cell" not in msg:
+            return
+        yield msg["cell"]
 
 
 def claim_stdout():

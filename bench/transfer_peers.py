@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import numpy  # noqa: E402,F401 - loaded before anything is timed (transfer_pair.array makes the buffers)
 
-from transfer_pair import array, arrays, await_command, check, claim_stdout, emit, fail, fill_value, measure, start_active, stdio_channel  # noqa: E402
+from transfer_pair import array, arrays, await_command, check, claim_stdout, driver_cells, emit, fail, fill_value, measure, start_active, stdio_channel  # noqa: E402
 
 perf = time.perf_counter
 yield_cpu = os.sched_yield
@@ -128,10 +128,14 @@ class Owner:
         self.ops = 0
 
     def run(self, plan):
-        for index, (mode, size, op, inflight) in enumerate(plan):
+        emit({"ready": True})
+        for index in driver_cells():
+            mode, size, op, inflight = plan[index]
             value = fill_value(index)
             row = (self.xfer if mode == "xfer" else self.op)(size, op, inflight, value)
             row.update(api=self.api, transport=self.transport, mode=mode, size=size, op=op, inflight=inflight)
+            self.peer.send({"cmd": "rest"})  # its active side sleeps until the pair's next cell
+            self.peer.recv()
             emit(row)
         self.peer.send({"cmd": "quit"})
         self.proc.wait(30)
@@ -210,17 +214,23 @@ class Active:
         chan.send({"ok": True})
 
     def serve(self):
+        resting = True  # between cells: asleep on the pipe (the owner has had every notification)
         while True:
             # NIXL without a progress thread: the agent is driven while it waits for the next
             # command, or a notification still queued in UCX (they go out over tcp) never leaves.
-            await_command(self.lib.agent.get_new_notifs if self.api == "nixl" else None)
+            await_command(self.lib.agent.get_new_notifs if self.api == "nixl" else None, spin=not resting)
             msg = self.chan.recv()
             cmd = msg["cmd"]
             if cmd == "quit":
                 return
-            if cmd == "xfer":
+            if cmd == "rest":
+                resting = True
+                self.chan.send({"ok": True})
+            elif cmd == "xfer":
+                resting = False
                 self.chan.send(self.xfer(msg))
             elif cmd == "prepare":
+                resting = False
                 self.op, self.value = msg["op"], msg["value"]
                 self.local = arrays(msg["inflight"], msg["size"], 255 - msg["value"])
                 self.register(self.local)

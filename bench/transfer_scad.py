@@ -1,7 +1,7 @@
 """bench/transfer.py's worker for this project's APIs, in the project's environment (.venv and the
 build's disagg module). One process is the owner, the other the active side (transfer_pair.py).
 
-    python bench/transfer_scad.py owner API TRANSPORT PLAN_JSON     (prints one result line per cell)
+    python bench/transfer_scad.py owner API TRANSPORT PLAN_JSON     (a result line per cell the driver asks for)
 
 API: libd (plain transport reads and writes, xfer cells), connect (scad.connect), rdma (scad.rdma),
 tensor (scad.tensor_transport); TRANSPORT: shm or tcp (forced on the active side).
@@ -33,7 +33,7 @@ OWNER_POLL_US = 1_000_000.0
 # windows take a core the bulk transfers need on two cores.
 SERVER_POLL_US = 100.0
 
-from transfer_pair import array, arrays, await_command, check, claim_stdout, Channel, emit, fail, fill_value, measure, measure_async, start_active, stdio_channel  # noqa: E402
+from transfer_pair import array, arrays, await_command, check, claim_stdout, Channel, driver_cells, emit, fail, fill_value, measure, measure_async, start_active, stdio_channel  # noqa: E402
 
 perf = time.perf_counter
 
@@ -56,13 +56,19 @@ class Owner:
             self.drive = RdmaManager.get().progress
 
     async def run(self, plan):
-        for index, (mode, size, op, inflight) in enumerate(plan):
+        self.peer.send({"cmd": "ping"})
+        self.peer.recv()
+        emit({"ready": True})
+        for index in driver_cells():
+            mode, size, op, inflight = plan[index]
             value = fill_value(index)
             if mode == "xfer":
                 row = self.xfer(size, op, inflight, value)
             else:
                 row = await self.op(size, op, inflight, value)
             row.update(api=self.api, transport=self.transport, mode=mode, size=size, op=op, inflight=inflight)
+            self.peer.send({"cmd": "rest"})  # its active side sleeps until the pair's next cell
+            self.peer.recv()
             emit(row)
         self.peer.send({"cmd": "quit"})
         self.proc.wait(30)
@@ -155,15 +161,22 @@ class Active:
         self.connector = self.manager = self.tensors = None
 
     async def serve(self):
+        resting = True  # between cells: asleep on the pipe
         while True:
-            await_command()
+            await_command(spin=not resting)
             msg = self.chan.recv()
             cmd = msg["cmd"]
             if cmd == "quit":
                 return
-            if cmd == "xfer":
+            if cmd in ("ping", "rest"):
+                resting = True
+                self.local = []
+                self.chan.send({"ok": True})
+            elif cmd == "xfer":
+                resting = False
                 self.chan.send(self.xfer(msg))
             elif cmd == "prepare":
+                resting = False
                 self.op, self.value = msg["op"], msg["value"]
                 self.local = arrays(msg["inflight"], msg["size"], 255 - msg["value"])
                 self.chan.send({"ok": True})
