@@ -274,3 +274,36 @@ def test_a_waiting_owner_sleeps_until_the_peers_word_wakes_it(monkeypatch, trans
             assert len(looks) >= 3, "it returned without looking at the peer's word"
 
     asyncio.run(main())
+
+
+def test_an_owner_that_ends_the_operation_at_the_word_before_the_peer_looks_is_a_completed_transfer(monkeypatch):
+    """Over tcp a list's word goes right behind its requests, in the same write, and the peer
+    takes the owner's verdict on the grant after that. An owner quick to act on the word ends
+    the operation (revokes the grant, withdraws the memory) and the peer's transport is cut,
+    perhaps before the peer looks: the transfers are done then, and the operation completes; it
+    is not an owner out of reach. The peer's look is held here until the owner has ended the
+    operation and the cut has reached the peer."""
+    from scad.connect import _active
+    verdicts = _active.ActiveOperation._verdicts
+
+    async def main():
+        with Connector() as owner, Connector(transport="tcp") as peer:
+            dst = [numpy.zeros(4096, numpy.uint8) for _ in range(3)]
+            src = [numpy.full(4096, i + 1, numpy.uint8) for i in range(3)]
+            passive = owner.create_writable([Descriptor(a) for a in dst])
+
+            def after_the_owner_ended_it(op):
+                deadline = asyncio.get_event_loop().time() + 30
+                while passive.status != OperationStatus.COMPLETE:  # a look collects the word
+                    assert asyncio.get_event_loop().time() < deadline, "the owner never had the word"
+                for t in op._transports:
+                    assert t.wait_state("ERROR", timeout=30) == "ERROR"  # the owner's cut is here
+                verdicts(op)
+
+            monkeypatch.setattr(_active.ActiveOperation, "_verdicts", after_the_owner_ended_it)
+            op = peer.begin_write([Descriptor(a) for a in src], passive.metadata())
+            await op.wait_for_completion(timeout=30)
+            assert op.status == OperationStatus.COMPLETE
+            assert all((d == s).all() for d, s in zip(dst, src))
+
+    asyncio.run(main())

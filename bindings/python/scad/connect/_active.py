@@ -165,8 +165,21 @@ class ActiveOperation(OperationBase):
             # full, and makes it a failure if a request was refused.
             for t in self._transports:
                 t.notify(self._value, 0)
+        self._verdicts()
+
+    def _verdicts(self) -> None:
+        """The owner's verdict on each grant: a refusal is an error here, not later. Over tcp the
+        word went right behind the requests, and an owner quick to act on it may have ended the
+        operation (its grants revoked, its memory withdrawn) before this looks: the transport is
+        cut then, and says so. The owner's server answers a grant's requests before it reads
+        its word, so if every transfer completed the grants were attached and served: that is
+        the operation done, not an owner out of reach."""
         for t in self._transports:
-            t.remote()  # the owner's verdict on the grant: a refusal is an error here, not later
+            try:
+                t.remote()
+            except ConnectionError:
+                if not (self._pipelined and all(op.status == 0 for op in self._ops)):
+                    raise
 
     # ---- Dynamo's surface ---------------------------------------------------------------
     @property
