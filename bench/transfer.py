@@ -211,6 +211,9 @@ def main():
     args = ap.parse_args()
     if args.rounds < 1:
         ap.error("--rounds must be at least 1")
+    unknown = sorted(set(args.apis.split(",")) - set(OURS))
+    if unknown:
+        ap.error(f"--apis: unknown {', '.join(unknown)} (ours are {', '.join(OURS)})")
     t_start = time.time()
     load_before = os.getloadavg()
     if not args.no_setup:
