@@ -37,6 +37,18 @@ from transfer_pair import array, arrays, await_command, check, claim_stdout, Cha
 
 perf = time.perf_counter
 
+# The APIs' classes, loaded by load_apis() once stdout is claimed and before anything is timed, as
+# the peers' workers load their libraries and make their agents and engines up front: an import
+# statement inside a timed step would cost a lookup in every operation.
+Connector = Descriptor = RdmaMetadata = RdmaBuffer = RdmaManager = ScadTensorTransport = None
+
+
+def load_apis():
+    global Connector, Descriptor, RdmaMetadata, RdmaBuffer, RdmaManager, ScadTensorTransport
+    from scad.connect import Connector, Descriptor, RdmaMetadata
+    from scad.rdma import RdmaBuffer, RdmaManager
+    from scad.tensor_transport import ScadTensorTransport
+
 
 # ---- the owner ---------------------------------------------------------------------------------
 class Owner:
@@ -46,14 +58,20 @@ class Owner:
         self.proc, self.peer = start_active(argv)
         self.connector = self.manager = self.tensors = None
         self.objects = 0
+        # The API's object made now, as the peers' workers make their agents and engines before
+        # anything is timed (each starts its memory server at its first loan, inside the pair's
+        # first operation).
+        if api == "connect":
+            self.connector = Connector(busy_poll_us=OWNER_POLL_US)
+        elif api in ("rdma", "tensor"):
+            self.manager = RdmaManager.get()
+            if api == "tensor":
+                self.tensors = ScadTensorTransport()
         # Over tcp scad.rdma's and scad.tensor_transport's owners serve the peer's transfers on
         # their own thread while they poll for its word (RdmaManager.progress), as NIXL's owner
         # drives its agent (scad.connect's wait does so itself). Over shm the owner's server takes
         # no part in a transfer.
-        self.drive = None
-        if api in ("rdma", "tensor") and transport == "tcp":
-            from scad.rdma import RdmaManager
-            self.drive = RdmaManager.get().progress
+        self.drive = self.manager.progress if self.manager is not None and transport == "tcp" else None
 
     async def run(self, plan):
         self.peer.send({"cmd": "ping"})
@@ -75,7 +93,7 @@ class Owner:
 
     # Steady-state transfers: the owner only serves one lent array, the active side measures.
     def xfer(self, size, op, inflight, value):
-        from scad import _memserver
+        from scad import _memserver  # (plain libd: the memory server alone)
         action, srv, ep = _memserver.start(f"bench-owner-{os.getpid()}", "127.0.0.1", False, SERVER_POLL_US)
         remote = array(size, value)
         srv.expose("x", remote.ctypes.data, remote.nbytes)
@@ -103,9 +121,6 @@ class Owner:
         return {"first": first, "times": times, "verified": verified}
 
     async def connect_cycle(self, lent, op):
-        from scad.connect import Connector, Descriptor
-        if self.connector is None:
-            self.connector = Connector(busy_poll_us=OWNER_POLL_US)
         t0 = perf()
         make = self.connector.create_readable if op == "read" else self.connector.create_writable
         # Several buffers at once are one operation over a list of descriptors (Dynamo's way).
@@ -121,9 +136,6 @@ class Owner:
         return t1 - t0
 
     async def rdma_cycle(self, lent, op):
-        from scad.rdma import RdmaManager
-        if self.manager is None:
-            self.manager = RdmaManager.get()
         t0 = perf()
         # Several memories: one buffer over the list, under one key (a buffer each, Monarch's
         # own way, costs a key, a queue pair and a transfer per memory); a buffer each where the
@@ -139,9 +151,6 @@ class Owner:
         return perf() - t0
 
     async def tensor_cycle(self, lent, op):
-        from scad.tensor_transport import ScadTensorTransport
-        if self.tensors is None:
-            self.tensors = ScadTensorTransport()
         self.objects += 1
         obj = f"obj-{self.objects}"
         t0 = perf()
@@ -159,6 +168,13 @@ class Active:
         self.local = []
         self.op = "read"
         self.connector = self.manager = self.tensors = None
+        if api == "connect":  # made now, as the owner's (above)
+            self.connector = Connector(transport=transport, busy_poll_us=BUSY_POLL_US)
+        elif api == "rdma":
+            self.manager = RdmaManager.get(transport=transport, busy_poll_us=BUSY_POLL_US)
+        elif api == "tensor":
+            RdmaManager.get(transport=transport)  # the transport the tensor transport's reads use
+            self.tensors = ScadTensorTransport(busy_poll_us=BUSY_POLL_US)
 
     async def serve(self):
         resting = True  # between cells: asleep on the pipe
@@ -221,9 +237,6 @@ class Active:
         return {"first": first, "times": times, "verified": verified, "impl": self.transport}
 
     async def connect_go(self, msg):
-        from scad.connect import Connector, Descriptor, RdmaMetadata
-        if self.connector is None:
-            self.connector = Connector(transport=self.transport, busy_poll_us=BUSY_POLL_US)
         md = RdmaMetadata.from_json(msg["records"][0])
         descs = [Descriptor(a) for a in self.local]
         local = descs[0] if len(descs) == 1 else descs
@@ -231,9 +244,6 @@ class Active:
         await active.wait_for_completion()
 
     async def rdma_go(self, msg):
-        from scad.rdma import RdmaBuffer, RdmaManager
-        if self.manager is None:
-            self.manager = RdmaManager.get(transport=self.transport, busy_poll_us=BUSY_POLL_US)
         bufs = [RdmaBuffer.from_json(text) for text in msg["records"]]
         if len(bufs) == 1:  # one buffer, over the list when there are several
             local = self.local if len(self.local) > 1 else self.local[0]
@@ -247,11 +257,6 @@ class Active:
         return lambda: [b.drop() for b in bufs]
 
     async def tensor_go(self, msg):
-        from scad.rdma import RdmaManager
-        from scad.tensor_transport import ScadTensorTransport
-        if self.tensors is None:
-            RdmaManager.get(transport=self.transport)  # the transport the tensor transport's reads use
-            self.tensors = ScadTensorTransport(busy_poll_us=BUSY_POLL_US)
         meta = pickle.loads(base64.b64decode(msg["meta"]))
         self.tensors.recv_multiple_tensors(msg["object"], meta, self.tensors.get_communicator_metadata(),
                                            target_buffers=self.local)
@@ -260,6 +265,7 @@ class Active:
 def main():
     role, api, transport = sys.argv[1:4]
     claim_stdout()
+    load_apis()
     if role == "owner":
         plan = json.loads(sys.argv[4])
         try:
