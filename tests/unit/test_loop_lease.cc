@@ -135,6 +135,75 @@ TEST(LoopLease, ProgressFromTheLoopItselfDoesNothing) {
   EXPECT_FALSE(got.get_future().get());
 }
 
+// ---- a transfer part way: progress() runs on until it is done ----
+
+namespace {
+
+// Counts the passes of a loop (an idle handle runs once a pass); each pass moves bytes if `busy`.
+struct PassCounter {
+  uv_idle_t idle{};
+  libd::IoLoop *loop = nullptr;
+  std::atomic<int> passes{0};
+  std::atomic<bool> busy{true};
+
+  void start(libd::IoLoop &l) {
+    loop = &l;
+    idle.data = this;
+    l.run_sync([this] {
+      uv_idle_init(loop->loop(), &idle);
+      uv_idle_start(&idle, [](uv_idle_t *h) {
+        auto *self = static_cast<PassCounter *>(h->data);
+        self->passes++;
+        if (self->busy) self->loop->note_activity();
+      });
+    });
+  }
+};
+
+}  // namespace
+
+TEST(ProgressOnAPartWayTransfer, PassesFollowUntilTheTransferIsDone) {
+  PassCounter count;  // outlives the loop, which closes its handle
+  libd::IoLoop loop;
+  ASSERT_TRUE(take_loop(loop, 60'000'000));
+  count.start(loop);
+  int before = count.passes;
+  ASSERT_TRUE(loop.progress(60'000'000, [&] { return count.passes - before < 5; }));
+  EXPECT_EQ(5, count.passes - before) << "one call ran the loop until the transfer was no longer part way, and no further";
+  before = count.passes;
+  ASSERT_TRUE(loop.progress(60'000'000, [] { return false; }));
+  EXPECT_EQ(1, count.passes - before) << "with nothing part way a call is one pass";
+  loop.release();
+}
+
+TEST(ProgressOnAPartWayTransfer, ATransferThatStallsEndsTheCall) {
+  PassCounter count;
+  libd::IoLoop loop;
+  ASSERT_TRUE(take_loop(loop, 60'000'000));
+  count.start(loop);
+  count.busy = false;  // part way for ever, and no bytes move (a peer that stopped sending)
+  auto t0 = Clock::now();
+  ASSERT_TRUE(loop.progress(60'000'000, [] { return true; }));
+  auto took = Clock::now() - t0;
+  EXPECT_GE(took, std::chrono::nanoseconds(libd::IoLoop::kProgressIdleNs)) << "gave up before the idle time";
+  EXPECT_LT(took, std::chrono::seconds(30)) << "a stalled transfer held the caller for its whole lease";
+  loop.release();
+}
+
+TEST(ProgressOnAPartWayTransfer, ACallLastsTheLeaseAtMost) {
+  PassCounter count;
+  libd::IoLoop loop;
+  ASSERT_TRUE(take_loop(loop, 60'000'000));
+  count.start(loop);  // bytes move on every pass, and the transfer never ends
+  auto t0 = Clock::now();
+  ASSERT_TRUE(loop.progress(3000, [] { return true; }));
+  auto took = Clock::now() - t0;
+  EXPECT_GE(took, milliseconds(3));
+  EXPECT_LT(took, std::chrono::seconds(30)) << "the call outlasted its lease";
+  EXPECT_GT(count.passes, 1);
+  loop.release();
+}
+
 // ---- through the C API: an owner driving its memory server ----
 
 namespace {

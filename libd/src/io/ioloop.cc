@@ -108,7 +108,7 @@ void IoLoop::ask_to_park() {
   if (!park_asked_.exchange(true, std::memory_order_relaxed)) uv_async_send(&wake_);
 }
 
-bool IoLoop::progress(uint32_t lease_us) {
+bool IoLoop::progress(uint32_t lease_us, const std::function<bool()> &unfinished) {
   if (on_loop_thread()) return false;  // called back from the loop itself: it runs already
   lease_until_ns_.store(now_ns() + int64_t(lease_us) * 1000, std::memory_order_release);
   std::unique_lock<std::mutex> drive(drive_mu_, std::try_to_lock);
@@ -118,7 +118,19 @@ bool IoLoop::progress(uint32_t lease_us) {
   }
   {
     Driving here(*this);
+    const int64_t start = now_ns();
+    active_.store(false, std::memory_order_relaxed);
     uv_run(&loop_, UV_RUN_NOWAIT);
+    if (unfinished) {
+      int64_t moved = start;  // when bytes last moved
+      for (;;) {
+        if (!unfinished()) break;
+        int64_t now = now_ns();
+        if (active_.exchange(false, std::memory_order_relaxed)) moved = now;
+        if (now - moved >= kProgressIdleNs || now - start >= int64_t(lease_us) * 1000) break;
+        uv_run(&loop_, UV_RUN_NOWAIT);
+      }
+    }
   }
   return true;
 }

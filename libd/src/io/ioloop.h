@@ -50,7 +50,14 @@ class IoLoop {
   // until then the loop's thread stays parked and requests wait for the caller's next call. The
   // first call of a lease only asks the loop's thread to park (false: nothing was run; call
   // again). Any thread may call; one runs the loop at a time.
-  bool progress(uint32_t lease_us);
+  //
+  // unfinished (called on the loop, between passes): whether a transfer is still part way (a
+  // large payload arriving, an answer not all sent). While it is, passes follow the first, until
+  // it is done, until no bytes have moved for kProgressIdleNs, or for lease_us at most: one pass
+  // moves what the socket holds at that moment, and a caller that does other work between its
+  // calls would otherwise stretch a large transfer by that work once per socket-full.
+  bool progress(uint32_t lease_us, const std::function<bool()> &unfinished = {});
+  static constexpr int64_t kProgressIdleNs = 50'000;
   // Ends the caller's lease: the loop's thread takes the loop back at once.
   void release();
 

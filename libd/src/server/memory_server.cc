@@ -295,6 +295,12 @@ int MemoryServer::grant(Grant *g) {
   return 0;
 }
 
+bool MemoryServer::mid_transfer() const {
+  for (const ServerConn *c : conns_)
+    if (c->mid_transfer()) return true;
+  return false;
+}
+
 int MemoryServer::revoke(const std::string &grant_id) {
   bool sync = false, async = false, plain = false;
   {

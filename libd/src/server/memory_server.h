@@ -114,14 +114,17 @@ class MemoryServer {
   // The server's thread polls for this long after each wake-up, and after the last bytes it moved,
   // before it sleeps (IoLoop).
   void set_busy_poll_us(uint32_t us) { loop_.set_busy_poll_us(us); }
-  // The caller's thread runs the server's loop once and leases it (IoLoop::progress); 0 releases.
+  // The caller's thread runs the server's loop once and leases it (IoLoop::progress), and on while
+  // a connection is part way through a transfer; 0 releases.
   int progress(uint32_t lease_us) {
     if (lease_us == 0) {
       loop_.release();
       return 0;
     }
-    return loop_.progress(lease_us) ? 1 : 0;
+    return loop_.progress(lease_us, [this] { return mid_transfer(); }) ? 1 : 0;
   }
+  // Loop thread: whether a connection is part way through a transfer (ServerConn::mid_transfer).
+  bool mid_transfer() const;
   uint64_t capacity() const { return capacity_; }
   uint64_t used_bytes();
 

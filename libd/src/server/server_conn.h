@@ -49,6 +49,9 @@ class ServerConn : public proto::FrameReader::Handler {
   // nothing may read that memory any more. quiesce=false: the owner found that memory idle and
   // the grants ended (Element::io_idle), so nothing is closed for it.
   void cut(const std::function<bool(const Grant &)> &pred, int reason, bool quiesce = true);
+  // Part way through moving bytes: a frame's payload partly received, or (the kind's) answers
+  // not all handed to the kernel yet.
+  virtual bool mid_transfer() const { return reader_.in_payload(); }
 
   // proto::FrameReader::Handler: the opcodes every kind shares, then the kind's own.
   int on_header(const proto::Header &h, char **dest) final;

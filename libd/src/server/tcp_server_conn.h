@@ -21,6 +21,9 @@ class TcpServerConn : public ServerConn {
   explicit TcpServerConn(MemoryServer *srv) : ServerConn(srv, false), verbs_(srv) {}
   // The rdma_cm request that presented this connection's ticket (the ticket is spent).
   void on_cm_connect(rdma_cm_id *id);
+  bool mid_transfer() const override {
+    return ServerConn::mid_transfer() || uv_stream_get_write_queue_size(&h_.stream) > 0;
+  }
 
  protected:
   void on_start() override;
