@@ -74,6 +74,24 @@ TEST(Durl, RejectsOverlongParts) {
   EXPECT_NE(std::string::npos, why.find("4096")) << why;
 }
 
+// Duplicates are found however many pairs come before them (a handful are looked through, more
+// are kept in a set), and a durl of hundreds of pairs parses whole.
+TEST(Durl, ADuplicateIsFoundAmongManyPairs) {
+  for (int before : {1, 15, 16, 17, 40, 500}) {  // 500 pairs: about 3500 of the 4096 bytes
+    std::string text = "m;tcp";
+    for (int i = 0; i < before; i++) text += ";k" + std::to_string(i) + ",v";
+    Durl d;
+    std::string why;
+    ASSERT_EQ(0, parse_durl(text, &d, &why)) << before << ": " << why;
+    EXPECT_EQ(size_t(before), d.params.size());
+    for (int dup : {0, before - 1}) {
+      Durl again;
+      EXPECT_EQ(-EINVAL, parse_durl(text + ";k" + std::to_string(dup) + ",w", &again, &why)) << before << " " << dup;
+      EXPECT_NE(std::string::npos, why.find("duplicate key 'k" + std::to_string(dup) + "'")) << why;
+    }
+  }
+}
+
 TEST(Durl, ConfigIsPairsOnly) {
   libd::Params::List kv;
   std::string why;

@@ -50,7 +50,7 @@ int Action::add_transport(const std::string &durl) {
       return set_error(-EEXIST, "a transport named '" + d.name + "' already exists in action '" + aid_ + "'");
   }
   Params params = options_;
-  params.merge(Params(d.params));
+  params.merge(std::move(d.params));
   auto t = impl->make();
   if (int rc = t->setup({d.name, impl, std::move(params), aid_})) return rc;
   std::lock_guard<std::mutex> lk(mu_);

@@ -13,6 +13,8 @@ bool is_name_char(unsigned char c) {
 bool is_impl_char(unsigned char c) {
   return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
 }
+constexpr size_t kPairsLookedThrough = 16;
+
 bool is_value_char(unsigned char c) { return c >= 0x20 && c != 0x7f && c != ';'; }
 
 std::string describe(unsigned char c) {
@@ -47,7 +49,7 @@ class Parser {
   }
 
   int pairs(Params::List *out) {
-    std::set<std::string> seen;
+    std::set<std::string> many;  // the keys so far, once there are kPairsLookedThrough of them
     while (i_ < s_.size()) {
       std::string key, value;
       if (int rc = token(is_name_char, kMaxNameLength, "key", ',', &key)) return rc;
@@ -63,7 +65,18 @@ class Parser {
         i_++;
       }
       value = std::string(s_.substr(vstart, i_ - vstart));
-      if (!seen.insert(key).second) return fail(vstart - key.size() - 1, "duplicate key '" + key + "'");
+      // A durl has a handful of pairs: a look through those before beats a set (its nodes cost
+      // more than these comparisons, and every transfer of its own parses a durl). Past that
+      // many, a set, so that an absurd durl (hundreds of pairs) is no slower than before.
+      bool dup = false;
+      if (out->size() < kPairsLookedThrough) {
+        for (const auto &kv : *out) dup = dup || kv.first == key;
+      } else {
+        if (many.empty())
+          for (const auto &kv : *out) many.insert(kv.first);
+        dup = !many.insert(key).second;
+      }
+      if (dup) return fail(vstart - key.size() - 1, "duplicate key '" + key + "'");
       out->emplace_back(std::move(key), std::move(value));
       if (i_ < s_.size()) i_++;  // the ';' — a trailing one ends the list
     }

@@ -26,6 +26,10 @@ void Params::merge(const Params &other) {
   for (const auto &[k, v] : other.map_) map_[k] = v;
 }
 
+void Params::merge(List &&kv) {
+  for (auto &[k, v] : kv) map_.insert_or_assign(std::move(k), std::move(v));
+}
+
 static bool parse_u64(const std::string &s, uint64_t *out) {
   if (s.empty() || s.size() > 20) return false;
   uint64_t v = 0;

@@ -22,6 +22,7 @@ class Params {
   std::string get_or(const std::string &key, const std::string &dflt) const;
   void set(const std::string &key, const std::string &value) { map_[key] = value; }
   void merge(const Params &other);
+  void merge(List &&kv);  // the pairs moved in, later ones winning
   const std::map<std::string, std::string> &all() const { return map_; }
 
   // Typed reads: return 0 and store the value, or -EINVAL with libd_last_error naming the key.
