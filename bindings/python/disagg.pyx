@@ -24,6 +24,7 @@ from concurrent.futures import CancelledError
 
 from cpython.buffer cimport PyBUF_C_CONTIGUOUS, PyBuffer_FillInfo, PyBuffer_Release, PyObject_GetBuffer
 from posix.mman cimport munmap
+from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 from cpython.exc cimport PyErr_CheckSignals
 from libc.stdint cimport int64_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc
@@ -50,6 +51,12 @@ def buffer_info(obj):
         PyBuffer_Release(&view)
 
 # ---- the records peers parse before every operation (record_scan.h) ------------------------
+cdef extern from "<sched.h>" nogil:
+    int sched_yield()
+
+cdef enum:
+    _EINPROGRESS_C = 115  # errno.EINPROGRESS on Linux
+
 cdef extern from "Python.h":
     bint PyUnicode_IS_COMPACT_ASCII(object)
     const char *PyUnicode_AsUTF8AndSize(object, Py_ssize_t *) except NULL
@@ -826,6 +833,31 @@ cdef class Operation:
         with nogil:
             rc = clibd.libd_op_poll(self._op)
         return rc != -_errno.EINPROGRESS
+
+    def poll_for(self, double busy_poll_us):
+        """Looks at the operation again and again, with the GIL released, for up to busy_poll_us
+        microseconds, yielding the CPU between looks (each look may read answers in, as done()'s
+        does): whether it is done. For a waiter that trades a core for latency, as busy-polling
+        RDMA stacks do; scad._waiter.poll_until does the same with any callable, one Python call
+        per look."""
+        cdef clibd.libd_op *op = self._op
+        cdef int rc
+        cdef timespec now
+        cdef double end
+        with nogil:
+            rc = clibd.libd_op_poll(op)
+            if rc == -_EINPROGRESS_C and busy_poll_us > 0:
+                clock_gettime(CLOCK_MONOTONIC, &now)
+                end = now.tv_sec * 1e6 + now.tv_nsec * 1e-3 + busy_poll_us
+                while True:
+                    sched_yield()
+                    rc = clibd.libd_op_poll(op)
+                    if rc != -_EINPROGRESS_C:
+                        break
+                    clock_gettime(CLOCK_MONOTONIC, &now)
+                    if now.tv_sec * 1e6 + now.tv_nsec * 1e-3 >= end:
+                        break
+        return rc != -_EINPROGRESS_C
 
     def wait(self, timeout=None):
         """Waits; TimeoutError if `timeout` (seconds) passes first (the operation goes on)."""

@@ -235,6 +235,25 @@ def test_cancel_and_wait_timeout_on_the_fake_transport():
     t.read(8, 0)
 
 
+def test_poll_for_looks_until_the_operation_is_done_or_its_time_is_up():
+    action = LibdAction("poller")
+    action.add_transport("m;fake;size,4096")
+    t = action.get_transport("m", "rdma")
+    t.reg(4096)
+    t.set("delay_ms", "300")
+    t.set("fault", "delay")
+    op = t.write_async(16, 0)
+    t0 = time.monotonic()
+    assert op.poll_for(2000) is False  # 2 ms of looking at a write that takes 300
+    assert time.monotonic() - t0 >= 0.002
+    assert op.poll_for(0) is False  # one look
+    assert op.poll_for(10_000_000) is True  # it ends within the 10 s of looking
+    op.wait(0)
+    t.set("fault", "none")
+    assert t.write_async(16, 0).poll_for(10_000_000) is True
+    action.terminate()
+
+
 @pytest.mark.parametrize("impl", IMPLS)
 def test_large_transfer_verified(memd, impl):
     size = 256 << 20

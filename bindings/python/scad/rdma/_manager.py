@@ -21,7 +21,7 @@ import numpy
 
 from .. import _memserver
 from ..connect import Descriptor
-from .._waiter import new_eventfd, poll_until, wait_fd, wait_in_thread
+from .._waiter import new_eventfd, wait_fd, wait_in_thread
 from .._memserver import MAX_RANGES, from_binding
 from ._buffer import LentBuffer, RdmaBuffer, record_head
 from ._key_link import KeyLink, refusal as _refusal
@@ -29,6 +29,7 @@ from ._queue_pair import QueuePair, owner_of
 from ._regions import Region, RegionCache
 
 _buffer_info = from_binding("buffer_info")  # (address, size, readonly) of an array, in one call
+_begin_transfer = from_binding("begin_transfer")  # a transfer of its own, set up and started in one call
 
 
 class _Reserved:
@@ -129,6 +130,8 @@ class RdmaManager:
         # Per owner's server: how this process reaches it (transport, and the durl up to the
         # grant), decided once, not per link (the decision looks at the file system).
         self._servers: Dict[tuple, tuple] = {}
+        # Per (durl of a server, polling time): the durl of a transfer of its own, up to the key.
+        self._one_shot_heads: Dict[tuple, str] = {}
         self._reached_servers: set = set()  # servers a transfer of this process has reached
 
     # ---- the owner's side ---------------------------------------------------------------
@@ -386,16 +389,21 @@ class RdmaManager:
         placed: (transport, durl, address, size) as _once found them. options: begin_transfer's
         own (last=True: nothing more moves through this key here; over tcp the grant is let go of
         behind the request, in the same write)."""
-        from disagg import begin_transfer
         if placed is None:
             _, impl, durl = self._how(remote)
             address, size, _ = _buffer_info(local)
         else:
             impl, durl, address, size = placed
-        if impl == "tcp" and busy_poll_us > 0:
-            durl += f"busy_poll_us,{min(int(busy_poll_us), 1_000_000)};"
-        return begin_transfer(self.name, f"d0{durl[2:]}grant,{remote.grant};secret,{remote._secret}",
-                              address, size, write, local, raddr=remote.offset + offset, verdict=False, **options)
+        head = self._one_shot_heads.get((durl, busy_poll_us))
+        if head is None:
+            # The durl up to the key, per server and polling time: made once, not per transfer.
+            head = f"d0{durl[2:]}"
+            if impl == "tcp" and busy_poll_us > 0:
+                head += f"busy_poll_us,{min(int(busy_poll_us), 1_000_000)};"
+            if len(self._one_shot_heads) < 256:  # (a few servers and waits: bounded all the same)
+                self._one_shot_heads[(durl, busy_poll_us)] = head
+        return _begin_transfer(self.name, f"{head}grant,{remote.grant};secret,{remote._secret}",
+                               address, size, write, local, raddr=remote.offset + offset, verdict=False, **options)
 
     def _once(self, remote: RdmaBuffer, memory: Any, offset: int, read: bool) -> Optional[tuple]:
         """Whether this transfer may be the route's first, made by _one_transfer: the first on
@@ -472,7 +480,7 @@ class RdmaManager:
         """Waits for a transfer of its own: polls for the manager's busy_poll_us, then sleeps on
         an eventfd libd writes when it completes (closed whatever ends the wait). False if
         `timeout` seconds passed first."""
-        if poll_until(made.done, self.busy_poll_us if timeout is None else min(self.busy_poll_us, timeout * 1e6)):
+        if made.poll_for(self.busy_poll_us if timeout is None else min(self.busy_poll_us, timeout * 1e6)):
             return True
         fd = new_eventfd()
         try:
@@ -585,14 +593,16 @@ class RdmaManager:
         return link, new
 
     async def transfer(self, remote: RdmaBuffer, memory: Any, offset: int, timeout: Optional[float], read: bool) -> None:
+        # A route's first transfer goes on a transport of its own (the route reserved for it): no
+        # link, so nothing to take turns on. Others take turns on the route's link.
+        placed = self._once(remote, memory, offset, read)
+        if placed is not None:
+            await self._transfer_once(remote, memory, offset, timeout, read, placed)
+            return
         lock = self._link_locks.get(remote.route)
         if lock is None:
             lock = self._link_locks.setdefault(remote.route, asyncio.Lock())
         async with lock:  # one read_into/write_from at a time per route: one local region at a time
-            placed = self._once(remote, memory, offset, read)
-            if placed is not None:
-                await self._transfer_once(remote, memory, offset, timeout, read, placed)
-                return
             link, new = self._transfer_start(remote, memory, offset, read)
             try:
                 if not link.finished():  # shm copies complete as they start: no wait at all

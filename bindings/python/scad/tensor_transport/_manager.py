@@ -435,8 +435,7 @@ class ScadTensorTransport(_Base):
                 receive.start(begin)
                 transfer = made[0]
                 deadline = time.monotonic() + self._timeout
-                if not transfer.done():  # (shm copies are done as they start)
-                    poll_until(transfer.done, self._busy_poll_us)
+                transfer.poll_for(self._busy_poll_us)  # (shm copies are done as they start)
                 self._wait_read(receive, transfer.wait, deadline, impl, False)  # says how it failed, if it did
                 receive.check()
             except BaseException as e:
