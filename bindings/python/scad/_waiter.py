@@ -72,12 +72,14 @@ async def wait_fd(fd: int, ready: Callable[[], bool], timeout: Optional[float]) 
 
 
 async def wait_ready(ready: Callable[[], bool], busy_poll_us: float, timeout: Optional[float], fd: int,
-                     arm: Callable[[int], None]) -> "tuple[int, bool]":
+                     arm: Callable[[int], None], poll: Optional[Callable[[float], bool]] = None) -> "tuple[int, bool]":
     """Polls ready() for up to busy_poll_us (never past `timeout`), then sleeps on an eventfd
     until it is true: `fd`, or a new one when fd < 0, which arm(fd) sets libd writing to (again
     each time: arming is idempotent, and new writers may have come). Returns the eventfd for the
-    caller to keep and whether ready() came true within `timeout`."""
-    if poll_until(ready, busy_poll_us if timeout is None else min(busy_poll_us, timeout * 1e6)):
+    caller to keep and whether ready() came true within `timeout`. poll: the polling itself, for
+    a given time (a libd operation's poll_for, which loops in C), instead of poll_until(ready)."""
+    spin = busy_poll_us if timeout is None else min(busy_poll_us, timeout * 1e6)
+    if poll(spin) if poll is not None else poll_until(ready, spin):
         return fd, True
     if fd < 0:
         fd = new_eventfd()

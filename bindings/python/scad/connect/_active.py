@@ -200,7 +200,8 @@ class ActiveOperation(OperationBase):
                 for op in ops:
                     op.watch(fd)  # libd writes to it as each completes
 
-            self._fd, ok = await wait_ready(done, self._connector.busy_poll_us, timeout, self._fd, arm)
+            poll = ops[0].poll_for if len(ops) == 1 else None  # one transfer: polled in C
+            self._fd, ok = await wait_ready(done, self._connector.busy_poll_us, timeout, self._fd, arm, poll)
             if not ok:
                 raise TimeoutError(f"the transfers did not finish within {timeout} s (they go on)")
             self._drive(0)  # every transfer is done: tell the owner, end the operation
