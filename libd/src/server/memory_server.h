@@ -231,7 +231,7 @@ class MemoryServer {
     std::vector<int> watchers;  // eventfds written on each of the above (watch_notify)
   };
   void wake_locked(Notices &n);  // the condition variable and every watcher
-  std::map<std::string, Notices> notices_;  // under mu_, one per grant until revoked
+  std::unordered_map<std::string, Notices> notices_;  // under mu_, one per grant until revoked
   std::condition_variable notices_cv_;
   // Expiries: one timer on the loop for the earliest; the queue is under mu_, so granting and
   // revoking never wait for the loop (a grant posts a re-arm only if it expires first).
@@ -265,8 +265,10 @@ class MemoryServer {
   IoLoop loop_;
   PagePrefetcher prefetcher_;
   std::mutex mu_;
-  std::map<std::string, std::shared_ptr<Element>> elements_;
-  std::map<std::string, Grant> grants_;
+  // Hashed: an owner may lend thousands of buffers at once, and every grant, revocation and
+  // attachment looks one up (with 50 000 grants a tree took 6 µs a grant and 3 a revocation).
+  std::unordered_map<std::string, std::shared_ptr<Element>> elements_;
+  std::unordered_map<std::string, Grant> grants_;
   // The grants on each element, so that withdrawing one touches its own (an owner may have
   // thousands of operations lent at once, each an element and a grant).
   std::unordered_map<std::string, std::unordered_set<std::string>> element_grants_;
