@@ -25,6 +25,7 @@ from concurrent.futures import CancelledError
 from cpython.buffer cimport PyBUF_C_CONTIGUOUS, PyBuffer_FillInfo, PyBuffer_Release, PyObject_GetBuffer
 from posix.mman cimport munmap
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
+from libc.errno cimport EINPROGRESS
 from cpython.exc cimport PyErr_CheckSignals
 from libc.stdint cimport int64_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc
@@ -53,9 +54,6 @@ def buffer_info(obj):
 # ---- the records peers parse before every operation (record_scan.h) ------------------------
 cdef extern from "<sched.h>" nogil:
     int sched_yield()
-
-cdef enum:
-    _EINPROGRESS_C = 115  # errno.EINPROGRESS on Linux
 
 cdef extern from "Python.h":
     bint PyUnicode_IS_COMPACT_ASCII(object)
@@ -839,25 +837,32 @@ cdef class Operation:
         microseconds, yielding the CPU between looks (each look may read answers in, as done()'s
         does): whether it is done. For a waiter that trades a core for latency, as busy-polling
         RDMA stacks do; scad._waiter.poll_until does the same with any callable, one Python call
-        per look."""
+        per look. Signals are looked at every millisecond (Ctrl-C ends a long poll)."""
         cdef clibd.libd_op *op = self._op
         cdef int rc
         cdef timespec now
-        cdef double end
+        cdef double t, end, chunk_end
         with nogil:
             rc = clibd.libd_op_poll(op)
-            if rc == -_EINPROGRESS_C and busy_poll_us > 0:
+        if rc != -EINPROGRESS or busy_poll_us <= 0:
+            return rc != -EINPROGRESS
+        clock_gettime(CLOCK_MONOTONIC, &now)
+        end = now.tv_sec * 1e6 + now.tv_nsec * 1e-3 + busy_poll_us
+        while True:
+            with nogil:
                 clock_gettime(CLOCK_MONOTONIC, &now)
-                end = now.tv_sec * 1e6 + now.tv_nsec * 1e-3 + busy_poll_us
-                while True:
+                t = now.tv_sec * 1e6 + now.tv_nsec * 1e-3
+                chunk_end = t + 1000.0 if t + 1000.0 < end else end
+                while t < chunk_end:
                     sched_yield()
                     rc = clibd.libd_op_poll(op)
-                    if rc != -_EINPROGRESS_C:
+                    if rc != -EINPROGRESS:
                         break
                     clock_gettime(CLOCK_MONOTONIC, &now)
-                    if now.tv_sec * 1e6 + now.tv_nsec * 1e-3 >= end:
-                        break
-        return rc != -_EINPROGRESS_C
+                    t = now.tv_sec * 1e6 + now.tv_nsec * 1e-3
+            if rc != -EINPROGRESS or t >= end:
+                return rc != -EINPROGRESS
+            PyErr_CheckSignals()
 
     def wait(self, timeout=None):
         """Waits; TimeoutError if `timeout` (seconds) passes first (the operation goes on)."""

@@ -386,9 +386,10 @@ int libd_trdma_write_async_last(libd_transport *trans, size_t size, uint64_t rad
 /* An owner that polls for a holder's word drives the server itself (since 1.5), as an application
  * drives UCX's worker with ucp_worker_progress: each call runs the server's loop once, without
  * blocking, on the calling thread, so a holder's requests and word are served there and no thread
- * is woken for them. While a transfer is part way (a large WRITE's payload arriving, a READ's answer
- * not all handed to the kernel) the call runs the loop on until it is done, until no bytes have moved
- * for 50 µs, or for lease_us at most. The call leases the loop for lease_us: the server's own thread stays parked
+ * is woken for them. While a transfer is part way on one of its connections (a large WRITE's payload
+ * arriving, a READ's answer not all handed to the kernel) the call runs the loop on until none is,
+ * no bytes have moved for 50 µs, 500 µs have passed (lease_us if less), or the lease was released.
+ * The call leases the loop for lease_us (from its end): the server's own thread stays parked
  * until the lease lapses or lease_us 0 gives it back (do that before sleeping). Returns 1 when the
  * loop ran here, 0 when it was only asked for (the first call of a lease: call again) or released;
  * -ENOTCONN not serving; -EINVAL lease_us above 1000000. */

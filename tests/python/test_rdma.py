@@ -647,6 +647,66 @@ def test_a_first_transfer_whose_task_is_cancelled_is_cancelled_and_leaves_nothin
     asyncio.run(main())
 
 
+def test_a_transfer_refused_beside_a_buffers_first_one_leaves_that_one_running():
+    """A buffer's first transfer runs on a transport of its own, so a second transfer of the same
+    buffer may start while it runs (on the buffer's link): that one refused (a write with a key
+    that only reads) leaves the first to finish. (Both ride one connection, whose answers come in
+    order: the refusal comes after the first's bytes.)"""
+    owner = RdmaManager(host=None, transport=None, timeout=10.0)
+    peer = RdmaManager(host=None, transport="tcp", timeout=10.0)
+    memory = numpy.arange(8 * MiB, dtype=numpy.uint64).view(numpy.uint8)  # 64 MiB, read only
+    memory.flags.writeable = False
+    dst = numpy.zeros(64 * MiB, dtype=numpy.uint8)
+
+    async def main():
+        warm = RdmaBuffer.from_json(owner.request_buffer(memory).to_json())
+        await peer.transfer(warm, dst[:64], 0, 10.0, read=True)  # the owner's server reached
+        buf = RdmaBuffer.from_json(owner.request_buffer(memory).to_json())
+        first = asyncio.ensure_future(peer.transfer(buf, dst, 0, 30.0, read=True))
+        await asyncio.sleep(0)  # the first starts (64 MiB: it runs on while the second is refused)
+        assert buf.route in peer._one_shots
+        with pytest.raises(PermissionError, match="read-only"):
+            await peer.transfer(buf, numpy.full(64, 7, dtype=numpy.uint8), 0, 10.0, read=False)
+        await first  # neither cancelled nor failed by the refusal beside it
+        assert (dst == memory).all()
+        for b in (warm, buf):
+            peer.drop(b)
+            owner.drop(b)
+    asyncio.run(main())
+
+
+def test_a_failed_link_leaves_the_routes_running_first_transfer_alone():
+    """What a link's failure lets go of: the route's first transfer (another task's, on a
+    transport of its own) only once it has finished; a drop lets go of it whatever it does."""
+    peer = RdmaManager(host=None, transport="tcp", timeout=10.0)
+
+    class OneShot:
+        def __init__(self, done):
+            self._done, self.cancelled, self.terminated = done, False, False
+
+        def done(self):
+            return self._done
+
+        def cancel(self):
+            self.cancelled = True
+
+        def terminate(self):
+            self.terminated = True
+
+    route = ("127.0.0.1", 1, "", "g1")
+    running = OneShot(False)
+    peer._one_shots[route] = running
+    peer._forget_link(route, failed=True)
+    assert peer._one_shots.get(route) is running and not running.cancelled and not running.terminated
+    finished = OneShot(True)
+    peer._one_shots[route] = finished
+    peer._forget_link(route, failed=True)
+    assert route not in peer._one_shots and finished.terminated
+    peer._one_shots[route] = running
+    peer._forget_link(route, reuse=True)  # the buffer dropped here: what still runs is cancelled
+    assert route not in peer._one_shots and running.cancelled and running.terminated
+
+
 def test_a_buffers_key_is_made_when_the_buffer_first_leaves_its_owner():
     """Registration makes no key (as NIXL's makes none until its metadata is exported): the
     record makes it, once; a copy of the handle in the owner's process is the same buffer, whose

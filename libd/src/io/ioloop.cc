@@ -110,7 +110,9 @@ void IoLoop::ask_to_park() {
 
 bool IoLoop::progress(uint32_t lease_us, const std::function<bool()> &unfinished) {
   if (on_loop_thread()) return false;  // called back from the loop itself: it runs already
-  lease_until_ns_.store(now_ns() + int64_t(lease_us) * 1000, std::memory_order_release);
+  const int64_t lease_ns = int64_t(lease_us) * 1000;
+  int64_t until = now_ns() + lease_ns;
+  lease_until_ns_.store(until, std::memory_order_release);
   std::unique_lock<std::mutex> drive(drive_mu_, std::try_to_lock);
   if (!drive.owns_lock()) {
     ask_to_park();
@@ -122,14 +124,23 @@ bool IoLoop::progress(uint32_t lease_us, const std::function<bool()> &unfinished
     active_.store(false, std::memory_order_relaxed);
     uv_run(&loop_, UV_RUN_NOWAIT);
     if (unfinished) {
+      const int64_t budget = std::min(lease_ns, kProgressMaxNs);
       int64_t moved = start;  // when bytes last moved
+      bool passed = false;
       for (;;) {
         if (!unfinished()) break;
         int64_t now = now_ns();
         if (active_.exchange(false, std::memory_order_relaxed)) moved = now;
-        if (now - moved >= kProgressIdleNs || now - start >= int64_t(lease_us) * 1000) break;
+        if (now - moved >= kProgressIdleNs || now - start >= budget) break;
+        // Released meanwhile (the owner is stopping, say), or leased anew by another caller:
+        // the loop is theirs to decide about.
+        if (lease_until_ns_.load(std::memory_order_acquire) != until) break;
         uv_run(&loop_, UV_RUN_NOWAIT);
+        passed = true;
       }
+      // The lease runs from the end of the call, as from one that returned at once; one
+      // released meanwhile stays released.
+      if (passed) lease_until_ns_.compare_exchange_strong(until, now_ns() + lease_ns, std::memory_order_acq_rel);
     }
   }
   return true;

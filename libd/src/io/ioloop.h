@@ -53,11 +53,13 @@ class IoLoop {
   //
   // unfinished (called on the loop, between passes): whether a transfer is still part way (a
   // large payload arriving, an answer not all sent). While it is, passes follow the first, until
-  // it is done, until no bytes have moved for kProgressIdleNs, or for lease_us at most: one pass
-  // moves what the socket holds at that moment, and a caller that does other work between its
-  // calls would otherwise stretch a large transfer by that work once per socket-full.
+  // it is done, no bytes have moved for kProgressIdleNs, kProgressMaxNs (or lease_us, if less)
+  // have passed, or the lease was released: one pass moves what the socket holds at that moment,
+  // and a caller that does other work between its calls would otherwise stretch a large transfer
+  // by that work once per socket-full. The lease then runs from the end of the call.
   bool progress(uint32_t lease_us, const std::function<bool()> &unfinished = {});
   static constexpr int64_t kProgressIdleNs = 50'000;
+  static constexpr int64_t kProgressMaxNs = 500'000;
   // Ends the caller's lease: the loop's thread takes the loop back at once.
   void release();
 

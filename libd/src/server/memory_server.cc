@@ -295,10 +295,10 @@ int MemoryServer::grant(Grant *g) {
   return 0;
 }
 
-bool MemoryServer::mid_transfer() const {
-  for (const ServerConn *c : conns_)
-    if (c->mid_transfer()) return true;
-  return false;
+bool MemoryServer::mid_transfer() {
+  bool part_way = false;
+  for (ServerConn *c : conns_) part_way = c->mid_transfer() || part_way;  // each samples its queue
+  return part_way;
 }
 
 int MemoryServer::revoke(const std::string &grant_id) {

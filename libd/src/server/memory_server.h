@@ -124,7 +124,7 @@ class MemoryServer {
     return loop_.progress(lease_us, [this] { return mid_transfer(); }) ? 1 : 0;
   }
   // Loop thread: whether a connection is part way through a transfer (ServerConn::mid_transfer).
-  bool mid_transfer() const;
+  bool mid_transfer();
   uint64_t capacity() const { return capacity_; }
   uint64_t used_bytes();
 

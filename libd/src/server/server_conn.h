@@ -51,7 +51,7 @@ class ServerConn : public proto::FrameReader::Handler {
   void cut(const std::function<bool(const Grant &)> &pred, int reason, bool quiesce = true);
   // Part way through moving bytes: a frame's payload partly received, or (the kind's) answers
   // not all handed to the kernel yet.
-  virtual bool mid_transfer() const { return reader_.in_payload(); }
+  virtual bool mid_transfer() { return reader_.in_payload(); }
 
   // proto::FrameReader::Handler: the opcodes every kind shares, then the kind's own.
   int on_header(const proto::Header &h, char **dest) final;

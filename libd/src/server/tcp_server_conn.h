@@ -21,8 +21,13 @@ class TcpServerConn : public ServerConn {
   explicit TcpServerConn(MemoryServer *srv) : ServerConn(srv, false), verbs_(srv) {}
   // The rdma_cm request that presented this connection's ticket (the ticket is spent).
   void on_cm_connect(rdma_cm_id *id);
-  bool mid_transfer() const override {
-    return ServerConn::mid_transfer() || uv_stream_get_write_queue_size(&h_.stream) > 0;
+  // Also while answers wait for the kernel; their queue shrinking counts as bytes moved (libuv
+  // says nothing of a write until all of it is out).
+  bool mid_transfer() override {
+    size_t queued = uv_stream_get_write_queue_size(stream());
+    if (queued < sampled_queue_) note_activity();
+    sampled_queue_ = queued;
+    return ServerConn::mid_transfer() || queued > 0;
   }
 
  protected:
@@ -65,6 +70,7 @@ class TcpServerConn : public ServerConn {
   WriteReq *batch_ = nullptr;  // the answers batched so far
   int writes_ = 0;
   bool paused_ = false;
+  size_t sampled_queue_ = 0;  // the write queue's size at mid_transfer's last look
   int write_status_ = 0;
   uint32_t payload_handle_ = 0;  // the attachment the WRITE payload being received is for
   std::shared_ptr<Element> write_io_;  // its element, counted in Element::tcp_io until it is in

@@ -21,7 +21,7 @@ import numpy
 
 from .. import _memserver
 from ..connect import Descriptor
-from .._waiter import new_eventfd, wait_fd, wait_in_thread
+from .._waiter import new_eventfd, poll_until, wait_fd, wait_in_thread
 from .._memserver import MAX_RANGES, from_binding
 from ._buffer import LentBuffer, RdmaBuffer, record_head
 from ._key_link import KeyLink, refusal as _refusal
@@ -480,7 +480,9 @@ class RdmaManager:
         """Waits for a transfer of its own: polls for the manager's busy_poll_us, then sleeps on
         an eventfd libd writes when it completes (closed whatever ends the wait). False if
         `timeout` seconds passed first."""
-        if made.poll_for(self.busy_poll_us if timeout is None else min(self.busy_poll_us, timeout * 1e6)):
+        spin = self.busy_poll_us if timeout is None else min(self.busy_poll_us, timeout * 1e6)
+        poll = getattr(made, "poll_for", None)  # (a binding built before it: poll_until)
+        if poll(spin) if poll is not None else poll_until(made.done, spin):
             return True
         fd = new_eventfd()
         try:
@@ -490,13 +492,16 @@ class RdmaManager:
             made.watch(-1)  # no write to it after this
             os.close(fd)
 
-    def _let_go_once(self, route: tuple, made: Any = None) -> None:
+    def _let_go_once(self, route: tuple, made: Any = None, finished_only: bool = False) -> None:
         """Lets go of `made`, a transfer of its own (or the reservation for one), cancelled if it
         still runs, and of the route's entry if it is that one; made=None: of whatever the
-        route's entry holds."""
+        route's entry holds (finished_only: unless that still runs or is about to start)."""
         with self._lock:
             if made is None:
-                made = self._one_shots.pop(route, None)
+                made = self._one_shots.get(route)
+                if made is None or (finished_only and (isinstance(made, _Reserved) or not made.done())):
+                    return
+                del self._one_shots[route]
             elif self._one_shots.get(route) is made:
                 del self._one_shots[route]
         if made is not None and not isinstance(made, _Reserved):
@@ -551,7 +556,7 @@ class RdmaManager:
         try:
             await wait_in_thread(link._t.connect)
         except (PermissionError, ConnectionError) as e:
-            self._forget_link(remote.route)
+            self._forget_link(remote.route, failed=True)
             raise _refusal(e, link.impl, True) from None
 
     async def request_queue_pair(self, remote: RdmaBuffer) -> QueuePair:
@@ -588,14 +593,14 @@ class RdmaManager:
         try:
             (link.get if read else link.put)(memory, remote, offset)  # a list of memories: one transfer
         except (PermissionError, ConnectionError) as e:
-            self._forget_link(remote.route)
+            self._forget_link(remote.route, failed=True)
             raise _refusal(e, link.impl, new and not self._reached(remote)) from None
         return link, new
 
     async def transfer(self, remote: RdmaBuffer, memory: Any, offset: int, timeout: Optional[float], read: bool) -> None:
         # A route's first transfer goes on a transport of its own (the route reserved for it): no
         # link, so nothing to take turns on. Others take turns on the route's link.
-        placed = self._once(remote, memory, offset, read)
+        placed = self._once(remote, memory, offset, read) if _begin_transfer is not None else None
         if placed is not None:
             await self._transfer_once(remote, memory, offset, timeout, read, placed)
             return
@@ -618,12 +623,12 @@ class RdmaManager:
             except TimeoutError:
                 link.cancel()  # the caller's memory is not written after it was told "timed out"
                 if link.broken():
-                    self._forget_link(remote.route)
+                    self._forget_link(remote.route, failed=True)
                 raise TimeoutError(f"the transfer did not finish within {timeout} s and was cancelled") from None
             except (ConnectionError, PermissionError) as e:
                 # The connection is of no more use (the key was revoked, or the owner is gone):
                 # the next transfer connects afresh and gets the owner's answer.
-                self._forget_link(remote.route)
+                self._forget_link(remote.route, failed=True)
                 raise _refusal(e, link.impl, new and not self._reached(remote)) from None
             except CancelledError:
                 raise ConnectionAbortedError(errno.ECONNABORTED, "the transfer was cancelled: its buffer was dropped "
@@ -638,10 +643,12 @@ class RdmaManager:
             self._record_head = record_head(self._place)
         return self._server
 
-    def _forget_link(self, route: tuple, reuse: bool = False) -> None:
+    def _forget_link(self, route: tuple, reuse: bool = False, failed: bool = False) -> None:
         """Lets go of the link to route. reuse: the peer is done with the buffer (nothing
-        failed): kept, its key let go of, for the next buffer of the same server."""
-        self._let_go_once(route)
+        failed): kept, its key let go of, for the next buffer of the same server. failed: a
+        transfer on the link failed: the route's first transfer, on a transport of its own, is
+        another task's and goes on if it still runs."""
+        self._let_go_once(route, finished_only=failed)
         link = self._links.pop(route, None)
         self._link_locks.pop(route, None)
         if link is None:

@@ -435,7 +435,11 @@ class ScadTensorTransport(_Base):
                 receive.start(begin)
                 transfer = made[0]
                 deadline = time.monotonic() + self._timeout
-                transfer.poll_for(self._busy_poll_us)  # (shm copies are done as they start)
+                poll = getattr(transfer, "poll_for", None)  # (a binding built before it: poll_until)
+                if poll is not None:
+                    poll(self._busy_poll_us)  # (shm copies are done as they start)
+                elif not transfer.done():
+                    poll_until(transfer.done, self._busy_poll_us)
                 self._wait_read(receive, transfer.wait, deadline, impl, False)  # says how it failed, if it did
                 receive.check()
             except BaseException as e:
