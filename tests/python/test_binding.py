@@ -211,13 +211,19 @@ def test_async_batches_and_asyncio(memd, impl):
         t.readv([])
 
 
-def test_cancel_and_wait_timeout_on_the_fake_transport():
-    action = LibdAction("faker")
+def slow_fake(aid):
+    """An action with a fake transport of 4 KiB whose operations take 300 ms: (action, transport)."""
+    action = LibdAction(aid)
     action.add_transport("m;fake;size,4096")
     t = action.get_transport("m", "rdma")
     t.reg(4096)
     t.set("delay_ms", "300")
     t.set("fault", "delay")
+    return action, t
+
+
+def test_cancel_and_wait_timeout_on_the_fake_transport():
+    action, t = slow_fake("faker")
     op = t.write_async(16, 0)
     with pytest.raises(TimeoutError, match="goes on"):
         op.wait(0.01)
@@ -236,12 +242,7 @@ def test_cancel_and_wait_timeout_on_the_fake_transport():
 
 
 def test_poll_for_looks_until_the_operation_is_done_or_its_time_is_up():
-    action = LibdAction("poller")
-    action.add_transport("m;fake;size,4096")
-    t = action.get_transport("m", "rdma")
-    t.reg(4096)
-    t.set("delay_ms", "300")
-    t.set("fault", "delay")
+    action, t = slow_fake("poller")
     op = t.write_async(16, 0)
     t0 = time.monotonic()
     assert op.poll_for(2000) is False  # 2 ms of looking at a write that takes 300
