@@ -162,39 +162,39 @@ struct PassCounter {
 
 }  // namespace
 
-TEST(ProgressOnAPartWayTransfer, PassesFollowUntilTheTransferIsDone) {
+// A loop whose passes are counted, leased to the test's thread.
+class ProgressOnAPartWayTransfer : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(take_loop(loop, 60'000'000));
+    count.start(loop);
+  }
+  void TearDown() override { loop.release(); }
+
   PassCounter count;  // outlives the loop, which closes its handle
   libd::IoLoop loop;
-  ASSERT_TRUE(take_loop(loop, 60'000'000));
-  count.start(loop);
+};
+
+TEST_F(ProgressOnAPartWayTransfer, PassesFollowUntilTheTransferIsDone) {
   int before = count.passes;
   ASSERT_TRUE(loop.progress(60'000'000, [&] { return count.passes - before < 5; }));
   EXPECT_EQ(5, count.passes - before) << "one call ran the loop until the transfer was no longer part way, and no further";
   before = count.passes;
   ASSERT_TRUE(loop.progress(60'000'000, [] { return false; }));
   EXPECT_EQ(1, count.passes - before) << "with nothing part way a call is one pass";
-  loop.release();
 }
 
-TEST(ProgressOnAPartWayTransfer, ATransferThatStallsEndsTheCall) {
-  PassCounter count;
-  libd::IoLoop loop;
-  ASSERT_TRUE(take_loop(loop, 60'000'000));
-  count.start(loop);
+TEST_F(ProgressOnAPartWayTransfer, ATransferThatStallsEndsTheCall) {
   count.busy = false;  // part way for ever, and no bytes move (a peer that stopped sending)
   auto t0 = Clock::now();
   ASSERT_TRUE(loop.progress(60'000'000, [] { return true; }));
   auto took = Clock::now() - t0;
   EXPECT_GE(took, std::chrono::nanoseconds(libd::IoLoop::kProgressIdleNs)) << "gave up before the idle time";
   EXPECT_LT(took, std::chrono::seconds(30)) << "a stalled transfer held the caller for its whole lease";
-  loop.release();
 }
 
-TEST(ProgressOnAPartWayTransfer, ACallRunsOnForItsBudgetAtMost) {
-  PassCounter count;
-  libd::IoLoop loop;
-  ASSERT_TRUE(take_loop(loop, 60'000'000));
-  count.start(loop);  // bytes move on every pass, and the transfer never ends
+TEST_F(ProgressOnAPartWayTransfer, ACallRunsOnForItsBudgetAtMost) {
+  // Bytes move on every pass, and the transfer never ends.
   for (uint32_t lease_us : {60'000'000u, 200u}) {
     auto t0 = Clock::now();
     ASSERT_TRUE(loop.progress(lease_us, [] { return true; }));
@@ -204,14 +204,9 @@ TEST(ProgressOnAPartWayTransfer, ACallRunsOnForItsBudgetAtMost) {
     EXPECT_LT(took, std::chrono::seconds(30)) << "the call outlasted its budget";
   }
   EXPECT_GT(count.passes, 2);
-  loop.release();
 }
 
-TEST(ProgressOnAPartWayTransfer, AReleaseEndsThePasses) {
-  PassCounter count;
-  libd::IoLoop loop;
-  ASSERT_TRUE(take_loop(loop, 60'000'000));
-  count.start(loop);
+TEST_F(ProgressOnAPartWayTransfer, AReleaseEndsThePasses) {
   int before = count.passes;
   // The third look releases the lease (an owner stopping, say): no pass after it.
   int looks = 0;

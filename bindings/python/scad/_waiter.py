@@ -44,6 +44,13 @@ def poll_until(ready: Callable[[], bool], busy_poll_us: float) -> bool:
     return False
 
 
+def poll_operation(op: Any, busy_poll_us: float) -> bool:
+    """poll_until for one libd operation: its own poll_for, which loops in C with the GIL released
+    (a binding built before it offered poll_for: poll_until's way, one Python call per look)."""
+    poll = getattr(op, "poll_for", None)
+    return poll(busy_poll_us) if poll is not None else poll_until(op.done, busy_poll_us)
+
+
 async def wait_fd(fd: int, ready: Callable[[], bool], timeout: Optional[float]) -> bool:
     """Waits until ready() is true, looking again each time `fd` is written. False if `timeout`
     seconds pass first. The writer must be set up before this is called (a write that came
@@ -72,14 +79,14 @@ async def wait_fd(fd: int, ready: Callable[[], bool], timeout: Optional[float]) 
 
 
 async def wait_ready(ready: Callable[[], bool], busy_poll_us: float, timeout: Optional[float], fd: int,
-                     arm: Callable[[int], None], poll: Optional[Callable[[float], bool]] = None) -> "tuple[int, bool]":
+                     arm: Callable[[int], None], op: Any = None) -> "tuple[int, bool]":
     """Polls ready() for up to busy_poll_us (never past `timeout`), then sleeps on an eventfd
     until it is true: `fd`, or a new one when fd < 0, which arm(fd) sets libd writing to (again
     each time: arming is idempotent, and new writers may have come). Returns the eventfd for the
-    caller to keep and whether ready() came true within `timeout`. poll: the polling itself, for
-    a given time (a libd operation's poll_for, which loops in C), instead of poll_until(ready)."""
+    caller to keep and whether ready() came true within `timeout`. op: the one libd operation
+    ready() waits for, if that is all it waits for: polled in C (poll_operation)."""
     spin = busy_poll_us if timeout is None else min(busy_poll_us, timeout * 1e6)
-    if poll(spin) if poll is not None else poll_until(ready, spin):
+    if poll_operation(op, spin) if op is not None else poll_until(ready, spin):
         return fd, True
     if fd < 0:
         fd = new_eventfd()

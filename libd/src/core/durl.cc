@@ -13,8 +13,6 @@ bool is_name_char(unsigned char c) {
 bool is_impl_char(unsigned char c) {
   return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
 }
-constexpr size_t kPairsLookedThrough = 16;
-
 bool is_value_char(unsigned char c) { return c >= 0x20 && c != 0x7f && c != ';'; }
 
 std::string describe(unsigned char c) {
@@ -22,6 +20,9 @@ std::string describe(unsigned char c) {
   static const char hex[] = "0123456789abcdef";
   return std::string("byte 0x") + hex[c >> 4] + hex[c & 15];
 }
+
+// Duplicate keys are looked for among this many pairs before a set takes over (Parser::pairs).
+constexpr size_t kPairsLookedThrough = 16;
 
 class Parser {
  public:

@@ -200,9 +200,8 @@ class ActiveOperation(OperationBase):
                 for op in ops:
                     op.watch(fd)  # libd writes to it as each completes
 
-            # One transfer: polled in C (a binding built before poll_for: poll_until's way).
-            poll = getattr(ops[0], "poll_for", None) if len(ops) == 1 else None
-            self._fd, ok = await wait_ready(done, self._connector.busy_poll_us, timeout, self._fd, arm, poll)
+            one = ops[0] if len(ops) == 1 else None  # one transfer: polled in C
+            self._fd, ok = await wait_ready(done, self._connector.busy_poll_us, timeout, self._fd, arm, one)
             if not ok:
                 raise TimeoutError(f"the transfers did not finish within {timeout} s (they go on)")
             self._drive(0)  # every transfer is done: tell the owner, end the operation

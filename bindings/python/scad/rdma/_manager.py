@@ -21,7 +21,7 @@ import numpy
 
 from .. import _memserver
 from ..connect import Descriptor
-from .._waiter import new_eventfd, poll_until, wait_fd, wait_in_thread
+from .._waiter import new_eventfd, poll_operation, wait_fd, wait_in_thread
 from .._memserver import MAX_RANGES, from_binding
 from ._buffer import LentBuffer, RdmaBuffer, record_head
 from ._key_link import KeyLink, refusal as _refusal
@@ -480,9 +480,7 @@ class RdmaManager:
         """Waits for a transfer of its own: polls for the manager's busy_poll_us, then sleeps on
         an eventfd libd writes when it completes (closed whatever ends the wait). False if
         `timeout` seconds passed first."""
-        spin = self.busy_poll_us if timeout is None else min(self.busy_poll_us, timeout * 1e6)
-        poll = getattr(made, "poll_for", None)  # (a binding built before it: poll_until)
-        if poll(spin) if poll is not None else poll_until(made.done, spin):
+        if poll_operation(made, self.busy_poll_us if timeout is None else min(self.busy_poll_us, timeout * 1e6)):
             return True
         fd = new_eventfd()
         try:

@@ -23,7 +23,7 @@ import numpy
 from ..rdma import RdmaBuffer, RdmaManager
 from ..rdma._key_link import refusal as _refusal
 from ..rdma._manager import _buffer_info  # (address, size, readonly) of an array, in one call
-from .._waiter import poll_until, wait_in_thread
+from .._waiter import poll_operation, poll_until, wait_in_thread
 from ._metadata import CommunicatorMetadata, FetchRequest, ScadCommunicatorMetadata, ScadTransportMetadata
 
 try:
@@ -435,11 +435,7 @@ class ScadTensorTransport(_Base):
                 receive.start(begin)
                 transfer = made[0]
                 deadline = time.monotonic() + self._timeout
-                poll = getattr(transfer, "poll_for", None)  # (a binding built before it: poll_until)
-                if poll is not None:
-                    poll(self._busy_poll_us)  # (shm copies are done as they start)
-                elif not transfer.done():
-                    poll_until(transfer.done, self._busy_poll_us)
+                poll_operation(transfer, self._busy_poll_us)  # (shm copies are done as they start)
                 self._wait_read(receive, transfer.wait, deadline, impl, False)  # says how it failed, if it did
                 receive.check()
             except BaseException as e:
