@@ -162,6 +162,10 @@ struct PassCounter {
 
 }  // namespace
 
+// Limits no test reaches: where a test counts passes, a thread descheduled between two of them
+// (a loaded machine, a sanitizer) must not end the call by the clock.
+constexpr libd::IoLoop::ProgressLimits kNoTimeLimits{60'000'000'000, 60'000'000'000};
+
 // A loop whose passes are counted, leased to the test's thread.
 class ProgressOnAPartWayTransfer : public ::testing::Test {
  protected:
@@ -177,7 +181,7 @@ class ProgressOnAPartWayTransfer : public ::testing::Test {
 
 TEST_F(ProgressOnAPartWayTransfer, PassesFollowUntilTheTransferIsDone) {
   int before = count.passes;
-  ASSERT_TRUE(loop.progress(60'000'000, [&] { return count.passes - before < 5; }));
+  ASSERT_TRUE(loop.progress(60'000'000, [&] { return count.passes - before < 5; }, kNoTimeLimits));
   EXPECT_EQ(5, count.passes - before) << "one call ran the loop until the transfer was no longer part way, and no further";
   before = count.passes;
   ASSERT_TRUE(loop.progress(60'000'000, [] { return false; }));
@@ -194,10 +198,13 @@ TEST_F(ProgressOnAPartWayTransfer, ATransferThatStallsEndsTheCall) {
 }
 
 TEST_F(ProgressOnAPartWayTransfer, ACallRunsOnForItsBudgetAtMost) {
-  // Bytes move on every pass, and the transfer never ends.
+  // Bytes move on every pass, and the transfer never ends; only the budget ends the call (the idle
+  // time is set out of reach: a thread descheduled between passes must not end it early).
+  libd::IoLoop::ProgressLimits limits;
+  limits.idle_ns = kNoTimeLimits.idle_ns;
   for (uint32_t lease_us : {60'000'000u, 200u}) {
     auto t0 = Clock::now();
-    ASSERT_TRUE(loop.progress(lease_us, [] { return true; }));
+    ASSERT_TRUE(loop.progress(lease_us, [] { return true; }, limits));
     auto took = Clock::now() - t0;
     auto budget = std::min<int64_t>(int64_t(lease_us) * 1000, libd::IoLoop::kProgressMaxNs);
     EXPECT_GE(took, std::chrono::nanoseconds(budget)) << lease_us;
@@ -213,7 +220,7 @@ TEST_F(ProgressOnAPartWayTransfer, AReleaseEndsThePasses) {
   ASSERT_TRUE(loop.progress(60'000'000, [&] {
     if (++looks == 3) loop.release();
     return true;
-  }));
+  }, kNoTimeLimits));
   EXPECT_EQ(3, count.passes - before) << "passes went on after the lease was released";
 }
 

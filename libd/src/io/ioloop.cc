@@ -109,6 +109,10 @@ void IoLoop::ask_to_park() {
 }
 
 bool IoLoop::progress(uint32_t lease_us, const std::function<bool()> &unfinished) {
+  return progress(lease_us, unfinished, ProgressLimits{});
+}
+
+bool IoLoop::progress(uint32_t lease_us, const std::function<bool()> &unfinished, ProgressLimits limits) {
   if (on_loop_thread()) return false;  // called back from the loop itself: it runs already
   const int64_t lease_ns = int64_t(lease_us) * 1000;
   int64_t until = now_ns() + lease_ns;
@@ -124,14 +128,14 @@ bool IoLoop::progress(uint32_t lease_us, const std::function<bool()> &unfinished
     active_.store(false, std::memory_order_relaxed);
     uv_run(&loop_, UV_RUN_NOWAIT);
     if (unfinished) {
-      const int64_t budget = std::min(lease_ns, kProgressMaxNs);
+      const int64_t budget = std::min(lease_ns, limits.max_ns);
       int64_t moved = start;  // when bytes last moved
       bool passed = false;
       for (;;) {
         if (!unfinished()) break;
         int64_t now = now_ns();
         if (active_.exchange(false, std::memory_order_relaxed)) moved = now;
-        if (now - moved >= kProgressIdleNs || now - start >= budget) break;
+        if (now - moved >= limits.idle_ns || now - start >= budget) break;
         // Released meanwhile (the owner is stopping, say), or leased anew by another caller:
         // the loop is theirs to decide about.
         if (lease_until_ns_.load(std::memory_order_acquire) != until) break;

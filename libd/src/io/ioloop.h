@@ -57,9 +57,16 @@ class IoLoop {
   // have passed, or the lease was released: one pass moves what the socket holds at that moment,
   // and a caller that does other work between its calls would otherwise stretch a large transfer
   // by that work once per socket-full. The lease then runs from the end of the call.
-  bool progress(uint32_t lease_us, const std::function<bool()> &unfinished = {});
   static constexpr int64_t kProgressIdleNs = 50'000;
   static constexpr int64_t kProgressMaxNs = 500'000;
+  // When a call with a transfer part way gives up: no bytes for idle_ns, or max_ns in all. The
+  // defaults are what servers use; a caller that counts passes rather than time (a test) sets its own.
+  struct ProgressLimits {
+    int64_t idle_ns = kProgressIdleNs;
+    int64_t max_ns = kProgressMaxNs;
+  };
+  bool progress(uint32_t lease_us, const std::function<bool()> &unfinished = {});
+  bool progress(uint32_t lease_us, const std::function<bool()> &unfinished, ProgressLimits limits);
   // Ends the caller's lease: the loop's thread takes the loop back at once.
   void release();
 
