@@ -211,13 +211,13 @@ def test_async_batches_and_asyncio(memd, impl):
         t.readv([])
 
 
-def slow_fake(aid):
-    """An action with a fake transport of 4 KiB whose operations take 300 ms: (action, transport)."""
+def slow_fake(aid, delay_ms=300):
+    """An action with a fake transport of 4 KiB whose operations take delay_ms: (action, transport)."""
     action = LibdAction(aid)
     action.add_transport("m;fake;size,4096")
     t = action.get_transport("m", "rdma")
     t.reg(4096)
-    t.set("delay_ms", "300")
+    t.set("delay_ms", str(delay_ms))
     t.set("fault", "delay")
     return action, t
 
@@ -242,10 +242,10 @@ def test_cancel_and_wait_timeout_on_the_fake_transport():
 
 
 def test_poll_for_looks_until_the_operation_is_done_or_its_time_is_up():
-    action, t = slow_fake("poller")
+    action, t = slow_fake("poller", delay_ms=1000)  # a stall of the test's thread shorter than that changes nothing
     op = t.write_async(16, 0)
     t0 = time.monotonic()
-    assert op.poll_for(2000) is False  # 2 ms of looking at a write that takes 300
+    assert op.poll_for(2000) is False  # 2 ms of looking at a write that takes a second
     assert time.monotonic() - t0 >= 0.002
     assert op.poll_for(0) is False  # one look
     assert op.poll_for(10_000_000) is True  # it ends within the 10 s of looking
