@@ -5,6 +5,7 @@
 
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "harness.h"
 #include "libd.h"
@@ -83,7 +84,15 @@ TEST(Hosting, ElementsOfItsOwnCountAgainstTheCapacity) {
   ASSERT_EQ(0, libd_trdma_server_query(host.server, &attr));
   EXPECT_EQ(0u, attr.used_bytes);
   EXPECT_NE(0, round_trip(config, "reader", "gone"));
+
+  // Lent memory is the lender's: it takes none of the capacity, and its withdrawal frees none.
+  std::vector<char> lent(2 << 20);
+  ASSERT_EQ(0, libd_trdma_server_expose(host.server, "lent", lent.data(), lent.size())) << libd_last_error();
   EXPECT_EQ(0, libd_trdma_server_add_element(host.server, "b", 1 << 20)) << libd_last_error();
+  ASSERT_EQ(0, libd_trdma_server_withdraw(host.server, "lent"));
+  ASSERT_EQ(0, libd_trdma_server_query(host.server, &attr));
+  EXPECT_EQ(1u << 20, attr.used_bytes);
+  EXPECT_EQ(-ENOSPC, libd_trdma_server_add_element(host.server, "c", 4096)) << "the capacity is all taken by b";
 }
 
 TEST(Hosting, ARestoredGrantKeepsItsIdAndSecret) {

@@ -116,9 +116,7 @@ int MemoryServer::add_element(const std::string &name, uint64_t size) {
   if (size == 0) return set_error(-EINVAL, "element '" + name + "': size must be > 0");
   std::lock_guard<std::mutex> lk(mu_);
   if (elements_.count(name)) return set_error(-EEXIST, "element '" + name + "' already exists");
-  uint64_t used = 0;
-  for (auto &[n, e] : elements_)
-    if (!e->lent) used += e->size;  // lent memory is the caller's, not the server's
+  const uint64_t used = owned_bytes_;  // lent memory is the caller's, not the server's
   if (size > capacity_ - used)
     return set_error(-ENOSPC, "element '" + name + "' of " + std::to_string(size) + " bytes does not fit: " +
                                   std::to_string(capacity_ - used) + " bytes left of " + std::to_string(capacity_));
@@ -136,6 +134,7 @@ int MemoryServer::add_element(const std::string &name, uint64_t size) {
   if (p == MAP_FAILED) return set_error(-ENOMEM, "element '" + name + "': mmap: " + strerror(errno));
   e->base = static_cast<char *>(p);
   elements_[name] = e;
+  owned_bytes_ += size;
   return 0;
 }
 
@@ -191,6 +190,7 @@ int MemoryServer::remove_element(const std::string &name) {
     std::shared_ptr<Element> element = it->second;
     element->withdrawn->store(true, std::memory_order_release);
     elements_.erase(it);
+    if (!element->lent) owned_bytes_ -= element->size;
     auto of = element_grants_.find(name);
     if (of != element_grants_.end()) gone = of->second;  // copied: drop_grant_locked edits the index
     for (const auto &id : gone) {
@@ -237,10 +237,7 @@ int MemoryServer::prefetch_element(const std::string &name) {
 
 uint64_t MemoryServer::used_bytes() {
   std::lock_guard<std::mutex> lk(mu_);
-  uint64_t used = 0;
-  for (auto &[n, e] : elements_)
-    if (!e->lent) used += e->size;  // as libd_server_attr says: lent memory is not counted
-  return used;
+  return owned_bytes_;  // as libd_server_attr says: lent memory is not counted
 }
 
 int MemoryServer::grant(Grant *g) {
