@@ -1,0 +1,195 @@
+// libd-first-read-steps: the floor under a one-sided operation's transfer over tcp. Each read is a
+// new key's first and only: the transport made for it on the process's shared connection to the
+// owner's server (share,1), the grant attached and the read sent in one write with the key let go
+// of behind it (libd_trdma_read_async_last, as scad.rdma's and scad.tensor_transport's first
+// transfer of a buffer make it), polled until the answer is in, and the transport freed. Timed
+// step by step in libd's C API alone, so that the Python APIs' figures for the same step
+// (bench/api_steps.py) can be set beside what libd itself needs.
+//
+//   libd-first-read-steps [--reads N] [--size BYTES]          the steps, medians in µs
+//   libd-first-read-steps --serve [--reads N] [--size BYTES]  only the owner: one configuration
+//       line per grant on standard output, served until standard input closes (for a Python
+//       peer's figures against the same server)
+//
+// The owner runs in a child process (a server thread that polls for a second after each request,
+// as bench/transfer.py's plain-libd owner polls), lends one region and grants N slices of it, each
+// to be read once. Nothing leaves 127.0.0.1.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "libd.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr int kWarmup = 200;
+constexpr uint64_t kSlices = 1000;  // distinct slices of the lent region the grants cycle over
+
+long long now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+}
+
+[[noreturn]] void die(const char *what) {
+  fprintf(stderr, "libd-first-read-steps: %s: %s\n", what, libd_last_error());
+  exit(1);
+}
+
+// The owner, in the child: serves one lent region, writes a grant's configuration a line each to
+// `out`, then serves until `quit` closes.
+int run_owner(int reads, uint64_t size, FILE *out, int quit) {
+  libd_action *a = libd_action_init("first-read-owner", 0, nullptr);
+  std::string path = "/tmp/libd-first-read-" + std::to_string(getpid()) + ".sock";
+  std::string durl = "srv;tcp_server;size,0;host,127.0.0.1;port,0;path," + path + ";busy_poll_us,1000000";
+  if (!a || libd_action_add_transport(a, durl.c_str()) != 0) die("the owner's server");
+  libd_transport *srv = libd_action_get_transport(a, "srv");
+  if (libd_trdma_server_serve(srv) != 0) die("serve");
+  std::vector<char> region(kSlices * size, 'x');
+  if (libd_trdma_server_expose(srv, "region", region.data(), region.size()) != 0) die("expose");
+  for (int i = 0; i < reads; i++) {
+    libd_grant_spec spec = {"region", "*", (uint64_t(i) % kSlices) * size, size, LIBD_RIGHT_READ, 0};
+    char config[2048];
+    if (libd_trdma_server_grant_ex(srv, &spec, config, sizeof config) <= 0) die("grant");
+    fprintf(out, "%s\n", config);
+  }
+  fclose(out);
+  char c;
+  while (read(quit, &c, 1) > 0) {
+  }
+  libd_action_free(a);
+  return 0;
+}
+
+// The durl of a peer's transport for one grant: the pairs of the grant's configuration that say
+// where and with which key, on the shared connection, polling while it waits.
+std::string peer_durl(const std::string &config) {
+  std::string durl = "d0;tcp;share,1;timeout_ms,30000;busy_poll_us,500;";
+  size_t at = 0;
+  while (at < config.size()) {
+    size_t end = config.find(';', at);
+    if (end == std::string::npos) end = config.size();
+    std::string pair = config.substr(at, end - at);
+    std::string key = pair.substr(0, pair.find(','));
+    if (key == "host" || key == "port" || key == "grant" || key == "secret") durl += pair + ";";
+    at = end + 1;
+  }
+  return durl;
+}
+
+double median_us(std::vector<long long> v) {
+  std::nth_element(v.begin(), v.begin() + long(v.size() / 2), v.end());
+  return double(v[v.size() / 2]) / 1e3;
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  int reads = 3000;
+  uint64_t size = 64;
+  bool serve = false;
+  for (int i = 1; i < argc; i++) {
+    std::string arg = argv[i];
+    if (arg == "--serve") {
+      serve = true;
+    } else if (arg == "--reads" && i + 1 < argc) {
+      reads = atoi(argv[++i]);
+    } else if (arg == "--size" && i + 1 < argc) {
+      size = strtoull(argv[++i], nullptr, 10);
+    } else {
+      fprintf(stderr, "usage: libd-first-read-steps [--serve] [--reads N] [--size BYTES]\n");
+      return 2;
+    }
+  }
+  if (reads <= kWarmup || reads > 100000 || size == 0 || size > (1u << 20)) {
+    fprintf(stderr, "libd-first-read-steps: --reads must be %d..100000 and --size 1..1048576\n", kWarmup + 1);
+    return 2;
+  }
+  int configs[2], quit[2];
+  if (pipe(configs) != 0 || pipe(quit) != 0) return 1;
+  pid_t owner = fork();
+  if (owner < 0) return 1;
+  if (owner == 0) {
+    close(configs[0]);
+    close(quit[1]);
+    return run_owner(reads, size, fdopen(configs[1], "w"), quit[0]);
+  }
+  close(configs[1]);
+  close(quit[0]);
+  FILE *in = fdopen(configs[0], "r");
+  std::vector<std::string> grants;
+  char line[4096];
+  while (fgets(line, sizeof line, in)) {
+    line[strcspn(line, "\n")] = 0;
+    grants.push_back(line);
+  }
+  fclose(in);
+  int status = 0;
+  if (int(grants.size()) != reads) {
+    fprintf(stderr, "libd-first-read-steps: the owner made %zu grants of %d\n", grants.size(), reads);
+    status = 1;
+  } else if (serve) {
+    for (auto &g : grants) printf("%s\n", g.c_str());
+    fflush(stdout);
+    char c;
+    while (read(0, &c, 1) > 0) {
+    }
+  } else {
+    const char *names[] = {"the transport made (action, durl)", "local memory registered",
+                           "grant attached, read sent, key let go", "the answer (polled)",
+                           "operation and transport freed"};
+    constexpr int kSteps = 5;
+    std::vector<long long> steps[kSteps];
+    std::vector<char> local(size);
+    int failed = 0;
+    for (int i = 0; i < reads; i++) {
+      std::string durl = peer_durl(grants[size_t(i)]);
+      long long t[kSteps + 1];
+      t[0] = now_ns();
+      libd_action *a = libd_action_init("first-read-peer", 0, nullptr);
+      if (!a || libd_action_add_transport(a, durl.c_str()) != 0) die("the peer's transport");
+      libd_transport *tr = libd_action_get_transport(a, "d0");
+      t[1] = now_ns();
+      local[0] = 0;  // the lent bytes are 'x': the read must bring them
+      void *buf = local.data();
+      if (libd_trdma_reg(tr, size, &buf) != 0) die("reg");
+      t[2] = now_ns();
+      libd_op *op = nullptr;
+      if (libd_trdma_read_async_last(tr, size, (uint64_t(i) % kSlices) * size, buf, &op) != 0) die("read");
+      t[3] = now_ns();
+      int rc;
+      while ((rc = libd_op_poll(op)) == -EINPROGRESS) {
+      }
+      t[4] = now_ns();
+      if (rc != 0 || local[0] != 'x') failed++;
+      libd_op_free(op);
+      libd_action_free(a);
+      t[5] = now_ns();
+      if (i >= kWarmup)
+        for (int k = 0; k < kSteps; k++) steps[k].push_back(t[k + 1] - t[k]);
+    }
+    printf("a new key's first %llu-byte read over tcp (share,1), median µs of %d:\n", (unsigned long long)size,
+           reads - kWarmup);
+    double total = 0;
+    for (int k = 0; k < kSteps; k++) {
+      double us = median_us(steps[k]);
+      total += us;
+      printf("  %-42s %7.2f\n", names[k], us);
+    }
+    printf("  %-42s %7.2f\n", "sum of the medians", total);
+    if (failed) {
+      fprintf(stderr, "libd-first-read-steps: %d reads failed or brought the wrong bytes\n", failed);
+      status = 1;
+    }
+  }
+  close(quit[1]);
+  waitpid(owner, nullptr, 0);
+  return status;
+}
