@@ -207,8 +207,13 @@ std::string random_bytes(size_t n) {
 
 std::string to_hex(const std::string &bytes) {
   static const char hex[] = "0123456789abcdef";
-  std::string s;
-  for (unsigned char c : bytes) { s += hex[c >> 4]; s += hex[c & 15]; }
+  // Sized once: a grant's id and secret are written out for every buffer lent.
+  std::string s(bytes.size() * 2, '\0');
+  for (size_t i = 0; i < bytes.size(); i++) {
+    unsigned char c = static_cast<unsigned char>(bytes[i]);
+    s[2 * i] = hex[c >> 4];
+    s[2 * i + 1] = hex[c & 15];
+  }
   return s;
 }
 

@@ -676,10 +676,12 @@ std::string MemoryServer::verbs_description() {
 }
 
 std::string MemoryServer::client_config(const Grant &g) const {
+  // Appended in place (one allocation): a configuration is written for every grant made.
   std::string s;
-  if (tcp_listener_) s += "host," + tcp_host_ + ";port," + std::to_string(tcp_port_) + ";";
-  if (unix_listener_) s += "path," + unix_path_ + ";";
-  s += "grant," + g.id + ";secret," + g.secret;
+  s.reserve(64 + tcp_host_.size() + unix_path_.size() + g.id.size() + g.secret.size());
+  if (tcp_listener_) s.append("host,").append(tcp_host_).append(";port,").append(std::to_string(tcp_port_)).append(";");
+  if (unix_listener_) s.append("path,").append(unix_path_).append(";");
+  s.append("grant,").append(g.id).append(";secret,").append(g.secret);
   return s;
 }
 
