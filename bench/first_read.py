@@ -39,20 +39,18 @@ def libd_floor(size, reads):
 
 def records(configs, size):
     """An RdmaBuffer per grant line, as the owner's record would describe it."""
+    from scad._memserver import config_value
     from scad.rdma import RdmaBuffer
-    out = []
-    for i, line in enumerate(configs):
-        pairs = dict(p.split(",", 1) for p in line.split(";") if p)
-        out.append(RdmaBuffer(owner="first-read-owner", hostname=socket.gethostname(), host=pairs["host"],
-                              port=int(pairs["port"]), path="", verbs=False, grant=pairs["grant"],
-                              secret=pairs["secret"], offset=(i % 1000) * size, size=size, whole=False))
-    return out
+    return [RdmaBuffer(owner="first-read-owner", hostname=socket.gethostname(), host=config_value(line, "host"),
+                       port=int(config_value(line, "port")), path="", verbs=False, grant=config_value(line, "grant"),
+                       secret=config_value(line, "secret"), offset=(i % 1000) * size, size=size, whole=False)
+            for i, line in enumerate(configs)]
 
 
 def python_reads(api, size, reads):
     """Median µs of `reads` first reads through `api` (read_into or tensor) against a fresh owner."""
     from scad.rdma import RdmaManager
-    manager = RdmaManager.get(transport="tcp", busy_poll_us=500.0)
+    RdmaManager.get(transport="tcp", busy_poll_us=500.0)  # this process's reads: over tcp, polling
     owner = subprocess.Popen([str(TOOL), "--serve", "--size", str(size), "--reads", str(reads)],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
