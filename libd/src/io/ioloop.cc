@@ -20,12 +20,19 @@ IoLoop::IoLoop() {
   uv_loop_init(&loop_);
   uv_async_init(&loop_, &wake_, [](uv_async_t *a) { static_cast<IoLoop *>(a->data)->drain(); });
   wake_.data = this;
-  thread_ = std::thread([this] { run_thread(); });
+  // Returns once the loop's thread holds the loop: a progress() caller then always finds it
+  // there and asks it to park, and never has the thread take the loop from between two of its
+  // calls (as a thread started late would, on a loaded host).
+  std::promise<void> holding;
+  auto held = holding.get_future();
+  thread_ = std::thread([this, &holding] { run_thread(holding); });
+  held.wait();
 }
 
-void IoLoop::run_thread() {
+void IoLoop::run_thread(std::promise<void> &holding) {
   std::unique_lock<std::mutex> drive(drive_mu_);
   driver_.store(std::this_thread::get_id(), std::memory_order_release);
+  holding.set_value();
   // One pass blocks until something happens; then, when busy polling is on, passes that do not
   // block follow until busy_poll_us pass with no bytes moved, so that the next request (or the
   // next chunk of a long one), if it comes that soon, finds the thread awake (no wake-up, which
@@ -116,9 +123,13 @@ bool IoLoop::progress(uint32_t lease_us, const std::function<bool()> &unfinished
   if (on_loop_thread()) return false;  // called back from the loop itself: it runs already
   const int64_t lease_ns = int64_t(lease_us) * 1000;
   int64_t until = now_ns() + lease_ns;
-  lease_until_ns_.store(until, std::memory_order_release);
+  // A lease shorter than the one running replaces it: the parked thread, waiting out the old
+  // one, must look again (once this call is over: until then the caller runs the loop), or a
+  // holder that leased for a minute and then for a millisecond would keep the loop for the minute.
+  const bool shortened = lease_until_ns_.exchange(until, std::memory_order_acq_rel) > until;
   std::unique_lock<std::mutex> drive(drive_mu_, std::try_to_lock);
   if (!drive.owns_lock()) {
+    if (shortened) wake_parked();
     ask_to_park();
     return false;
   }
@@ -147,13 +158,19 @@ bool IoLoop::progress(uint32_t lease_us, const std::function<bool()> &unfinished
       if (passed) lease_until_ns_.compare_exchange_strong(until, now_ns() + lease_ns, std::memory_order_acq_rel);
     }
   }
+  drive.unlock();
+  if (shortened) wake_parked();
   return true;
 }
 
 void IoLoop::release() {
   if (lease_until_ns_.exchange(0, std::memory_order_acq_rel) == 0) return;
+  wake_parked();
+}
+
+void IoLoop::wake_parked() {
   // The parked thread looks at the lease holding park_mu_ and waits releasing it: once this
-  // has had it, the thread either sees the lease gone or is waiting, and the signal wakes it.
+  // has had it, the thread either sees the lease changed or is waiting, and the signal wakes it.
   { std::lock_guard<std::mutex> parked(park_mu_); }
   parked_cv_.notify_one();
 }

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <condition_variable>
 #include <functional>
+#include <future>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -49,7 +50,8 @@ class IoLoop {
   // Runs the loop once without blocking on the calling thread, and leases it for lease_us more:
   // until then the loop's thread stays parked and requests wait for the caller's next call. The
   // first call of a lease only asks the loop's thread to park (false: nothing was run; call
-  // again). Any thread may call; one runs the loop at a time.
+  // again). Any thread may call; one runs the loop at a time. A call's lease replaces the one
+  // running, also when it is shorter: the loop's thread then takes the loop back at the new end.
   //
   // unfinished (called on the loop, between passes): whether a transfer is still part way (a
   // large payload arriving, an answer not all sent). While it is, passes follow the first, until
@@ -79,10 +81,11 @@ class IoLoop {
 
  private:
   void drain();
-  void run_thread();
+  void run_thread(std::promise<void> &holding);  // sets holding once it holds the loop
   bool leased() const;
   void park(std::unique_lock<std::mutex> &drive);
   void ask_to_park();
+  void wake_parked();  // has the parked thread look at the lease again
 
   uv_loop_t loop_;
   uv_async_t wake_;
