@@ -419,21 +419,20 @@ class ScadTensorTransport(_Base):
         """A receive of one buffer into one array, over shm or tcp: one transfer of its own,
         set up and started in one call of the binding (RdmaManager._one_transfer), waited for
         here, the GIL released in libd; no link to make, rebind or park. placed: (transport,
-        durl, address, size), when the caller has them."""
+        durl, address, size), when the caller has them (it found the owner's server reached)."""
         manager = RdmaManager.get()
-        made = []
-
-        def begin() -> None:
-            try:
-                made.append(manager._one_transfer(buf, local, self._busy_poll_us, placed=placed, last=True))
-            except (PermissionError, ConnectionError) as e:
-                raise _refusal(e, impl, False) from None
-            receive.track(made[0])  # an abort from now on cancels it
-
+        transfer = None
         try:
             try:
-                receive.start(begin)
-                transfer = made[0]
+                # receive.start and receive.track in one look under the receive's lock: no read
+                # starts after an abort, and an abort from the moment it started cancels it.
+                with receive._lock:
+                    receive.check()
+                    try:
+                        transfer = manager._one_transfer(buf, local, self._busy_poll_us, placed=placed, last=True)
+                    except (PermissionError, ConnectionError) as e:
+                        raise _refusal(e, impl, False) from None
+                    receive._links.append(transfer)
                 deadline = time.monotonic() + self._timeout
                 poll_operation(transfer, self._busy_poll_us)  # (shm copies are done as they start)
                 self._wait_read(receive, transfer.wait, deadline, impl, False)  # says how it failed, if it did
@@ -443,13 +442,14 @@ class ScadTensorTransport(_Base):
                 _counters.add(failed_receives=1)
                 raise
             finally:
-                if made:
-                    receive.untrack(made[0])
-                    made[0].terminate()  # (over tcp the owner's server heard of it behind the request)
+                if transfer is not None:
+                    receive.untrack(transfer)
+                    transfer.terminate()  # (over tcp the owner's server heard of it behind the request)
         except CancelledError:
             raise ConnectionAbortedError(f"the receive of object {receive.obj_id} was aborted") from None
-        manager._mark_reached(buf)
-        _count_received([(buf, local)], [impl])
+        if placed is None:
+            manager._mark_reached(buf)
+        _counters.received(1, local.nbytes, [impl])
 
     def _recv_direct(self, receive: _Receive, reads: List[tuple]) -> None:
         manager = RdmaManager.get()
