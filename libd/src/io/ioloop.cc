@@ -20,19 +20,22 @@ IoLoop::IoLoop() {
   uv_loop_init(&loop_);
   uv_async_init(&loop_, &wake_, [](uv_async_t *a) { static_cast<IoLoop *>(a->data)->drain(); });
   wake_.data = this;
+  thread_ = std::thread([this] { run_thread(); });
   // Returns once the loop's thread holds the loop: a progress() caller then always finds it
   // there and asks it to park, and never has the thread take the loop from between two of its
-  // calls (as a thread started late would, on a loaded host).
-  std::promise<void> holding;
-  auto held = holding.get_future();
-  thread_ = std::thread([this, &holding] { run_thread(holding); });
-  held.wait();
+  // calls (as a thread started late would, on a loaded host). (The members it waits on outlive
+  // the wait, which a promise on this stack would not be sure to.)
+  std::unique_lock<std::mutex> parked(park_mu_);
+  parked_cv_.wait(parked, [this] { return driver_.load(std::memory_order_acquire) != std::thread::id(); });
 }
 
-void IoLoop::run_thread(std::promise<void> &holding) {
+void IoLoop::run_thread() {
   std::unique_lock<std::mutex> drive(drive_mu_);
   driver_.store(std::this_thread::get_id(), std::memory_order_release);
-  holding.set_value();
+  {
+    std::lock_guard<std::mutex> parked(park_mu_);  // the constructor waits for this, on park_mu_
+  }
+  parked_cv_.notify_all();
   // One pass blocks until something happens; then, when busy polling is on, passes that do not
   // block follow until busy_poll_us pass with no bytes moved, so that the next request (or the
   // next chunk of a long one), if it comes that soon, finds the thread awake (no wake-up, which

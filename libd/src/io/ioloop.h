@@ -15,7 +15,6 @@
 #include <cstdint>
 #include <condition_variable>
 #include <functional>
-#include <future>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -81,7 +80,7 @@ class IoLoop {
 
  private:
   void drain();
-  void run_thread(std::promise<void> &holding);  // sets holding once it holds the loop
+  void run_thread();
   bool leased() const;
   void park(std::unique_lock<std::mutex> &drive);
   void ask_to_park();
@@ -99,7 +98,7 @@ class IoLoop {
   struct Driving;
   std::mutex drive_mu_;  // held by whichever thread runs the loop
   std::mutex park_mu_;   // orders release() with the parked thread's look at the lease
-  std::condition_variable parked_cv_;  // the loop's thread, parked during a lease
+  std::condition_variable parked_cv_;  // the loop's thread, parked during a lease (and the constructor, until it runs)
   std::atomic<std::thread::id> driver_{};
   std::atomic<int64_t> lease_until_ns_{0};  // steady clock; 0: no lease
   std::atomic<bool> park_asked_{false};
