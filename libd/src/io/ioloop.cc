@@ -23,8 +23,7 @@ IoLoop::IoLoop() {
   thread_ = std::thread([this] { run_thread(); });
   // Returns once the loop's thread holds the loop: a progress() caller then always finds it
   // there and asks it to park, and never has the thread take the loop from between two of its
-  // calls (as a thread started late would, on a loaded host). (The members it waits on outlive
-  // the wait, which a promise on this stack would not be sure to.)
+  // calls (as a thread started late would, on a loaded host).
   std::unique_lock<std::mutex> parked(park_mu_);
   parked_cv_.wait(parked, [this] { return driver_.load(std::memory_order_acquire) != std::thread::id(); });
 }
