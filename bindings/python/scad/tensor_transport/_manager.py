@@ -183,6 +183,16 @@ class _Receive:
             self.check()
             begin()
 
+    def open(self, begin: Any) -> Any:
+        """start and track in one look: runs begin() (which makes and starts a transfer) unless
+        the receive has ended, and tracks the transfer it returns, so that an abort from then on
+        cancels it."""
+        with self._lock:
+            self.check()
+            transfer = begin()
+            self._links.append(transfer)
+            return transfer
+
     def track(self, link: Any) -> None:
         with self._lock:
             if self.error is None:
@@ -419,20 +429,19 @@ class ScadTensorTransport(_Base):
         """A receive of one buffer into one array, over shm or tcp: one transfer of its own,
         set up and started in one call of the binding (RdmaManager._one_transfer), waited for
         here, the GIL released in libd; no link to make, rebind or park. placed: (transport,
-        durl, address, size), when the caller has them (it found the owner's server reached)."""
+        durl, address, size), when the caller has them."""
         manager = RdmaManager.get()
+
+        def begin() -> Any:
+            try:
+                return manager._one_transfer(buf, local, self._busy_poll_us, placed=placed, last=True)
+            except (PermissionError, ConnectionError) as e:
+                raise _refusal(e, impl, False) from None
+
         transfer = None
         try:
             try:
-                # receive.start and receive.track in one look under the receive's lock: no read
-                # starts after an abort, and an abort from the moment it started cancels it.
-                with receive._lock:
-                    receive.check()
-                    try:
-                        transfer = manager._one_transfer(buf, local, self._busy_poll_us, placed=placed, last=True)
-                    except (PermissionError, ConnectionError) as e:
-                        raise _refusal(e, impl, False) from None
-                    receive._links.append(transfer)
+                transfer = receive.open(begin)
                 deadline = time.monotonic() + self._timeout
                 poll_operation(transfer, self._busy_poll_us)  # (shm copies are done as they start)
                 self._wait_read(receive, transfer.wait, deadline, impl, False)  # says how it failed, if it did
@@ -447,8 +456,7 @@ class ScadTensorTransport(_Base):
                     transfer.terminate()  # (over tcp the owner's server heard of it behind the request)
         except CancelledError:
             raise ConnectionAbortedError(f"the receive of object {receive.obj_id} was aborted") from None
-        if placed is None:
-            manager._mark_reached(buf)
+        manager._mark_reached(buf)
         _counters.received(1, local.nbytes, [impl])
 
     def _recv_direct(self, receive: _Receive, reads: List[tuple]) -> None:
