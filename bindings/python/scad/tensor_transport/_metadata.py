@@ -73,9 +73,14 @@ def _dtype_of(name: Any) -> Any:
         return name
     dtype = _DTYPES.get(name)
     if dtype is None:
-        dtype = numpy.dtype(name)
-        if not _plain(dtype):
-            raise ValueError(f"ScadTransportMetadata: {name!r} is not a plain numpy dtype")
+        try:
+            dtype = numpy.dtype(name)
+        except (TypeError, ValueError, SyntaxError):  # numpy parses some names as Python literals
+            dtype = None
+        # Only the name _dtype_name writes ("<f4", "|b1"): numpy also takes aliases and oddities
+        # ("\x00" is its bool), none of which a pickle of ours holds.
+        if dtype is None or not _plain(dtype) or dtype.str != name:
+            raise ValueError(f"ScadTransportMetadata: {name[:64]!r} is not a plain numpy dtype's name")
         if len(_DTYPES) < 64:  # plain dtypes are few: anything past that is looked up each time
             _DTYPES[name] = dtype
     return dtype
