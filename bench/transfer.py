@@ -86,7 +86,7 @@ class Pair:
     goes on with the others."""
 
     def __init__(self, python, script, api, mode, transport, plan, env, log, key):
-        self.api, self.mode, self.transport, self.plan, self.key = api, mode, transport, plan, key
+        self.api, self.mode, self.plan, self.key = api, mode, plan, key
         self.index = {cell: i for i, cell in enumerate(plan)}
         argv = [python, str(BENCH / script), "owner", api, transport, json.dumps(plan)]
         # A session of its own: killed, its active side goes too.
