@@ -1,12 +1,13 @@
-// libd-first-read-steps: the floor under a one-sided operation's transfer over tcp. Each read is a
-// new key's first and only: the transport made for it on the process's shared connection to the
-// owner's server (share,1), the grant attached and the read sent in one write with the key let go
+// libd-first-read-steps: the floor under a one-sided operation's transfer over tcp or shm. Each read
+// is a new key's first and only: the transport made for it (over tcp on the process's shared
+// connection to the owner's server, share,1; over shm the grant vouched for by the owner's grant
+// table), the grant attached and the read sent in one write with the key let go
 // of behind it (libd_trdma_read_async_last, as scad.rdma's and scad.tensor_transport's first
 // transfer of a buffer make it), polled until the answer is in, and the transport freed. Timed
 // step by step in libd's C API alone, so that the Python APIs' figures for the same step
 // (bench/api_steps.py) can be set beside what libd itself needs.
 //
-//   libd-first-read-steps [--reads N] [--size BYTES]          the steps, medians in µs
+//   libd-first-read-steps [--shm] [--reads N] [--size BYTES]  the steps, medians in µs
 //   libd-first-read-steps --serve [--reads N] [--size BYTES]  only the owner: one configuration
 //       line per grant on standard output, served until standard input closes (for a Python
 //       peer's figures against the same server)
@@ -45,7 +46,9 @@ long long now_ns() {
 
 // The owner, in the child: serves one lent region, writes a grant's configuration a line each to
 // `out`, then serves until `quit` closes.
-int run_owner(int reads, uint64_t size, FILE *out, int quit) {
+// Over shm a grant must cover its whole element: each is on the whole region, and each read reads
+// its slice of it.
+int run_owner(int reads, uint64_t size, bool whole, FILE *out, int quit) {
   libd_action *a = libd_action_init("first-read-owner", 0, nullptr);
   std::string path = "/tmp/libd-first-read-" + std::to_string(getpid()) + ".sock";
   std::string durl = "srv;tcp_server;size,0;host,127.0.0.1;port,0;path," + path + ";busy_poll_us,1000000";
@@ -56,6 +59,7 @@ int run_owner(int reads, uint64_t size, FILE *out, int quit) {
   if (libd_trdma_server_expose(srv, "region", region.data(), region.size()) != 0) die("expose");
   for (int i = 0; i < reads; i++) {
     libd_grant_spec spec = {"region", "*", (uint64_t(i) % kSlices) * size, size, LIBD_RIGHT_READ, 0};
+    if (whole) spec.offset = 0, spec.length = region.size();
     char config[2048];
     if (libd_trdma_server_grant_ex(srv, &spec, config, sizeof config) <= 0) die("grant");
     fprintf(out, "%s\n", config);
@@ -71,7 +75,11 @@ int run_owner(int reads, uint64_t size, FILE *out, int quit) {
 // A peer's transport for one grant: the grant's configuration as the owner's server wrote it
 // (where, and which key; tcp ignores the unix path in it), on the shared connection, polling
 // while it waits.
-constexpr const char *kPeerDurlHead = "d0;tcp;share,1;timeout_ms,30000;busy_poll_us,500;";
+constexpr const char *kTcpDurlHead = "d0;tcp;share,1;timeout_ms,30000;busy_poll_us,500;";
+// Over shm: the grant checked in the owner's grant table, the bytes copied by process_vm_readv,
+// on the shared connection (share,1), the owner's server not told (announce,0: scad.rdma's peers
+// wait for no word from it).
+constexpr const char *kShmDurlHead = "d0;shm;share,1;announce,0;timeout_ms,30000;";
 
 double median_us(std::vector<long long> v) {
   std::nth_element(v.begin(), v.begin() + long(v.size() / 2), v.end());
@@ -83,17 +91,19 @@ double median_us(std::vector<long long> v) {
 int main(int argc, char **argv) {
   int reads = 3000;
   uint64_t size = 64;
-  bool serve = false;
+  bool serve = false, shm = false;
   for (int i = 1; i < argc; i++) {
     std::string arg = argv[i];
     if (arg == "--serve") {
       serve = true;
+    } else if (arg == "--shm") {
+      shm = true;
     } else if (arg == "--reads" && i + 1 < argc) {
       reads = atoi(argv[++i]);
     } else if (arg == "--size" && i + 1 < argc) {
       size = strtoull(argv[++i], nullptr, 10);
     } else {
-      fprintf(stderr, "usage: libd-first-read-steps [--serve] [--reads N] [--size BYTES]\n");
+      fprintf(stderr, "usage: libd-first-read-steps [--serve] [--shm] [--reads N] [--size BYTES]\n");
       return 2;
     }
   }
@@ -108,7 +118,7 @@ int main(int argc, char **argv) {
   if (owner == 0) {
     close(configs[0]);
     close(quit[1]);
-    return run_owner(reads, size, fdopen(configs[1], "w"), quit[0]);
+    return run_owner(reads, size, shm, fdopen(configs[1], "w"), quit[0]);
   }
   close(configs[1]);
   close(quit[0]);
@@ -138,8 +148,9 @@ int main(int argc, char **argv) {
     std::vector<long long> steps[kSteps];
     std::vector<char> local(size);
     int failed = 0;
+    libd_action *keeper = nullptr;
     for (int i = 0; i < reads; i++) {
-      std::string durl = kPeerDurlHead + grants[size_t(i)];
+      std::string durl = (shm ? kShmDurlHead : kTcpDurlHead) + grants[size_t(i)];
       long long t[kSteps + 1];
       t[0] = now_ns();
       libd_action *a = libd_action_init("first-read-peer", 0, nullptr);
@@ -159,13 +170,19 @@ int main(int argc, char **argv) {
       t[4] = now_ns();
       if (rc != 0 || local[0] != 'x') failed++;
       libd_op_free(op);
-      libd_action_free(a);
+      // The first read's transport is kept: it holds the process's shared connection to the
+      // owner's server open (as a scad.rdma peer's first buffer does), which later ones ride.
+      if (i == 0)
+        keeper = a;
+      else
+        libd_action_free(a);
       t[5] = now_ns();
       if (i >= kWarmup)
         for (int k = 0; k < kSteps; k++) steps[k].push_back(t[k + 1] - t[k]);
     }
-    printf("a new key's first %llu-byte read over tcp (share,1), median µs of %d:\n", (unsigned long long)size,
-           reads - kWarmup);
+    libd_action_free(keeper);
+    printf("a new key's first %llu-byte read over %s, median µs of %d:\n", (unsigned long long)size,
+           shm ? "shm" : "tcp (share,1)", reads - kWarmup);
     double total = 0;
     for (int k = 0; k < kSteps; k++) {
       double us = median_us(steps[k]);

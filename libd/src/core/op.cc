@@ -1,5 +1,6 @@
 #include "core/op.h"
 
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -105,6 +106,10 @@ int Op::wait_until(Clock::time_point until) {
         auto spin_end = std::min(until, Clock::now() + std::chrono::microseconds(spin_us_));
         for (unsigned round = 0; status() == -EINPROGRESS; round++) {
           if (round > 0 && (round == 1 || round % kRoundsPerClockRead == 0) && Clock::now() >= spin_end) break;
+          // Between looks the core goes to anything else ready to run on it (the server this
+          // operation waits for may be one, on this host): a poller that never yields holds it
+          // off until the spin runs out. On an idle core the yield returns at once.
+          if (round > 0) sched_yield();
           d->poll_progress(this);
         }
         if ((s = status()) != -EINPROGRESS) {

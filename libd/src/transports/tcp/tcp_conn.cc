@@ -3,6 +3,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -164,8 +165,13 @@ bool TcpConn::lead_locked(Lock &lk, Done done, Deadline deadline, uint32_t spin_
       leased = false;
     }
     struct pollfd p = {fd_, events, 0};
-    // While the spin lasts, only look (the core stays ours); then sleep until the socket moves.
+    // While the spin lasts, only look; then sleep until the socket moves.
     int r = ::poll(&p, 1, spinning ? 0 : int(std::min<int64_t>(left, 1000)));
+    // A look that found nothing gives the core to whatever else is ready to run on it first: on a
+    // host with fewer cores than busy threads, that may be the very server this caller waits for
+    // (one on this host, its thread queued behind this one), which a poller that never yields
+    // would hold off until the spin ran out. On an idle core the yield returns at once.
+    if (r == 0 && spinning) sched_yield();
     lk.lock();
     if (r < 0 && errno != EINTR) {
       fail_locked(-errno, std::string("poll: ") + strerror(errno), true);
