@@ -7,7 +7,8 @@
 // step by step in libd's C API alone, so that the Python APIs' figures for the same step
 // (bench/api_steps.py) can be set beside what libd itself needs.
 //
-//   libd-first-read-steps [--shm] [--reads N] [--size BYTES]  the steps, medians in µs
+//   libd-first-read-steps [--shm] [--write] [--reads N] [--size BYTES]  the steps, medians in µs
+//       (--write: each key's first and only transfer writes, libd_trdma_write_async_last)
 //   libd-first-read-steps --serve [--reads N] [--size BYTES]  only the owner: one configuration
 //       line per grant on standard output, served until standard input closes (for a Python
 //       peer's figures against the same server)
@@ -33,7 +34,10 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr int kWarmup = 200;
-constexpr uint64_t kSlices = 1000;  // distinct slices of the lent region the grants cycle over
+// The grants cycle over distinct slices of the lent region: up to 1000 of them, within 1 MiB, so
+// that the bytes stay in the caches as an owner's lent array does (a region of 1000 64 KiB slices
+// would measure memory, not libd).
+uint64_t slices_for(uint64_t size) { return std::clamp<uint64_t>((1u << 20) / size, 1, 1000); }
 
 long long now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
@@ -55,10 +59,11 @@ int run_owner(int reads, uint64_t size, bool whole, FILE *out, int quit) {
   if (!a || libd_action_add_transport(a, durl.c_str()) != 0) die("the owner's server");
   libd_transport *srv = libd_action_get_transport(a, "srv");
   if (libd_trdma_server_serve(srv) != 0) die("serve");
-  std::vector<char> region(kSlices * size, 'x');
+  const uint64_t slices = slices_for(size);
+  std::vector<char> region(slices * size, 'x');
   if (libd_trdma_server_expose(srv, "region", region.data(), region.size()) != 0) die("expose");
   for (int i = 0; i < reads; i++) {
-    libd_grant_spec spec = {"region", "*", (uint64_t(i) % kSlices) * size, size, LIBD_RIGHT_READ, 0};
+    libd_grant_spec spec = {"region", "*", (uint64_t(i) % slices) * size, size, LIBD_RIGHT_READ | LIBD_RIGHT_WRITE, 0};
     if (whole) spec.offset = 0, spec.length = region.size();
     char config[2048];
     if (libd_trdma_server_grant_ex(srv, &spec, config, sizeof config) <= 0) die("grant");
@@ -91,19 +96,21 @@ double median_us(std::vector<long long> v) {
 int main(int argc, char **argv) {
   int reads = 3000;
   uint64_t size = 64;
-  bool serve = false, shm = false;
+  bool serve = false, shm = false, write = false;
   for (int i = 1; i < argc; i++) {
     std::string arg = argv[i];
     if (arg == "--serve") {
       serve = true;
     } else if (arg == "--shm") {
       shm = true;
+    } else if (arg == "--write") {
+      write = true;
     } else if (arg == "--reads" && i + 1 < argc) {
       reads = atoi(argv[++i]);
     } else if (arg == "--size" && i + 1 < argc) {
       size = strtoull(argv[++i], nullptr, 10);
     } else {
-      fprintf(stderr, "usage: libd-first-read-steps [--serve] [--shm] [--reads N] [--size BYTES]\n");
+      fprintf(stderr, "usage: libd-first-read-steps [--serve] [--shm] [--write] [--reads N] [--size BYTES]\n");
       return 2;
     }
   }
@@ -142,7 +149,8 @@ int main(int argc, char **argv) {
     }
   } else {
     const char *names[] = {"the transport made (action, durl)", "local memory registered",
-                           "grant attached, read sent, key let go", "the answer (polled)",
+                           write ? "grant attached, write sent, key let go" : "grant attached, read sent, key let go",
+                           "the answer (polled)",
                            "operation and transport freed"};
     constexpr int kSteps = 5;
     std::vector<long long> steps[kSteps];
@@ -157,12 +165,14 @@ int main(int argc, char **argv) {
       if (!a || libd_action_add_transport(a, durl.c_str()) != 0) die("the peer's transport");
       libd_transport *tr = libd_action_get_transport(a, "d0");
       t[1] = now_ns();
-      local[0] = 0;  // the lent bytes are 'x': the read must bring them
+      local[0] = write ? 'x' : 0;  // the lent bytes are 'x': a read must bring them
       void *buf = local.data();
       if (libd_trdma_reg(tr, size, &buf) != 0) die("reg");
       t[2] = now_ns();
       libd_op *op = nullptr;
-      if (libd_trdma_read_async_last(tr, size, (uint64_t(i) % kSlices) * size, buf, &op) != 0) die("read");
+      uint64_t at = (uint64_t(i) % slices_for(size)) * size;
+      if ((write ? libd_trdma_write_async_last(tr, size, at, buf, &op) : libd_trdma_read_async_last(tr, size, at, buf, &op)) != 0)
+        die(write ? "write" : "read");
       t[3] = now_ns();
       int rc;
       while ((rc = libd_op_poll(op)) == -EINPROGRESS) {
@@ -181,8 +191,8 @@ int main(int argc, char **argv) {
         for (int k = 0; k < kSteps; k++) steps[k].push_back(t[k + 1] - t[k]);
     }
     libd_action_free(keeper);
-    printf("a new key's first %llu-byte read over %s, median µs of %d:\n", (unsigned long long)size,
-           shm ? "shm" : "tcp (share,1)", reads - kWarmup);
+    printf("a new key's first %llu-byte %s over %s, median µs of %d:\n", (unsigned long long)size,
+           write ? "write" : "read", shm ? "shm" : "tcp (share,1)", reads - kWarmup);
     double total = 0;
     for (int k = 0; k < kSteps; k++) {
       double us = median_us(steps[k]);
