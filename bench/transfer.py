@@ -23,7 +23,8 @@ The ratio is the peer's time over ours: above 1, ours is faster. Raw results go 
 
 A run is several rounds. In a round the driver starts every pair of a transport at once and
 steps them through the cells together: each cell is measured by every pair in turn (ours first
-for one cell, the peers first for the next), the others asleep meanwhile. On a shared two-core
+for one cell, the peers first for the next, and within each group a different pair first from
+cell to cell), the others asleep meanwhile. On a shared two-core
 host one operation's time drifts by half from one minute to the next, so a ratio is taken within
 a round, from figures measured seconds apart, and the figures printed are medians over the rounds.
 """
@@ -171,10 +172,19 @@ def cell_order(sizes):
     return [(size, op, k) for _, size, op, k in plan_for("rdma", sizes, "op")]
 
 
+def rotated(items, by):
+    """items, starting at index `by` (modulo their number) and wrapping round."""
+    if not items:
+        return items
+    by %= len(items)
+    return items[by:] + items[:by]
+
+
 def run_round(specs, transport, sizes, rnd, log):
     """One round over `transport`: every pair started at once and stepped through the cells
     together, each cell measured by every pair that has it, ours first for one cell and the
-    peers first for the next (which go first in the round's first cell alternates by round),
+    peers first for the next (which go first in the round's first cell alternates by round), and
+    within ours and within the peers a different pair first from one cell and round to the next,
     the pairs not measuring asleep meanwhile. Returns the pairs, done."""
     pairs = [Pair(python, script, api, mode, transport, plan_for(api, sizes, mode), env, log, key)
              for python, script, api, mode, env, key, _ in specs]
@@ -183,7 +193,13 @@ def run_round(specs, transport, sizes, rnd, log):
     for p in pairs:
         p.wait_ready()
     for n, (size, op, k) in enumerate(cell_order(sizes)):
-        for p in (ours + peers if (n + rnd) % 2 == 0 else peers + ours):
+        turn = n + rnd
+        # Within each group too, who goes first moves from cell to cell and round to round: where
+        # a pair stands in the cell's sequence shows in memory-bound cells (scad.rdma and
+        # scad.tensor_transport in a fixed order, five runs: the first of the two read 16 x 1 MiB
+        # over shm 17-44 µs a buffer faster than the second, whichever it was).
+        mine, theirs = rotated(ours, turn), rotated(peers, turn)
+        for p in (mine + theirs if turn % 2 == 0 else theirs + mine):
             p.run_cell((p.mode, size, op, k), rnd)
     for p in pairs:
         crash = p.finish()
