@@ -37,20 +37,14 @@ def libd_floor(size, reads):
     return float(re.search(r"sum of the medians\s+([0-9.]+)", out).group(1))
 
 
-def slices_for(size):
-    """How many slices of its region the tool's owner grants in turn (its slices_for): up to 1000,
-    within 1 MiB."""
-    return min(1000, max(1, (1 << 20) // size))
-
-
 def records(configs, size):
     """An RdmaBuffer per grant line, as the owner's record would describe it."""
     from scad._memserver import config_value
     from scad.rdma import RdmaBuffer
     return [RdmaBuffer(owner="first-read-owner", hostname=socket.gethostname(), host=config_value(line, "host"),
                        port=int(config_value(line, "port")), path="", verbs=False, grant=config_value(line, "grant"),
-                       secret=config_value(line, "secret"), offset=(i % slices_for(size)) * size, size=size, whole=False)
-            for i, line in enumerate(configs)]
+                       secret=config_value(line, "secret"), offset=int(config_value(line, "offset")), size=size, whole=False)
+            for line in configs]
 
 
 def python_reads(api, size, reads):

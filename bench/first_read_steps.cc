@@ -10,8 +10,8 @@
 //   libd-first-read-steps [--shm] [--write] [--reads N] [--size BYTES]  the steps, medians in µs
 //       (--write: each key's first and only transfer writes, libd_trdma_write_async_last)
 //   libd-first-read-steps --serve [--reads N] [--size BYTES]  only the owner: one configuration
-//       line per grant on standard output, served until standard input closes (for a Python
-//       peer's figures against the same server)
+//       line per grant on standard output, with the offset of its slice (offset,N), served until
+//       standard input closes (for a Python peer's figures against the same server)
 //
 // The owner runs in a child process (a server thread that polls for a second after each request,
 // as bench/transfer.py's plain-libd owner polls), lends one region and grants N slices of it, each
@@ -142,7 +142,10 @@ int main(int argc, char **argv) {
     fprintf(stderr, "libd-first-read-steps: the owner made %zu grants of %d\n", grants.size(), reads);
     status = 1;
   } else if (serve) {
-    for (auto &g : grants) printf("%s\n", g.c_str());
+    // Each line with the offset its slice starts at, so that the reader need not know how the
+    // grants cycle over the region.
+    for (size_t i = 0; i < grants.size(); i++)
+      printf("%s;offset,%llu\n", grants[i].c_str(), (unsigned long long)((i % slices_for(size)) * size));
     fflush(stdout);
     char c;
     while (read(0, &c, 1) > 0) {

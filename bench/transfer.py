@@ -194,12 +194,11 @@ def run_round(specs, transport, sizes, rnd, log):
         p.wait_ready()
     for n, (size, op, k) in enumerate(cell_order(sizes)):
         turn = n + rnd
-        # Within each group too, who goes first moves from cell to cell and round to round: where
+        # Within each group too, who goes first moves every two turns (the group that goes first
+        # alternates with turn's parity, so every pair takes the very first place in turn): where
         # a pair stands in the cell's sequence shows in memory-bound cells (scad.rdma and
         # scad.tensor_transport in a fixed order, five runs: the first of the two read 16 x 1 MiB
         # over shm 17-44 µs a buffer faster than the second, whichever it was).
-        # (By turn // 2: the group that goes first alternates with turn's parity, and every pair of
-        # it takes the very first place in turn.)
         mine, theirs = rotated(ours, turn // 2), rotated(peers, turn // 2)
         for p in (mine + theirs if turn % 2 == 0 else theirs + mine):
             p.run_cell((p.mode, size, op, k), rnd)
