@@ -27,6 +27,7 @@ from posix.mman cimport munmap
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 from libc.errno cimport EINPROGRESS
 from cpython.exc cimport PyErr_CheckSignals
+from cpython.pythread cimport PyThread_type_lock, PyThread_allocate_lock, PyThread_free_lock, PyThread_acquire_lock, PyThread_release_lock, WAIT_LOCK
 from libc.stdint cimport int64_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport strlen, strncmp
@@ -807,6 +808,34 @@ cdef class LibdTransportRDMA(LibdTransport):
         return size, ("r" if rights & 1 else "") + ("w" if rights & 2 else "")
 
 
+cdef int _poll_op_for(clibd.libd_op *op, double busy_poll_us) except? -1000000:
+    """Operation.poll_for's loop: libd_op_poll's last answer (-EINPROGRESS: still running)."""
+    cdef int rc
+    cdef timespec now
+    cdef double t, end, chunk_end
+    with nogil:
+        rc = clibd.libd_op_poll(op)
+    if rc != -EINPROGRESS or busy_poll_us <= 0:
+        return rc
+    clock_gettime(CLOCK_MONOTONIC, &now)
+    end = now.tv_sec * 1e6 + now.tv_nsec * 1e-3 + busy_poll_us
+    while True:
+        with nogil:
+            clock_gettime(CLOCK_MONOTONIC, &now)
+            t = now.tv_sec * 1e6 + now.tv_nsec * 1e-3
+            chunk_end = t + 1000.0 if t + 1000.0 < end else end
+            while t < chunk_end:
+                sched_yield()
+                rc = clibd.libd_op_poll(op)
+                if rc != -EINPROGRESS:
+                    break
+                clock_gettime(CLOCK_MONOTONIC, &now)
+                t = now.tv_sec * 1e6 + now.tv_nsec * 1e-3
+        if rc != -EINPROGRESS or t >= end:
+            return rc
+        PyErr_CheckSignals()  # (raises out of here: Ctrl-C ends a long poll)
+
+
 cdef class Operation:
     """An operation in flight. wait(timeout) raises what the operation failed with; `await op`
     works in asyncio; cancel() returns once libd no longer touches the buffers."""
@@ -838,31 +867,7 @@ cdef class Operation:
         does): whether it is done. For a waiter that trades a core for latency, as busy-polling
         RDMA stacks do; scad._waiter.poll_until does the same with any callable, one Python call
         per look. Signals are looked at every millisecond (Ctrl-C ends a long poll)."""
-        cdef clibd.libd_op *op = self._op
-        cdef int rc
-        cdef timespec now
-        cdef double t, end, chunk_end
-        with nogil:
-            rc = clibd.libd_op_poll(op)
-        if rc != -EINPROGRESS or busy_poll_us <= 0:
-            return rc != -EINPROGRESS
-        clock_gettime(CLOCK_MONOTONIC, &now)
-        end = now.tv_sec * 1e6 + now.tv_nsec * 1e-3 + busy_poll_us
-        while True:
-            with nogil:
-                clock_gettime(CLOCK_MONOTONIC, &now)
-                t = now.tv_sec * 1e6 + now.tv_nsec * 1e-3
-                chunk_end = t + 1000.0 if t + 1000.0 < end else end
-                while t < chunk_end:
-                    sched_yield()
-                    rc = clibd.libd_op_poll(op)
-                    if rc != -EINPROGRESS:
-                        break
-                    clock_gettime(CLOCK_MONOTONIC, &now)
-                    t = now.tv_sec * 1e6 + now.tv_nsec * 1e-3
-            if rc != -EINPROGRESS or t >= end:
-                return rc != -EINPROGRESS
-            PyErr_CheckSignals()
+        return _poll_op_for(self._op, busy_poll_us) != -EINPROGRESS
 
     def wait(self, timeout=None):
         """Waits; TimeoutError if `timeout` (seconds) passes first (the operation goes on)."""

@@ -2,6 +2,8 @@
 
 cdef enum:
     _EINVAL = 22  # errno.EINVAL on Linux
+    _ECANCELED = 125  # errno.ECANCELED on Linux
+    _ETIMEDOUT = 110  # errno.ETIMEDOUT on Linux
 
 cdef class GrantTransfer(Operation):
     """One local memory moved to or from the memory of one grant, with one transfer, on a
@@ -142,3 +144,123 @@ def begin_transfer(aid, durl, uint64_t address, size_t size, bint write, keep, b
         g._release()
         raise err
     return g
+
+
+
+cdef class TransferSlot:
+    """Where read_once shows the transfer it runs, so that another thread can stop it: cancel()
+    cancels the one under way (once it returns, libd touches none of its memory) and fails a
+    read_once that has not started its transfer yet. For a receive that an abort must reach
+    while it waits in libd."""
+    cdef PyThread_type_lock _lock  # taken without the GIL: cancel() may come while read_once waits
+    cdef clibd.libd_op *_op
+    cdef bint _cancelled
+
+    def __cinit__(self):
+        self._lock = PyThread_allocate_lock()
+        if self._lock == NULL:
+            raise MemoryError("TransferSlot: no lock")
+
+    def __dealloc__(self):
+        if self._lock != NULL:
+            PyThread_free_lock(self._lock)
+
+    @property
+    def cancelled(self):
+        """Whether cancel() was called."""
+        return self._cancelled
+
+    @property
+    def running(self):
+        """Whether a transfer is under way through it (read_once between its start and its end)."""
+        return self._op != NULL
+
+    def cancel(self):
+        """Cancels the transfer under way, and any that read_once would start through this slot
+        from now on. True if one was under way and is cancelled now."""
+        cdef int rc = 0
+        with nogil:
+            PyThread_acquire_lock(self._lock, WAIT_LOCK)
+            self._cancelled = True
+            if self._op != NULL:
+                rc = clibd.libd_op_cancel(self._op)
+            PyThread_release_lock(self._lock)
+        return rc == -_ECANCELED
+
+
+def read_once(aid, durl, uint64_t address, size_t size, uint64_t raddr, double busy_poll_us, double timeout,
+              TransferSlot slot not None):
+    """One read of `size` bytes at offset `raddr` of the memory a durl's grant opens (transport
+    d0, in an action named `aid`) into local memory at `address`, on a transport of its own, from
+    start to finish in one call: started with the grant let go of behind the request (as
+    begin_transfer(last=True) starts it; the owner's verdict not waited for), polled for up to
+    busy_poll_us, then waited for up to `timeout` seconds, and freed. The caller keeps the local
+    memory alive (it waits here). Raises what it failed with, as Operation.wait does: TimeoutError
+    if it had not finished within `timeout` (it is cancelled then: the memory is not written
+    after this returns), CancelledError if `slot` was cancelled. For a receive of one buffer,
+    where every Python step costs more than the read's own set-up."""
+    if size == 0 or address == 0:
+        raise ValueError("read_once: address and size must be non-zero")
+    baid, bdurl = _b(aid), _b(durl)
+    cdef const char *caid = baid
+    cdef const char *cdurl = bdurl
+    cdef clibd.libd_action *a = NULL
+    cdef clibd.libd_transport *t = NULL
+    cdef clibd.libd_op *op = NULL
+    cdef void *p = <void *><size_t>address
+    cdef int ms = max(0, <int>(min(timeout, 2e6) * 1000))
+    cdef int rc = 0
+    cdef bint made = True
+    cdef const char *what = NULL  # what failed, as begin_transfer's messages name it
+    err = None
+    with nogil:
+        a = clibd.libd_action_init(caid, 0, NULL)
+        if a == NULL:
+            made = False
+            rc = -_EINVAL
+        if rc == 0:
+            rc = clibd.libd_action_add_transport(a, cdurl)
+        if rc == 0:
+            t = clibd.libd_action_get_transport(a, "d0")
+            if t == NULL or clibd.libd_transport_kind(t) != clibd.LIBD_KIND_RDMA:
+                rc = -_EINVAL
+                what = "the durl must name a transport d0 that reaches memory"
+        if rc == 0:
+            rc = clibd.libd_trdma_reg(t, size, &p)
+            what = "reg_memory"
+        if rc == 0:
+            what = NULL
+            PyThread_acquire_lock(slot._lock, WAIT_LOCK)
+            if slot._cancelled:
+                rc = -_ECANCELED
+            else:
+                rc = clibd.libd_trdma_read_async_last(t, size, raddr, p, &op)
+                if rc != 0 and op != NULL:
+                    what = "let_go"  # the read started; the grant's release could not be queued
+                slot._op = op
+            PyThread_release_lock(slot._lock)
+    try:
+        if rc == 0:
+            rc = _poll_op_for(op, busy_poll_us)
+            if rc == -EINPROGRESS:
+                with nogil:
+                    rc = clibd.libd_op_wait(op, ms)
+                if rc == -_ETIMEDOUT and clibd.libd_op_poll(op) != -EINPROGRESS:
+                    rc = clibd.libd_op_poll(op)  # it finished as the wait ran out: its own outcome
+                elif rc == -_ETIMEDOUT:
+                    err = TimeoutError(_ETIMEDOUT, f"the read did not finish within {timeout} s and was cancelled")
+        if rc < 0 and err is None:
+            # The message is this thread's libd error, read before anything else calls libd.
+            err = ValueError(_last_error() or "the action could not be made") if not made else \
+                _error(rc, what.decode() if what != NULL else "")
+    finally:
+        with nogil:
+            PyThread_acquire_lock(slot._lock, WAIT_LOCK)
+            slot._op = NULL  # no cancel() reaches it from now on
+            PyThread_release_lock(slot._lock)
+            if op != NULL:
+                clibd.libd_op_free(op)  # cancelled if it still runs: the memory is not written after this
+            if a != NULL:
+                clibd.libd_action_free(a)
+    if err is not None:
+        raise err

@@ -8,6 +8,9 @@
         started (fetch_multiple_tensors), then waited for `poll` seconds
   {"cmd": "wait", "obj": id} -> like recv's answer, for the receive fetch started
   {"cmd": "abort", "obj": id} -> {"ok": true}
+  {"cmd": "recv_aside", "obj": id, "meta": ...} -> {"running": bool}: recv_multiple_tensors into zeroed
+        targets on a thread of its own, answered once its read is under way (or it has ended)
+  {"cmd": "joined", "obj": id} -> like wait's answer, for the receive recv_aside started
   {"cmd": "counters"} -> ScadTensorTransport.counters()
   {"cmd": "fetch", ..., "stop": true} -> {"pending": true}: a receive started and seen posted (its
         read on the wire), then the process stops itself (SIGSTOP) until continued or killed
@@ -23,6 +26,7 @@ import os
 import pickle
 import signal
 import sys
+import threading
 import time
 
 import numpy
@@ -57,11 +61,24 @@ def posted(transport, obj, request, timeout=30.0):
         time.sleep(0.001)
 
 
+def under_way(transport, obj, thread, timeout=30.0):
+    """Waits until the receive of obj that `thread` runs has its read under way (one read of its
+    own: its slot shows it), or the thread has ended."""
+    deadline = time.monotonic() + timeout
+    while thread.is_alive():
+        slot = transport._lone.get(obj)
+        if slot is not None and slot.running:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the receive of {obj} started no read within {timeout} s")
+        time.sleep(0.001)
+
+
 def main():
     no_huge_pages()
     RdmaManager.get(transport=os.environ.get("PEER_TRANSPORT") or None)  # the libd transport a test forces
     transport = ScadTensorTransport(timeout=20)
-    lent, fetching = {}, {}
+    lent, fetching, aside = {}, {}, {}
     for line in sys.stdin:
         msg = json.loads(line)
         try:
@@ -99,6 +116,27 @@ def main():
                     reply = received(transport.wait_fetch_complete(request), into)
                 except Exception as e:  # with what the failed receive left in its targets
                     reply = {"error": type(e).__name__, "message": str(e), "targets": [digest(a) for a in into or []]}
+            elif msg["cmd"] == "recv_aside":
+                meta = pickle.loads(base64.b64decode(msg["meta"]))
+                into = [numpy.zeros(shape, dtype) for shape, dtype in meta.tensor_meta]
+                outcome = {}
+
+                def receive(obj=msg["obj"], meta=meta, into=into, outcome=outcome):
+                    try:
+                        outcome["reply"] = received(transport.recv_multiple_tensors(obj, meta, None, into), into)
+                    except Exception as e:  # with what the failed receive left in its targets
+                        outcome["reply"] = {"error": type(e).__name__, "message": str(e),
+                                            "targets": [digest(a) for a in into]}
+
+                thread = threading.Thread(target=receive)
+                thread.start()
+                aside[msg["obj"]] = (thread, outcome)
+                under_way(transport, msg["obj"], thread)
+                reply = {"running": thread.is_alive()}
+            elif msg["cmd"] == "joined":
+                thread, outcome = aside.pop(msg["obj"])
+                thread.join()
+                reply = outcome["reply"]
             elif msg["cmd"] == "abort":
                 transport.abort_transport(msg["obj"], transport.get_communicator_metadata())
                 reply = {"ok": True}

@@ -6,6 +6,7 @@ import gc
 import os
 import threading
 import time
+from concurrent.futures import CancelledError
 
 import pytest
 
@@ -460,6 +461,66 @@ def test_begin_transfer_moves_one_grants_memory_in_one_call_and_says_what_failed
         t.wait(5)
         assert bytes(local) == b"x" * 16
         del t
+        srv.withdraw("lent")
+    finally:
+        srv.stop()
+        server.terminate()
+
+
+def test_read_once_reads_one_grants_memory_start_to_finish_and_a_cancelled_slot_stops_it():
+    """disagg.read_once: a read of its own, from its start to its end in one call, over tcp and
+    shm; a slot cancelled before it starts fails it with nothing written; a refused grant, a bad
+    durl and an empty memory are errors of their own, and the server goes on serving."""
+    server = LibdAction("ro-owner")
+    server.add_transport(f"srv;tcp_server;size,0;path,/tmp/ro-owner-{os.getpid()}.sock")
+    srv = server.get_transport("srv", "rdma_server")
+    srv.serve(block=False)
+    try:
+        where = ";".join(p for p in srv.message.split(";") if p.split(",", 1)[0] in ("host", "port"))
+        path = dict(p.split(",", 1) for p in srv.message.split(";"))["path"]
+        lent = bytearray(b"0123456789abcdef" * 4)
+        srv.expose("lent", ctypes.addressof((ctypes.c_char * len(lent)).from_buffer(lent)), len(lent))
+
+        def creds():
+            config = srv.grant_ex("lent", "*", rights="r")
+            return dict(p.split(",", 1) for p in config.split(";"))["grant"], \
+                ";".join(p for p in config.split(";") if p.split(",", 1)[0] in ("grant", "secret"))
+
+        local = bytearray(16)
+        address = ctypes.addressof((ctypes.c_char * len(local)).from_buffer(local))
+        for durl in (f"d0;tcp;{where};share,1;timeout_ms,5000;", f"d0;shm;path,{path};share,1;timeout_ms,5000;"):
+            _, key = creds()
+            local[:] = bytes(16)
+            slot = disagg.TransferSlot()
+            disagg.read_once("ro-reader", durl + key, address, 16, 16, 500.0, 5.0, slot)
+            assert bytes(local) == bytes(lent[16:32]) and not slot.running and not slot.cancelled
+
+        grant, key = creds()
+        local[:] = bytes(16)
+        slot = disagg.TransferSlot()
+        assert slot.cancel() is False  # nothing under way
+        with pytest.raises(CancelledError):
+            disagg.read_once("ro-cancelled", f"d0;tcp;{where};share,1;{key}", address, 16, 0, 0.0, 5.0, slot)
+        assert bytes(local) == bytes(16) and slot.cancelled and not slot.running
+
+        srv.revoke(grant)
+        with pytest.raises(PermissionError):
+            disagg.read_once("ro-late", f"d0;tcp;{where};share,1;timeout_ms,5000;{key}", address, 16, 0, 0.0, 5.0,
+                             disagg.TransferSlot())
+        with pytest.raises(ValueError):
+            disagg.read_once("ro-bad", "d0;tcp;host", address, 16, 0, 0.0, 5.0, disagg.TransferSlot())
+        with pytest.raises(ValueError, match="d0"):
+            disagg.read_once("ro-name", f"d1;tcp;{where};{key}", address, 16, 0, 0.0, 5.0, disagg.TransferSlot())
+        with pytest.raises(ValueError, match="non-zero"):
+            disagg.read_once("ro-empty", f"d0;tcp;{where};{key}", address, 0, 0, 0.0, 5.0, disagg.TransferSlot())
+        with pytest.raises(TypeError):
+            disagg.read_once("ro-noslot", f"d0;tcp;{where};{key}", address, 16, 0, 0.0, 5.0, None)
+        assert bytes(local) == bytes(16), "a read that failed wrote nothing"
+        # The server still serves a new grant.
+        _, key = creds()
+        disagg.read_once("ro-again", f"d0;tcp;{where};share,1;timeout_ms,5000;{key}", address, 16, 0, 0.0, 5.0,
+                         disagg.TransferSlot())
+        assert bytes(local) == bytes(lent[:16])
         srv.withdraw("lent")
     finally:
         srv.stop()

@@ -140,19 +140,19 @@ def test_a_source_whose_keys_cannot_be_made_lends_nothing(monkeypatch, tensors):
     before = manager.regions()
     monkeypatch.setattr(RdmaManager, "_request_list", lambda self, memories, required=False: None)
     made = []
-    real = RdmaManager._mint
+    real = RdmaManager._mint_locked
 
-    def failing_last(self, buf):
+    def failing_last(self, buf, ttl=None):
         made.append(buf)
         if len(made) == tensors:
             raise OSError(5, "the server is gone")
-        return real(self, buf)
+        return real(self, buf, ttl)
 
-    monkeypatch.setattr(RdmaManager, "_mint", failing_last)
+    monkeypatch.setattr(RdmaManager, "_mint_locked", failing_last)
     with pytest.raises(OSError, match="the server is gone"):
         t.extract_tensor_transport_metadata("no-keys", lent)
     assert len(made) == tensors and manager.regions() == before and "no-keys" not in t._lent
-    monkeypatch.setattr(RdmaManager, "_mint", real)
+    monkeypatch.setattr(RdmaManager, "_mint_locked", real)
     meta = t.extract_tensor_transport_metadata("keys", lent)
     assert [g.tolist() for g in t.recv_multiple_tensors("keys", meta, t.get_communicator_metadata())] == \
         [a.tolist() for a in lent]
@@ -162,20 +162,20 @@ def test_a_source_whose_keys_cannot_be_made_lends_nothing(monkeypatch, tensors):
 
 def test_a_receive_of_one_tensor_is_one_transfer_of_its_own_that_leaves_no_link(monkeypatch):
     """Once the owner's server was reached, an object of one tensor is received with one transfer
-    made for it (RdmaManager._one_transfer): the right bytes, a read counted, no link kept or
-    parked for its buffer; a loan ended before the receive is refused on that path too."""
+    made for it (on a transport of its own, named by RdmaManager._one_shot_durl): the right
+    bytes, a read counted, no link kept or parked for its buffer; a loan ended before the
+    receive is refused on that path too."""
     from scad.rdma import RdmaManager
     manager = RdmaManager.get()
     t = ScadTensorTransport()
     made = []
-    real = RdmaManager._one_transfer
+    real = RdmaManager._one_shot_durl
 
     def counting(self, remote, *args, **kwargs):
-        assert kwargs.get("last"), "a receive's transfer is its last through the key"
         made.append(remote.route)
         return real(self, remote, *args, **kwargs)
 
-    monkeypatch.setattr(RdmaManager, "_one_transfer", counting)
+    monkeypatch.setattr(RdmaManager, "_one_shot_durl", counting)
     first = numpy.arange(64, dtype=numpy.float32)
     meta = t.extract_tensor_transport_metadata("one-0", [first])
     t.recv_multiple_tensors("one-0", meta, t.get_communicator_metadata())  # the server reached (perhaps now)
@@ -309,6 +309,32 @@ def test_a_fetch_runs_until_it_is_waited_for_and_an_abort_cancels_it(actors):
     assert ok(dst.call(cmd="counters"))["failed_receives"] == 1
     # The loan stays: the destination, or another, may read the object again.
     assert ok(dst.call(cmd="recv", obj="o5", meta=lent["meta"]))["digests"] == lent["digests"]
+
+
+@pytest.mark.parametrize("actors", ["tcp"], indirect=True)
+def test_an_abort_ends_a_receive_waiting_in_its_own_read(actors):
+    """A receive of one tensor from an owner reached before is one read of its own, waited for
+    in libd in the caller's thread: abort_transport from another thread ends it, and its target
+    is not written, though the owner answers afterwards."""
+    src, dst = actors
+    first = ok(src.call(cmd="lend", obj="a0", shapes=[[16]], dtypes=["float64"], seed=10))
+    assert ok(dst.call(cmd="recv", obj="a0", meta=first["meta"]))["digests"] == first["digests"]  # reached
+    lent = ok(src.call(cmd="lend", obj="a1", shapes=[[4096]], dtypes=["int64"], seed=11))
+    ok(src.call(cmd="stop"))
+    src.wait_stopped()  # its server does not answer now
+    assert ok(dst.call(cmd="recv_aside", obj="a1", meta=lent["meta"]))["running"]
+    before = ok(dst.call(cmd="counters"))
+    ok(dst.call(cmd="abort", obj="a1"))
+    src.resume()
+    r = dst.call(cmd="joined", obj="a1")
+    assert r.get("error") == "ConnectionAbortedError" and "was aborted" in r["message"], r
+    zeros = numpy.zeros(4096, numpy.int64)
+    assert r["targets"] == [hashlib.sha256(zeros.tobytes()).hexdigest()], "an aborted receive wrote its target"
+    after = ok(dst.call(cmd="counters"))
+    assert after["failed_receives"] == before["failed_receives"] + 1
+    assert after["received_objects"] == before["received_objects"]
+    # The loan stays, and the next receive of the object goes through.
+    assert ok(dst.call(cmd="recv", obj="a1", meta=lent["meta"]))["digests"] == lent["digests"]
 
 
 @pytest.mark.parametrize("actors", [None], indirect=True)

@@ -172,9 +172,19 @@ class RdmaManager:
             d = memory if isinstance(memory, Descriptor) else Descriptor(memory)
         return self._lend(d.ptr, d.size, d.data if d.data is not None else d, d.readonly, ttl)
 
-    def _lend(self, ptr: int, size: int, keep: Any, readonly: bool, ttl: Optional[float]) -> LentBuffer:
+    def _request_keyed(self, array: numpy.ndarray) -> LentBuffer:
+        """request_buffer(array) of a whole numpy array with bytes in it, its key made at once,
+        in the same look under the lock: for a lender that writes its record right away."""
+        if self._generation != _fork_generation:
+            self._refuse_if_forked()
+        ptr, size, readonly = _buffer_info(array)
+        return self._lend(ptr, size, array, readonly, None, keyed=True)
+
+    def _lend(self, ptr: int, size: int, keep: Any, readonly: bool, ttl: Optional[float],
+              keyed: bool = False) -> LentBuffer:
         """A buffer on [ptr, ptr+size), whose memory `keep` owns (held while the buffer lives);
-        read-only memory (bytes, a read-only array or view) gets a key that only reads."""
+        read-only memory (bytes, a read-only array or view) gets a key that only reads. Its key
+        is made now if it has a ttl or `keyed` is set, else when it is first needed."""
         with self._lock:
             srv = self._serve_locked()
             region = self._cache.find(ptr, size)
@@ -190,7 +200,7 @@ class RdmaManager:
             buf._lend(self, region, token, self._place, offset, size, offset == 0 and size == region.size,
                       "r" if readonly else "rw")
             self._cache.hold(region, token, keep)
-            if ttl is not None:  # the key's time runs from the request: made now
+            if ttl is not None or keyed:  # (a ttl runs from the request: the key is made now)
                 try:
                     self._mint_locked(buf, ttl)
                 except BaseException:
@@ -394,6 +404,13 @@ class RdmaManager:
             address, size, _ = _buffer_info(local)
         else:
             impl, durl, address, size = placed
+        return _begin_transfer(self.name, self._one_shot_durl(remote, impl, durl, busy_poll_us), address, size, write,
+                               local, raddr=remote.offset + offset, verdict=False, **options)
+
+    def _one_shot_durl(self, remote: RdmaBuffer, impl: str, durl: str, busy_poll_us: float) -> str:
+        """The durl of a transport of its own (transport d0) to remote's memory, with its key:
+        impl and durl as _how gives them for remote's server; busy_poll_us: over tcp, how long
+        a wait in libd polls the socket before it sleeps."""
         head = self._one_shot_heads.get((durl, busy_poll_us))
         if head is None:
             # The durl up to the key, per server and polling time: made once, not per transfer.
@@ -402,8 +419,7 @@ class RdmaManager:
                 head += f"busy_poll_us,{min(int(busy_poll_us), 1_000_000)};"
             if len(self._one_shot_heads) < 256:  # (a few servers and waits: bounded all the same)
                 self._one_shot_heads[(durl, busy_poll_us)] = head
-        return _begin_transfer(self.name, f"{head}grant,{remote.grant};secret,{remote._secret}",
-                               address, size, write, local, raddr=remote.offset + offset, verdict=False, **options)
+        return f"{head}grant,{remote.grant};secret,{remote._secret}"
 
     def _once(self, remote: RdmaBuffer, memory: Any, offset: int, read: bool) -> Optional[tuple]:
         """Whether this transfer may be the route's first, made by _one_transfer: the first on

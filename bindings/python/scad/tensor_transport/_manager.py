@@ -23,8 +23,10 @@ import numpy
 from ..rdma import RdmaBuffer, RdmaManager
 from ..rdma._key_link import refusal as _refusal
 from ..rdma._manager import _buffer_info  # (address, size, readonly) of an array, in one call
-from .._waiter import poll_operation, poll_until, wait_in_thread
-from ._metadata import CommunicatorMetadata, FetchRequest, ScadCommunicatorMetadata, ScadTransportMetadata
+from .._memserver import from_binding
+from .._waiter import poll_until, wait_in_thread
+from ._metadata import (CommunicatorMetadata, FetchRequest, ScadCommunicatorMetadata, ScadTransportMetadata,
+                        _metadata_of)
 
 try:
     from ray.experimental.rdt.tensor_transport_manager import TensorTransportManager as _Base
@@ -33,6 +35,8 @@ except ImportError:  # pragma: no cover - depends on the environment
 
 
 _ONE_SHOT = ("shm", "tcp")  # transports on which a receive of one buffer is one transfer of its own
+_read_once = from_binding("read_once")  # such a transfer, from start to finish in one call
+_TransferSlot = from_binding("TransferSlot")  # where it shows, for an abort from another thread
 
 
 class _Loop:
@@ -74,6 +78,15 @@ class _Counters:
             values["lent_tensors"] += tensors
             values["lent_bytes"] += nbytes
 
+    def received_one(self, nbytes: int, impl: str) -> None:
+        """received() of one tensor, read with one transfer over `impl`."""
+        with self._lock:
+            values = self._values
+            values["received_objects"] += 1
+            values["received_tensors"] += 1
+            values["received_bytes"] += nbytes
+            values[_READS[impl]] += 1
+
     def released(self) -> None:
         with self._lock:
             self._values["released_objects"] += 1
@@ -93,6 +106,7 @@ class _Counters:
 
 
 _counters = _Counters()
+_READS = {impl: impl + "_reads" for impl in ("shm", "tcp", "verbs")}  # each transport's counter
 
 
 def _count_received(reads: List[tuple], impls: List[str] = ()) -> None:
@@ -254,6 +268,7 @@ class ScadTensorTransport(_Base):
         self._loop = _Loop()
         self._lent: Dict[str, List[RdmaBuffer]] = {}        # source: obj_id -> its tensors' buffers
         self._receiving: Dict[str, Set[_Receive]] = {}       # destination: obj_id -> receives in flight
+        self._lone: Dict[str, Any] = {}                     # destination: obj_id -> its lone read's slot
         self._routes: Dict[tuple, _Route] = {}              # destination: routes in use (under _lock)
         self._lock = threading.Lock()
 
@@ -322,16 +337,12 @@ class ScadTensorTransport(_Base):
         no view made of it; None for anything else (the general path lends it or says why not)."""
         if tensor.dtype.hasobject or not tensor.flags.c_contiguous or not tensor.nbytes:
             return None
-        buf = RdmaManager.get().request_buffer(tensor)
-        try:
-            record = buf.to_json()  # the key is made here: a failure leaves nothing lent
-        except BaseException:
-            buf.drop()
-            raise
+        buf = RdmaManager.get()._request_keyed(tensor)  # (a key that cannot be made: nothing is lent)
+        record = buf.to_json()
         with self._lock:
             self._lent.setdefault(obj_id, []).append(buf)
         _counters.lent(1, tensor.nbytes)
-        return ScadTransportMetadata(tensor_meta=[(tensor.shape, tensor.dtype)], tensor_device="cpu", buffers=[record])
+        return _metadata_of([(tensor.shape, tensor.dtype)], "cpu", [record], "")
 
     def get_communicator_metadata(self, src_actor: Any = None, dst_actor: Any = None,
                                   backend: Optional[str] = None) -> CommunicatorMetadata:
@@ -372,7 +383,7 @@ class ScadTensorTransport(_Base):
             return self.wait_fetch_complete(ScadFetchRequest(obj_id=obj_id, tensors=out, receive=receive, future=future))
         try:
             impl = manager._how(reads[0][0])[1] if len(reads) == 1 and type(reads[0][1]) is numpy.ndarray else None
-            if impl in _ONE_SHOT and reads[0][0].route not in manager._links:
+            if impl in _ONE_SHOT and reads[0][0].route not in manager._links and _read_once is not None:
                 self._recv_one(receive, *reads[0], impl)
             else:
                 self._recv_direct(receive, reads)
@@ -387,7 +398,7 @@ class ScadTensorTransport(_Base):
         size)) for _recv_single, which makes no link and reserves no route (the transfer is one
         of its own). None for anything else, or anything amiss: the general path then receives
         it, or says what is wrong."""
-        if type(meta) is not ScadTransportMetadata or meta.lent_list or _buffer_info is None:
+        if type(meta) is not ScadTransportMetadata or meta.lent_list or _buffer_info is None or _read_once is None:
             return None
         records, described = meta.buffers, meta.tensor_meta
         if len(records) != 1 or len(described) != 1 or not records[0]:
@@ -415,6 +426,17 @@ class ScadTensorTransport(_Base):
         return target, buf, (impl, durl, address, size)
 
     def _recv_single(self, obj_id: str, target: numpy.ndarray, buf: RdmaBuffer, placed: tuple) -> List[Any]:
+        """_single's receive: one read of its own (_read_alone), listed for abort_transport under the
+        object's id alone while it runs (a second receive of the object meanwhile is listed as
+        any other receive is, and reads the same way)."""
+        slot = _TransferSlot()
+        lone = self._lone
+        if lone.setdefault(obj_id, slot) is slot:
+            try:
+                self._read_alone(slot, obj_id, buf, target, placed)
+            finally:
+                del lone[obj_id]  # (only the receive that listed it takes it off)
+            return [target]
         receive = _Receive(obj_id)
         with self._lock:
             self._receiving.setdefault(obj_id, set()).add(receive)
@@ -426,38 +448,53 @@ class ScadTensorTransport(_Base):
 
     def _recv_one(self, receive: _Receive, buf: RdmaBuffer, local: numpy.ndarray, impl: str,
                   placed: Optional[tuple] = None) -> None:
-        """A receive of one buffer into one array, over shm or tcp: one transfer of its own,
-        set up and started in one call of the binding (RdmaManager._one_transfer), waited for
-        here, the GIL released in libd; no link to make, rebind or park. placed: (transport,
-        durl, address, size), when the caller has them."""
-        manager = RdmaManager.get()
-
-        def begin() -> Any:
-            try:
-                return manager._one_transfer(buf, local, self._busy_poll_us, placed=placed, last=True)
-            except (PermissionError, ConnectionError) as e:
-                raise _refusal(e, impl, False) from None
-
-        transfer = None
+        """A receive of one buffer into one array, over shm or tcp, from an owner reached before:
+        one read of its own (_read_alone), which the receive's abort cancels. placed: (transport, durl,
+        address, size), when the caller has them."""
+        if placed is None:
+            _, impl, durl = RdmaManager.get()._how(buf)
+            address, size, _ = _buffer_info(local)
+            placed = (impl, durl, address, size)
+        slot = _TransferSlot()
         try:
-            try:
-                transfer = receive.open(begin)
-                deadline = time.monotonic() + self._timeout
-                poll_operation(transfer, self._busy_poll_us)  # (shm copies are done as they start)
-                self._wait_read(receive, transfer.wait, deadline, impl, False)  # says how it failed, if it did
-                receive.check()
-            except BaseException as e:
-                receive.fail(e)  # cancels what still runs: the target is not written after this
-                _counters.add(failed_receives=1)
-                raise
-            finally:
-                if transfer is not None:
-                    receive.untrack(transfer)
-                    transfer.terminate()  # (over tcp the owner's server heard of it behind the request)
-        except CancelledError:
-            raise ConnectionAbortedError(f"the receive of object {receive.obj_id} was aborted") from None
-        manager._mark_reached(buf)
-        _counters.received(1, local.nbytes, [impl])
+            receive.track(slot)  # an abort cancels it from now on (one that came before: raises here)
+        except BaseException:
+            _counters.add(failed_receives=1)
+            raise
+        try:
+            self._read_alone(slot, receive.obj_id, buf, local, placed)
+        except BaseException as e:
+            receive.fail(e)  # (the read is over: this ends the rest of the receive)
+            raise
+        finally:
+            receive.untrack(slot)
+        if receive.error is not None:  # aborted as it finished: it ends as aborted
+            _counters.add(failed_receives=1)
+            receive.check()
+
+    def _read_alone(self, slot: Any, obj_id: str, buf: RdmaBuffer, local: numpy.ndarray, placed: tuple) -> None:
+        """Reads buf into local (placed: its (transport, durl, address, size)) with a transfer of
+        its own, from start to finish in one call of the binding (read_once), the GIL released
+        in libd: no link to make, rebind or park, and no Python step between the start and the
+        end (on a busy host each costs a microsecond or more beside a 64-byte tcp read). slot:
+        where an abort cancels it. Its failure is said as the receive's."""
+        impl, durl, address, size = placed
+        manager = RdmaManager.get()
+        try:
+            _read_once(manager.name, manager._one_shot_durl(buf, impl, durl, self._busy_poll_us), address, size,
+                       buf.offset, self._busy_poll_us, self._timeout, slot)
+        except BaseException as e:
+            _counters.add(failed_receives=1)
+            if slot.cancelled:
+                raise ConnectionAbortedError(f"the receive of object {obj_id} was aborted") from None
+            if isinstance(e, TimeoutError):
+                raise TimeoutError(f"the receive of object {obj_id} took longer than {self._timeout} s "
+                                   "and was cancelled") from None
+            if isinstance(e, (PermissionError, ConnectionError)):
+                raise _refusal(e, impl, False) from None
+            raise
+        # (its owner's server was reached before: the caller's condition for a read of its own)
+        _counters.received_one(size, impl)
 
     def _recv_direct(self, receive: _Receive, reads: List[tuple]) -> None:
         manager = RdmaManager.get()
@@ -689,6 +726,9 @@ class ScadTensorTransport(_Base):
         """Cancels this process's receives of the object in flight: they raise
         ConnectionAbortedError and their targets are not written afterwards. The source's loan
         stays (a one-sided source takes no part in a transfer); garbage_collect ends it."""
+        slot = self._lone.get(obj_id)
+        if slot is not None:
+            slot.cancel()  # once it returns libd writes none of the target
         with self._lock:
             receives = list(self._receiving.get(obj_id, ()))
         for receive in receives:

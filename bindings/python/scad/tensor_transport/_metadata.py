@@ -86,9 +86,20 @@ def _dtype_of(name: Any) -> Any:
     return dtype
 
 
+def _metadata_of(tensor_meta: list, tensor_device: Optional[str], buffers: List[str], lent_list: str) -> "ScadTransportMetadata":
+    """ScadTransportMetadata(tensor_meta=..., tensor_device=..., buffers=..., lent_list=...), its
+    fields set directly: the dataclass's own __init__ is Python made at run time, and a lender
+    and a receiver make one per object."""
+    meta = _new(ScadTransportMetadata)
+    meta.tensor_meta, meta.tensor_device, meta.buffers, meta.lent_list = tensor_meta, tensor_device, buffers, lent_list
+    return meta
+
+
+_new = object.__new__
+
+
 def _rebuild(tensor_meta: list, tensor_device: Optional[str], buffers: List[str], lent_list: str) -> "ScadTransportMetadata":
-    return ScadTransportMetadata(tensor_meta=[(shape, _dtype_of(name)) for shape, name in tensor_meta],
-                                 tensor_device=tensor_device, buffers=buffers, lent_list=lent_list)
+    return _metadata_of([(shape, _dtype_of(name)) for shape, name in tensor_meta], tensor_device, buffers, lent_list)
 
 
 @dataclass
