@@ -172,12 +172,12 @@ class RdmaManager:
             d = memory if isinstance(memory, Descriptor) else Descriptor(memory)
         return self._lend(d.ptr, d.size, d.data if d.data is not None else d, d.readonly, ttl)
 
-    def _request_keyed(self, array: numpy.ndarray) -> LentBuffer:
-        """request_buffer(array) of a whole numpy array with bytes in it, its key made at once,
-        in the same look under the lock: for a lender that writes its record right away."""
+    def _request_keyed(self, array: numpy.ndarray, ptr: int, size: int, readonly: bool) -> LentBuffer:
+        """request_buffer(array) of a whole numpy array with bytes in it ([ptr, ptr+size), as
+        _buffer_info gave them), its key made at once, in the same look under the lock: for a
+        lender that writes its record right away. A key that cannot be made lends nothing."""
         if self._generation != _fork_generation:
             self._refuse_if_forked()
-        ptr, size, readonly = _buffer_info(array)
         return self._lend(ptr, size, array, readonly, None, keyed=True)
 
     def _lend(self, ptr: int, size: int, keep: Any, readonly: bool, ttl: Optional[float],

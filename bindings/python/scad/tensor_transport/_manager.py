@@ -335,9 +335,13 @@ class ScadTensorTransport(_Base):
     def _lend_lone(self, obj_id: str, tensor: numpy.ndarray) -> Optional[ScadTransportMetadata]:
         """The common object, one numpy array with bytes in it, lent under a key of its own with
         no view made of it; None for anything else (the general path lends it or says why not)."""
-        if tensor.dtype.hasobject or not tensor.flags.c_contiguous or not tensor.nbytes:
+        if tensor.dtype.hasobject or not tensor.flags.c_contiguous or not tensor.nbytes or _buffer_info is None:
             return None
-        buf = RdmaManager.get()._request_keyed(tensor)  # (a key that cannot be made: nothing is lent)
+        try:
+            ptr, size, readonly = _buffer_info(tensor)
+        except (BufferError, ValueError):
+            return None
+        buf = RdmaManager.get()._request_keyed(tensor, ptr, size, readonly)  # (no key made: nothing lent)
         record = buf.to_json()
         with self._lock:
             self._lent.setdefault(obj_id, []).append(buf)
