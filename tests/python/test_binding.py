@@ -381,12 +381,7 @@ def test_begin_transfer_moves_one_grants_memory_in_one_call_and_says_what_failed
     the owner's verdict taken in one call; the object is the transfer, the transport and the
     action. A refused grant, a bad durl and an empty memory are errors of their own, and the
     server goes on serving."""
-    server = LibdAction("bt-owner")
-    server.add_transport(f"srv;tcp_server;size,0;path,/tmp/bt-owner-{os.getpid()}.sock")
-    srv = server.get_transport("srv", "rdma_server")
-    srv.serve(block=False)
-    try:
-        where = ";".join(p for p in srv.message.split(";") if p.split(",", 1)[0] in ("host", "port"))
+    with lending_tcp_server("bt-owner", unix=True) as (srv, where):
         path = dict(p.split(",", 1) for p in srv.message.split(";"))["path"]
         lent = bytearray(b"0123456789abcdef")
         srv.expose("lent", ctypes.addressof((ctypes.c_char * len(lent)).from_buffer(lent)), len(lent))
@@ -462,21 +457,13 @@ def test_begin_transfer_moves_one_grants_memory_in_one_call_and_says_what_failed
         assert bytes(local) == b"x" * 16
         del t
         srv.withdraw("lent")
-    finally:
-        srv.stop()
-        server.terminate()
 
 
 def test_read_once_reads_one_grants_memory_start_to_finish_and_a_cancelled_slot_stops_it():
     """disagg.read_once: a read of its own, from its start to its end in one call, over tcp and
     shm; a slot cancelled before it starts fails it with nothing written; a refused grant, a bad
     durl and an empty memory are errors of their own, and the server goes on serving."""
-    server = LibdAction("ro-owner")
-    server.add_transport(f"srv;tcp_server;size,0;path,/tmp/ro-owner-{os.getpid()}.sock")
-    srv = server.get_transport("srv", "rdma_server")
-    srv.serve(block=False)
-    try:
-        where = ";".join(p for p in srv.message.split(";") if p.split(",", 1)[0] in ("host", "port"))
+    with lending_tcp_server("ro-owner", unix=True) as (srv, where):
         path = dict(p.split(",", 1) for p in srv.message.split(";"))["path"]
         lent = bytearray(b"0123456789abcdef" * 4)
         srv.expose("lent", ctypes.addressof((ctypes.c_char * len(lent)).from_buffer(lent)), len(lent))
@@ -522,17 +509,15 @@ def test_read_once_reads_one_grants_memory_start_to_finish_and_a_cancelled_slot_
                          disagg.TransferSlot())
         assert bytes(local) == bytes(lent[:16])
         srv.withdraw("lent")
-    finally:
-        srv.stop()
-        server.terminate()
 
 
 @contextlib.contextmanager
-def lending_tcp_server(name):
+def lending_tcp_server(name, unix=False):
     """A tcp memory server of caller memory (size,0) serving on its own thread: yields it and the
-    host and port part of a durl that reaches it."""
+    host and port part of a durl that reaches it. unix: it also serves a unix socket (its path in
+    the server's message), which shm reaches it by."""
     server = LibdAction(name)
-    server.add_transport("srv;tcp_server;size,0")
+    server.add_transport("srv;tcp_server;size,0" + (f";path,/tmp/{name}-{os.getpid()}.sock" if unix else ""))
     srv = server.get_transport("srv", "rdma_server")
     srv.serve(block=False)
     try:

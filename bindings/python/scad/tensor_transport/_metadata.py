@@ -1,7 +1,7 @@
 """The metadata Ray's tensor transports exchange, with Ray's names, usable without Ray."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy
@@ -89,13 +89,18 @@ def _dtype_of(name: Any) -> Any:
 def _metadata_of(tensor_meta: list, tensor_device: Optional[str], buffers: List[str], lent_list: str) -> "ScadTransportMetadata":
     """ScadTransportMetadata(tensor_meta=..., tensor_device=..., buffers=..., lent_list=...), its
     fields set directly: the dataclass's own __init__ is Python made at run time, and a lender
-    and a receiver make one per object."""
+    and a receiver make one per object. (Where Ray's class has fields of its own beyond these,
+    its __init__ fills them.)"""
+    if not _FOUR_FIELDS:
+        return ScadTransportMetadata(tensor_meta=tensor_meta, tensor_device=tensor_device, buffers=buffers,
+                                     lent_list=lent_list)
     meta = _new(ScadTransportMetadata)
     meta.tensor_meta, meta.tensor_device, meta.buffers, meta.lent_list = tensor_meta, tensor_device, buffers, lent_list
     return meta
 
 
 _new = object.__new__
+_FOUR_FIELDS = {f.name for f in fields(ScadTransportMetadata)} == _FIELDS
 
 
 def _rebuild(tensor_meta: list, tensor_device: Optional[str], buffers: List[str], lent_list: str) -> "ScadTransportMetadata":
