@@ -375,11 +375,15 @@ class RdmaManager:
     def _how(self, remote: RdmaBuffer) -> tuple:
         """(server, transport, durl of a link to it without its key) for remote's server, looked
         up once per server."""
-        server = (remote.hostname, remote.host, remote.port, remote.path, remote.verbs, remote.whole)
+        return self._how_server((remote.hostname, remote.host, remote.port, remote.path, remote.verbs, remote.whole))
+
+    def _how_server(self, server: tuple) -> tuple:
+        """_how for a server given as (hostname, host, port, path, verbs, whole), as a record names it."""
         how = self._servers.get(server)
         if how is None:
-            impl = _memserver.choose_transport(self._transport, remote.hostname, remote.path, remote.verbs, remote.whole)
-            where = _memserver.where(impl, remote.host, remote.port, remote.path)
+            hostname, host, port, path, verbs, whole = server
+            impl = _memserver.choose_transport(self._transport, hostname, path, verbs, whole)
+            where = _memserver.where(impl, host, port, path)
             if impl == "shm":
                 # An owner waits for no word from a link (Monarch's buffers have none), so its
                 # server need not hear of one: announce,0 wakes nothing there per transfer. The
@@ -404,13 +408,13 @@ class RdmaManager:
             address, size, _ = _buffer_info(local)
         else:
             impl, durl, address, size = placed
-        return _begin_transfer(self.name, self._one_shot_durl(remote, impl, durl, busy_poll_us), address, size, write,
-                               local, raddr=remote.offset + offset, verdict=False, **options)
+        return _begin_transfer(self.name, self._one_shot_durl(remote.grant, remote._secret, impl, durl, busy_poll_us),
+                               address, size, write, local, raddr=remote.offset + offset, verdict=False, **options)
 
-    def _one_shot_durl(self, remote: RdmaBuffer, impl: str, durl: str, busy_poll_us: float) -> str:
-        """The durl of a transport of its own (transport d0) to remote's memory, with its key:
-        impl and durl as _how gives them for remote's server; busy_poll_us: over tcp, how long
-        a wait in libd polls the socket before it sleeps."""
+    def _one_shot_durl(self, grant: str, secret: str, impl: str, durl: str, busy_poll_us: float) -> str:
+        """The durl of a transport of its own (transport d0) to a grant's memory, with its key:
+        impl and durl as _how gives them for the grant's server; busy_poll_us: over tcp, how
+        long a wait in libd polls the socket before it sleeps."""
         head = self._one_shot_heads.get((durl, busy_poll_us))
         if head is None:
             # The durl up to the key, per server and polling time: made once, not per transfer.
@@ -419,7 +423,7 @@ class RdmaManager:
                 head += f"busy_poll_us,{min(int(busy_poll_us), 1_000_000)};"
             if len(self._one_shot_heads) < 256:  # (a few servers and waits: bounded all the same)
                 self._one_shot_heads[(durl, busy_poll_us)] = head
-        return f"{head}grant,{remote.grant};secret,{remote._secret}"
+        return f"{head}grant,{grant};secret,{secret}"
 
     def _once(self, remote: RdmaBuffer, memory: Any, offset: int, read: bool) -> Optional[tuple]:
         """Whether this transfer may be the route's first, made by _one_transfer: the first on

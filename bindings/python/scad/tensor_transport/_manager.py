@@ -36,6 +36,7 @@ except ImportError:  # pragma: no cover - depends on the environment
 
 _ONE_SHOT = ("shm", "tcp")  # transports on which a receive of one buffer is one transfer of its own
 _read_once = from_binding("read_once")  # such a transfer, from start to finish in one call
+_scan_record = from_binding("scan_buffer_record")  # an RdmaBuffer's record read in one pass
 _TransferSlot = from_binding("TransferSlot")  # where it shows, for an abort from another thread
 
 
@@ -398,8 +399,8 @@ class ScadTensorTransport(_Base):
     @staticmethod
     def _single(meta: Any, target_buffers: Optional[List[Any]]) -> Optional[tuple]:
         """The common object, one numpy tensor under a key of its own, read into a numpy array
-        over shm or tcp from an owner reached before: (target, buffer, (transport, durl, address,
-        size)) for _recv_single, which makes no link and reserves no route (the transfer is one
+        over shm or tcp from an owner reached before: (target, (grant, secret, offset) of its
+        record, (transport, durl, address, size)) for _recv_single, which makes no link and reserves no route (the transfer is one
         of its own). None for anything else, or anything amiss: the general path then receives
         it, or says what is wrong."""
         if type(meta) is not ScadTransportMetadata or meta.lent_list or _buffer_info is None or _read_once is None:
@@ -420,16 +421,22 @@ class ScadTensorTransport(_Base):
             address, size, readonly = _buffer_info(target)
         except (BufferError, ValueError):
             return None
-        buf = RdmaBuffer.from_json(records[0])
-        manager = RdmaManager.get()
-        if readonly or size == 0 or size != buf.size() or buf.route in manager._links or not manager._reached(buf):
+        # The record's fields, checked as RdmaBuffer.from_json checks them, without the buffer
+        # object (anything but a record as to_json writes it: the general path reads it).
+        fields = _scan_record(records[0]) if _scan_record is not None else None
+        if fields is None:
             return None
-        _, impl, durl = manager._how(buf)
+        _, hostname, host, port, path, verbs, grant, secret, offset, lent, whole, ranges = fields
+        manager = RdmaManager.get()
+        if (readonly or size == 0 or size != lent or ranges is not None or (host, port, path, grant) in manager._links
+                or (host, port, path) not in manager._reached_servers):
+            return None
+        _, impl, durl = manager._how_server((hostname, host, port, path, verbs, whole))
         if impl not in _ONE_SHOT:
             return None
-        return target, buf, (impl, durl, address, size)
+        return target, (grant, secret, offset), (impl, durl, address, size)
 
-    def _recv_single(self, obj_id: str, target: numpy.ndarray, buf: RdmaBuffer, placed: tuple) -> List[Any]:
+    def _recv_single(self, obj_id: str, target: numpy.ndarray, key: tuple, placed: tuple) -> List[Any]:
         """_single's receive: one read of its own (_read_alone), listed for abort_transport under the
         object's id alone while it runs (a second receive of the object meanwhile is listed as
         any other receive is, and reads the same way)."""
@@ -437,7 +444,7 @@ class ScadTensorTransport(_Base):
         lone = self._lone
         if lone.setdefault(obj_id, slot) is slot:
             try:
-                self._read_alone(slot, obj_id, buf, target, placed)
+                self._read_alone(slot, obj_id, key, target, placed)
             finally:
                 del lone[obj_id]  # (only the receive that listed it takes it off)
             return [target]
@@ -445,20 +452,23 @@ class ScadTensorTransport(_Base):
         with self._lock:
             self._receiving.setdefault(obj_id, set()).add(receive)
         try:
-            self._recv_one(receive, buf, target, placed[0], placed)
+            self._recv_one(receive, key, target, placed[0], placed)
         finally:
             self._end(receive)
         return [target]
 
-    def _recv_one(self, receive: _Receive, buf: RdmaBuffer, local: numpy.ndarray, impl: str,
+    def _recv_one(self, receive: _Receive, buf: Any, local: numpy.ndarray, impl: str,
                   placed: Optional[tuple] = None) -> None:
         """A receive of one buffer into one array, over shm or tcp, from an owner reached before:
-        one read of its own (_read_alone), which the receive's abort cancels. placed: (transport, durl,
-        address, size), when the caller has them."""
+        one read of its own (_read_alone), which the receive's abort cancels. buf: the RdmaBuffer,
+        or (grant, secret, offset) of its record; placed: (transport, durl, address, size), when
+        the caller has them."""
         if placed is None:
             _, impl, durl = RdmaManager.get()._how(buf)
             address, size, _ = _buffer_info(local)
             placed = (impl, durl, address, size)
+        if type(buf) is not tuple:
+            buf = (buf.grant, buf._secret, buf.offset)
         slot = _TransferSlot()
         try:
             receive.track(slot)  # an abort cancels it from now on (one that came before: raises here)
@@ -476,17 +486,19 @@ class ScadTensorTransport(_Base):
             _counters.add(failed_receives=1)
             receive.check()
 
-    def _read_alone(self, slot: Any, obj_id: str, buf: RdmaBuffer, local: numpy.ndarray, placed: tuple) -> None:
-        """Reads buf into local (placed: its (transport, durl, address, size)) with a transfer of
+    def _read_alone(self, slot: Any, obj_id: str, key: tuple, local: numpy.ndarray, placed: tuple) -> None:
+        """Reads the memory of a buffer's key (grant, secret, offset) into local (placed: its
+        (transport, durl, address, size)) with a transfer of
         its own, from start to finish in one call of the binding (read_once), the GIL released
         in libd: no link to make, rebind or park, and no Python step between the start and the
         end (on a busy host each costs a microsecond or more beside a 64-byte tcp read). slot:
         where an abort cancels it. Its failure is said as the receive's."""
         impl, durl, address, size = placed
+        grant, secret, offset = key
         manager = RdmaManager.get()
         try:
-            _read_once(manager.name, manager._one_shot_durl(buf, impl, durl, self._busy_poll_us), address, size,
-                       buf.offset, self._busy_poll_us, self._timeout, slot)
+            _read_once(manager.name, manager._one_shot_durl(grant, secret, impl, durl, self._busy_poll_us), address,
+                       size, offset, self._busy_poll_us, self._timeout, slot)
         except BaseException as e:
             _counters.add(failed_receives=1)
             if slot.cancelled:
