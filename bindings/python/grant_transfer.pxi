@@ -146,7 +146,6 @@ def begin_transfer(aid, durl, uint64_t address, size_t size, bint write, keep, b
     return g
 
 
-
 cdef class TransferSlot:
     """Where read_once shows the transfer it runs, so that another thread can stop it: cancel()
     cancels the one under way (once it returns, libd touches none of its memory) and fails a
@@ -249,7 +248,9 @@ def read_once(aid, durl, uint64_t address, size_t size, uint64_t raddr, double b
                     rc = clibd.libd_op_poll(op)  # it finished as the wait ran out: its own outcome
                 elif rc == -_ETIMEDOUT:
                     err = TimeoutError(_ETIMEDOUT, f"the read did not finish within {timeout} s and was cancelled")
-        if rc < 0 and err is None:
+        if rc == -_ECANCELED and op == NULL:  # the slot was cancelled before the read could start
+            err = CancelledError("read_once: its slot was cancelled before the read started")
+        elif rc < 0 and err is None:
             # The message is this thread's libd error, read before anything else calls libd.
             err = ValueError(_last_error() or "the action could not be made") if not made else \
                 _error(rc, what.decode() if what != NULL else "")

@@ -486,7 +486,7 @@ def test_read_once_reads_one_grants_memory_start_to_finish_and_a_cancelled_slot_
         local[:] = bytes(16)
         slot = disagg.TransferSlot()
         assert slot.cancel() is False  # nothing under way
-        with pytest.raises(CancelledError):
+        with pytest.raises(CancelledError, match="cancelled before the read started"):
             disagg.read_once("ro-cancelled", f"d0;tcp;{where};share,1;{key}", address, 16, 0, 0.0, 5.0, slot)
         assert bytes(local) == bytes(16) and slot.cancelled and not slot.running
 
