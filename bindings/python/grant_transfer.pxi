@@ -54,6 +54,29 @@ cdef class GrantTransfer(Operation):
         self._release()
 
 
+cdef int _grant_transport(const char *aid, const char *durl, size_t size, void **p, clibd.libd_action **a,
+                          clibd.libd_transport **t, const char **what) noexcept nogil:
+    """What begin_transfer and read_once start with: an action named `aid` (*a; NULL if it could
+    not be made), its transport d0 from `durl` (*t), reaching memory, and the caller's memory
+    [*p, *p+size) registered on it. 0, or the negative errno of the step that failed (*what
+    names it where the general objects' messages would)."""
+    cdef int rc = 0
+    a[0] = clibd.libd_action_init(aid, 0, NULL)
+    if a[0] == NULL:
+        return -_EINVAL
+    rc = clibd.libd_action_add_transport(a[0], durl)
+    if rc != 0:
+        return rc
+    t[0] = clibd.libd_action_get_transport(a[0], "d0")
+    if t[0] == NULL or clibd.libd_transport_kind(t[0]) != clibd.LIBD_KIND_RDMA:
+        what[0] = "the durl must name a transport d0 that reaches memory"
+        return -_EINVAL
+    rc = clibd.libd_trdma_reg(t[0], size, p)
+    if rc != 0:
+        what[0] = "reg_memory"
+    return rc
+
+
 def begin_transfer(aid, durl, uint64_t address, size_t size, bint write, keep, bint word_with_request=False,
                    uint64_t value=0, bint word_when_done=False, uint64_t raddr=0, bint verdict=True, bint last=False):
     """Starts one transfer between local memory [address, address+size) (`keep` owns it and is
@@ -88,22 +111,9 @@ def begin_transfer(aid, durl, uint64_t address, size_t size, bint write, keep, b
     cdef const char *what = NULL  # what failed, as the general objects' messages name it
     g._keep = keep  # before the transfer starts: the memory outlives it whatever happens next
     with nogil:
-        g._action = clibd.libd_action_init(caid, 0, NULL)
-        if g._action == NULL:
-            made = False
-            rc = -_EINVAL
+        rc = _grant_transport(caid, cdurl, size, &p, &g._action, &t, &what)
+        made = g._action != NULL
         if rc == 0:
-            rc = clibd.libd_action_add_transport(g._action, cdurl)
-        if rc == 0:
-            t = clibd.libd_action_get_transport(g._action, "d0")
-            if t == NULL or clibd.libd_transport_kind(t) != clibd.LIBD_KIND_RDMA:
-                rc = -_EINVAL
-                what = "the durl must name a transport d0 that reaches memory"
-        if rc == 0:
-            rc = clibd.libd_trdma_reg(t, size, &p)
-            what = "reg_memory"
-        if rc == 0:
-            what = NULL
             if word_with_request:  # the request and the word in one write, where one connection carries both
                 flags = clibd.LIBD_WORD_LAST if last else 0
                 if write:
@@ -213,22 +223,9 @@ def read_once(aid, durl, uint64_t address, size_t size, uint64_t raddr, double b
     cdef const char *what = NULL  # what failed, as begin_transfer's messages name it
     err = None
     with nogil:
-        a = clibd.libd_action_init(caid, 0, NULL)
-        if a == NULL:
-            made = False
-            rc = -_EINVAL
+        rc = _grant_transport(caid, cdurl, size, &p, &a, &t, &what)
+        made = a != NULL
         if rc == 0:
-            rc = clibd.libd_action_add_transport(a, cdurl)
-        if rc == 0:
-            t = clibd.libd_action_get_transport(a, "d0")
-            if t == NULL or clibd.libd_transport_kind(t) != clibd.LIBD_KIND_RDMA:
-                rc = -_EINVAL
-                what = "the durl must name a transport d0 that reaches memory"
-        if rc == 0:
-            rc = clibd.libd_trdma_reg(t, size, &p)
-            what = "reg_memory"
-        if rc == 0:
-            what = NULL
             PyThread_acquire_lock(slot._lock, WAIT_LOCK)
             if slot._cancelled:
                 rc = -_ECANCELED

@@ -198,16 +198,6 @@ class _Receive:
             self.check()
             begin()
 
-    def open(self, begin: Any) -> Any:
-        """start and track in one look: runs begin() (which makes and starts a transfer) unless
-        the receive has ended, and tracks the transfer it returns, so that an abort from then on
-        cancels it."""
-        with self._lock:
-            self.check()
-            transfer = begin()
-            self._links.append(transfer)
-            return transfer
-
     def track(self, link: Any) -> None:
         with self._lock:
             if self.error is None:
@@ -387,9 +377,12 @@ class ScadTensorTransport(_Base):
             future = self._loop.submit(self._recv(receive, reads))
             return self.wait_fetch_complete(ScadFetchRequest(obj_id=obj_id, tensors=out, receive=receive, future=future))
         try:
-            impl = manager._how(reads[0][0])[1] if len(reads) == 1 and type(reads[0][1]) is numpy.ndarray else None
-            if impl in _ONE_SHOT and reads[0][0].route not in manager._links and _read_once is not None:
-                self._recv_one(receive, *reads[0], impl)
+            how = manager._how(reads[0][0]) if len(reads) == 1 and type(reads[0][1]) is numpy.ndarray else None
+            if how is not None and how[1] in _ONE_SHOT and reads[0][0].route not in manager._links \
+                    and _read_once is not None:
+                buf, local = reads[0]
+                address, size, _ = _buffer_info(local)
+                self._recv_one(receive, (buf.grant, buf._secret, buf.offset), local, (how[1], how[2], address, size))
             else:
                 self._recv_direct(receive, reads)
         finally:
@@ -452,23 +445,15 @@ class ScadTensorTransport(_Base):
         with self._lock:
             self._receiving.setdefault(obj_id, set()).add(receive)
         try:
-            self._recv_one(receive, key, target, placed[0], placed)
+            self._recv_one(receive, key, target, placed)
         finally:
             self._end(receive)
         return [target]
 
-    def _recv_one(self, receive: _Receive, buf: Any, local: numpy.ndarray, impl: str,
-                  placed: Optional[tuple] = None) -> None:
+    def _recv_one(self, receive: _Receive, key: tuple, local: numpy.ndarray, placed: tuple) -> None:
         """A receive of one buffer into one array, over shm or tcp, from an owner reached before:
-        one read of its own (_read_alone), which the receive's abort cancels. buf: the RdmaBuffer,
-        or (grant, secret, offset) of its record; placed: (transport, durl, address, size), when
-        the caller has them."""
-        if placed is None:
-            _, impl, durl = RdmaManager.get()._how(buf)
-            address, size, _ = _buffer_info(local)
-            placed = (impl, durl, address, size)
-        if type(buf) is not tuple:
-            buf = (buf.grant, buf._secret, buf.offset)
+        one read of its own (_read_alone), which the receive's abort cancels. key: (grant,
+        secret, offset) of the buffer's record; placed: (transport, durl, address, size)."""
         slot = _TransferSlot()
         try:
             receive.track(slot)  # an abort cancels it from now on (one that came before: raises here)
@@ -476,7 +461,7 @@ class ScadTensorTransport(_Base):
             _counters.add(failed_receives=1)
             raise
         try:
-            self._read_alone(slot, receive.obj_id, buf, local, placed)
+            self._read_alone(slot, receive.obj_id, key, local, placed)
         except BaseException as e:
             receive.fail(e)  # (the read is over: this ends the rest of the receive)
             raise
