@@ -141,11 +141,12 @@ def await_command(progress=None, spin=True):
         os.sched_yield()
 
 
-def stamped_command(chan):
+def stamped_command(chan, progress=None):
     """A step-timing peer's next command (bench/api_steps.py, peer_steps.py): waited for as every
-    active side waits (polled), stamped in integer nanoseconds of perf_counter's clock as its line
-    is seen. (stamp, message), the message None once the owner says quit."""
-    chan.wait_readable()
+    active side waits (polled, `progress` run each round), stamped in integer nanoseconds of
+    perf_counter's clock as its line is seen. (stamp, message), the message None once the owner
+    says quit."""
+    chan.wait_readable(progress)
     seen = time.perf_counter_ns()
     msg = chan.recv()
     return seen, (None if msg.get("quit") else msg)

@@ -236,7 +236,7 @@ class SlottedMetadata(ScadTransportMetadata):
 def test_the_metadata_pickles_as_its_fields_and_comes_back_the_same():
     import pickle
 
-    from scad.tensor_transport._metadata import _rebuild
+    from scad.tensor_transport._metadata import _rebuild, _rebuild_one
 
     plain = [numpy.dtype(d) for d in ("float32", ">i8", "bool", "complex64", "uint8", "<f2")]
     meta = ScadTransportMetadata(tensor_meta=[((2, i + 1), d) for i, d in enumerate(plain)], tensor_device="cpu",
@@ -246,6 +246,13 @@ def test_the_metadata_pickles_as_its_fields_and_comes_back_the_same():
     back = pickle.loads(data)
     assert type(back) is ScadTransportMetadata and back == meta
     assert [d.str for _, d in back.tensor_meta] == [d.str for d in plain], "byte order and size kept"
+    # One tensor through one buffer (the common record) goes flat, and comes back the same.
+    for dtype in plain:
+        one = ScadTransportMetadata(tensor_meta=[((3, 2), dtype)], tensor_device="cpu", buffers=['{"b":2}'])
+        data = pickle.dumps(one)
+        assert b"_rebuild_one" in data and b"numpy" not in data
+        back = pickle.loads(data)
+        assert type(back) is ScadTransportMetadata and back == one and back.tensor_meta[0][1].str == dtype.str
     # A structured dtype travels as itself, and so does a record with an attribute of its own.
     odd = ScadTransportMetadata(tensor_meta=[((3,), numpy.dtype([("a", "<i4"), ("b", "<f8")]))], buffers=[""])
     odd.note = "kept"
@@ -274,9 +281,14 @@ def test_the_metadata_pickles_as_its_fields_and_comes_back_the_same():
         def __reduce__(self):
             return (_rebuild, ([((1,), self.name)], "cpu", [""], ""))
 
+    class ForgedOne(Forged):
+        def __reduce__(self):
+            return (_rebuild_one, ((1,), self.name, "cpu", ""))
+
     for name in ("O", "V8", "(2,)i4", "<U4", "no such dtype", "foo", "(2,", "\x00", "float32", "f4", "i4,i4"):
-        with pytest.raises(ValueError, match="not a plain numpy dtype"):
-            pickle.loads(pickle.dumps(Forged(name)))
+        for forged in (Forged(name), ForgedOne(name)):
+            with pytest.raises(ValueError, match="not a plain numpy dtype"):
+                pickle.loads(pickle.dumps(forged))
 
 
 @pytest.mark.parametrize("actors", TRANSPORTS, indirect=True)

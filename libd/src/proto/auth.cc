@@ -10,6 +10,7 @@
 #include <random>
 
 #include "proto/le.h"
+#include "proto/random_pool.h"
 
 namespace libd::proto {
 namespace {
@@ -190,6 +191,7 @@ bool macs_equal(const std::string &a, const std::string &b) {
 
 std::string random_bytes(size_t n) {
   std::string s(n, '\0');
+  if (take_pooled_random(s.data(), n)) return s;
   size_t got = 0;
   while (got < n) {
     ssize_t r = getrandom(&s[got], n - got, 0);

@@ -257,7 +257,7 @@ int MemoryServer::grant(Grant *g) {
   // A grant on a whole lent element gets a slot in the table for peers on this host (if there is
   // one, and a slot free), named in the id the server makes up.
   int64_t slot = -1;
-  std::string fresh = random_bytes(40);  // one system call: 8 bytes of id, 32 of secret
+  std::string fresh = random_bytes(40);  // 8 bytes of id, 32 of secret
   if (g->id.empty() && cma_table_ && !cma_free_.empty() && it->second->lent && g->offset == 0 && g->length == size) {
     slot = cma_free_.back();
     g->id = "g" + to_hex(fresh.substr(0, 8)) + "_" + std::to_string(slot);

@@ -41,20 +41,29 @@ class ScadTransportMetadata(TensorTransportMetadata):
     def __reduce_ex__(self, protocol: int):
         # Pickled (Ray pickles it for every object) as its four fields, numpy's plain dtypes by
         # name: a dtype pickled as itself is a reduce of its own, a fifth of the record's cost.
-        # Only the record as extract_tensor_transport_metadata makes it (a list of (shape, dtype)
-        # pairs, no dtype given as a string); anything else (a subclass, attributes set on it)
-        # pickles as a dataclass does.
-        meta = self.tensor_meta
-        if (type(self) is not ScadTransportMetadata or self.__dict__.keys() != _FIELDS or type(meta) is not list
-                or not all(type(m) is tuple and len(m) == 2 and type(m[1]) is not str for m in meta)):
-            return super().__reduce_ex__(protocol)
-        return (_rebuild, ([(shape, _dtype_name(dtype)) for shape, dtype in meta], self.tensor_device,
-                           self.buffers, self.lent_list))
+        # The common record, one tensor read through one buffer, goes flat (_rebuild_one: no
+        # list or pair to pickle around its fields, half the pickle's cost). Only the record as
+        # extract_tensor_transport_metadata makes it (a list of (shape, dtype) pairs, no dtype
+        # given as a string); anything else (a subclass, attributes set on it) pickles as a
+        # dataclass does.
+        fields = self.__dict__
+        if type(self) is ScadTransportMetadata and len(fields) == 4:  # these four and no other:
+            meta, buffers, lent_list = fields.get("tensor_meta"), fields.get("buffers"), fields.get("lent_list")
+            if type(meta) is list and type(buffers) is list and type(lent_list) is str and "tensor_device" in fields:
+                if len(meta) == 1 and len(buffers) == 1 and type(buffers[0]) is str and lent_list == "":
+                    pair = meta[0]
+                    if type(pair) is tuple and len(pair) == 2 and type(pair[1]) is not str:
+                        return (_rebuild_one, (pair[0], _dtype_name(pair[1]), fields["tensor_device"], buffers[0]))
+                if all(type(m) is tuple and len(m) == 2 and type(m[1]) is not str for m in meta):
+                    return (_rebuild, ([(shape, _dtype_name(dtype)) for shape, dtype in meta],
+                                       fields["tensor_device"], buffers, lent_list))
+        return super().__reduce_ex__(protocol)
 
 
 _FIELDS = frozenset({"tensor_meta", "tensor_device", "buffers", "lent_list"})
 _PLAIN = frozenset("?bBhHiIlLqQefdgFDG")  # numpy's type codes for booleans, integers, floats, complex
 _DTYPES: Dict[str, Any] = {}  # name -> numpy dtype, for the names unpickled so far (a few)
+_NAMES: Dict[int, Tuple[Any, str]] = {}  # id of a plain numpy dtype -> (that dtype, its name), for those pickled so far
 
 
 def _plain(dtype: Any) -> bool:
@@ -65,7 +74,18 @@ def _plain(dtype: Any) -> bool:
 
 def _dtype_name(dtype: Any) -> Any:
     """A plain numpy dtype's name; any other dtype (torch's, a structured one) as is."""
-    return dtype.str if isinstance(dtype, numpy.dtype) and _plain(dtype) else dtype
+    # By identity first: numpy hands out one object per plain dtype (an array's float32 is
+    # numpy.dtype("f4") itself), and its name is made anew on every look (a quarter of the
+    # pickle's cost). The entry holds the dtype, so its id cannot be another's.
+    known = _NAMES.get(id(dtype))
+    if known is not None and known[0] is dtype:
+        return known[1]
+    if not isinstance(dtype, numpy.dtype) or not _plain(dtype):
+        return dtype
+    name = dtype.str
+    if len(_NAMES) < 64:  # plain dtypes are few: anything past that is named each time
+        _NAMES[id(dtype)] = (dtype, name)
+    return name
 
 
 def _dtype_of(name: Any) -> Any:
@@ -105,6 +125,13 @@ _FOUR_FIELDS = {f.name for f in fields(ScadTransportMetadata)} == _FIELDS
 
 def _rebuild(tensor_meta: list, tensor_device: Optional[str], buffers: List[str], lent_list: str) -> "ScadTransportMetadata":
     return _metadata_of([(shape, _dtype_of(name)) for shape, name in tensor_meta], tensor_device, buffers, lent_list)
+
+
+def _rebuild_one(shape: Any, dtype: Any, tensor_device: Optional[str], buffer: str) -> "ScadTransportMetadata":
+    """The record of one tensor read through one buffer, as __reduce_ex__ flattens it (a receiver
+    of an older version, which knows only _rebuild, cannot read it: Ray runs one version of its
+    packages across a cluster)."""
+    return _metadata_of([(shape, _dtype_of(dtype))], tensor_device, [buffer], "")
 
 
 @dataclass
