@@ -39,12 +39,20 @@ class RegionCache:
         self._regions: List[Region] = []
         self._largest = 0              # the largest size ever added: bounds how far back to look
         self._by_token: Dict[str, Region] = {}
+        # (start, size) -> the region of exactly that range: no two regions share one (a request
+        # for a live or idle region's exact range takes that region), and a region of exactly
+        # the range asked for is the smallest holding it, so a hit here is find's answer at once
+        # (a lender's loop over one array asks for the same range every time).
+        self._exact: Dict[tuple, Region] = {}
         self.max_idle = max_idle
         self._idle: "collections.OrderedDict[Region, None]" = collections.OrderedDict()  # oldest first
 
     def find(self, addr: int, size: int) -> Optional[Region]:
         """A live region holding all of [addr, addr+size), the smallest such; else an idle region
         of exactly that range; else None."""
+        exact = self._exact.get((addr, size))
+        if exact is not None:
+            return exact
         best = None
         # Only regions starting at or before addr, and no further back than the largest region
         # reaches, can hold it: a thousand regions cost a few steps, not a thousand.
@@ -74,6 +82,7 @@ class RegionCache:
         self._starts.insert(i, region.start)
         self._regions.insert(i, region)
         self._largest = max(self._largest, region.size)
+        self._exact.setdefault((region.start, region.size), region)
 
     def remove(self, region: Region) -> None:
         self._idle.pop(region, None)
@@ -82,6 +91,8 @@ class RegionCache:
             i += 1
         del self._starts[i]
         del self._regions[i]
+        if self._exact.get((region.start, region.size)) is region:
+            del self._exact[(region.start, region.size)]
         for token in list(region.holders):
             self._by_token.pop(token, None)
 
