@@ -140,19 +140,19 @@ def test_a_source_whose_keys_cannot_be_made_lends_nothing(monkeypatch, tensors):
     before = manager.regions()
     monkeypatch.setattr(RdmaManager, "_request_list", lambda self, memories, required=False: None)
     made = []
-    real = RdmaManager._mint_locked
+    real = RdmaManager._grant_locked
 
-    def failing_last(self, buf, ttl=None):
-        made.append(buf)
+    def failing_last(self, element, offset, size, rights, ttl=None):
+        made.append(element)
         if len(made) == tensors:
             raise OSError(5, "the server is gone")
-        return real(self, buf, ttl)
+        return real(self, element, offset, size, rights, ttl)
 
-    monkeypatch.setattr(RdmaManager, "_mint_locked", failing_last)
+    monkeypatch.setattr(RdmaManager, "_grant_locked", failing_last)
     with pytest.raises(OSError, match="the server is gone"):
         t.extract_tensor_transport_metadata("no-keys", lent)
     assert len(made) == tensors and manager.regions() == before and "no-keys" not in t._lent
-    monkeypatch.setattr(RdmaManager, "_mint_locked", real)
+    monkeypatch.setattr(RdmaManager, "_grant_locked", real)
     meta = t.extract_tensor_transport_metadata("keys", lent)
     assert [g.tolist() for g in t.recv_multiple_tensors("keys", meta, t.get_communicator_metadata())] == \
         [a.tolist() for a in lent]

@@ -172,41 +172,70 @@ class RdmaManager:
             d = memory if isinstance(memory, Descriptor) else Descriptor(memory)
         return self._lend(d.ptr, d.size, d.data if d.data is not None else d, d.readonly, ttl)
 
-    def _request_keyed(self, array: numpy.ndarray, ptr: int, size: int, readonly: bool) -> LentBuffer:
-        """request_buffer(array) of a whole numpy array with bytes in it ([ptr, ptr+size), as
-        _buffer_info gave them), its key made at once, in the same look under the lock: for a
-        lender that writes its record right away. A key that cannot be made lends nothing."""
+    def _lend_keyed(self, array: numpy.ndarray, ptr: int, size: int, readonly: bool) -> tuple:
+        """A loan of a whole numpy array with bytes in it ([ptr, ptr+size), as _buffer_info gave
+        them), its key made at once, in the same look under the lock, and no handle made: for a
+        lender that keeps only the record it hands on (scad.tensor_transport's lone tensor).
+        (token, key, record); _end_loan(token, key) ends it as drop() ends a buffer's. A key that
+        cannot be made lends nothing."""
         if self._generation != _fork_generation:
             self._refuse_if_forked()
-        return self._lend(ptr, size, array, readonly, None, keyed=True)
+        with self._lock:
+            region, token = self._hold_locked(ptr, size, array)
+            offset = ptr - region.start
+            try:
+                key = self._grant_locked(region.element, offset, size, "r" if readonly else "rw")
+            except BaseException:
+                self._unhold_locked(region, token)
+                raise
+            self._tokens[key[0]] = token  # a handle made from the record in this process drops it too
+        whole = "true" if offset == 0 and size == region.size else "false"
+        return token, key, (f'{self._record_head}{key[0]}","secret":"{key[1]}","offset":{offset},'
+                            f'"size":{size},"whole":{whole}}}')
 
-    def _lend(self, ptr: int, size: int, keep: Any, readonly: bool, ttl: Optional[float],
-              keyed: bool = False) -> LentBuffer:
+    def _end_loan(self, token: str, key: tuple) -> None:
+        """Ends a loan _lend_keyed made: its key revoked, its region let go of when nothing else
+        holds it. In a forked child the loan is the parent's: nothing to do."""
+        if self._generation == _fork_generation:
+            with self._lock:
+                self._release_locked(token, key)
+
+    def _hold_locked(self, ptr: int, size: int, keep: Any) -> tuple:
+        """(region, token): a new hold, by `keep` (the object owning the memory), of [ptr, ptr+size)
+        in the region the cache has for it, or in a new region served for exactly that."""
+        srv = self._serve_locked()
+        region = self._cache.find(ptr, size)
+        if region is None:
+            self._next += 1
+            region = Region(f"r{self._next}", ptr, size)
+            srv.expose(region.element, ptr, size)
+            self._cache.add(region)
+        self._next += 1
+        token = f"t{self._next}"
+        self._cache.hold(region, token, keep)
+        return region, token
+
+    def _unhold_locked(self, region: Region, token: str) -> None:
+        """Undoes _hold_locked when nothing was lent after all (its key could not be made)."""
+        self._cache.release(token)
+        if not region.holders:
+            self._forget_locked(region)
+
+    def _lend(self, ptr: int, size: int, keep: Any, readonly: bool, ttl: Optional[float]) -> LentBuffer:
         """A buffer on [ptr, ptr+size), whose memory `keep` owns (held while the buffer lives);
         read-only memory (bytes, a read-only array or view) gets a key that only reads. Its key
-        is made now if it has a ttl or `keyed` is set, else when it is first needed."""
+        is made now if it has a ttl, else when it is first needed."""
         with self._lock:
-            srv = self._serve_locked()
-            region = self._cache.find(ptr, size)
-            if region is None:
-                self._next += 1
-                region = Region(f"r{self._next}", ptr, size)
-                srv.expose(region.element, ptr, size)
-                self._cache.add(region)
+            region, token = self._hold_locked(ptr, size, keep)
             offset = ptr - region.start
-            self._next += 1
-            token = f"t{self._next}"
             buf = LentBuffer.__new__(LentBuffer)
             buf._lend(self, region, token, self._place, offset, size, offset == 0 and size == region.size,
                       "r" if readonly else "rw")
-            self._cache.hold(region, token, keep)
-            if ttl is not None or keyed:  # (a ttl runs from the request: the key is made now)
+            if ttl is not None:  # (a ttl runs from the request: the key is made now)
                 try:
                     self._mint_locked(buf, ttl)
                 except BaseException:
-                    self._cache.release(token)
-                    if not region.holders:
-                        self._forget_locked(region)
+                    self._unhold_locked(region, token)
                     raise
             return buf
 
@@ -230,11 +259,16 @@ class RdmaManager:
         with self._lock:
             return self._mint_locked(buf)
 
+    def _grant_locked(self, element: str, offset: int, size: int, rights: str, ttl: Optional[float] = None) -> tuple:
+        """(grant id, secret) of a new key to [offset, offset+size) of a region: where every key
+        this manager lends is made."""
+        return self._server.grant_key(element, offset, size, rights, ttl)
+
     def _mint_locked(self, buf: LentBuffer, ttl: Optional[float] = None) -> tuple:
         if buf._key is not None:
             return buf._key
         if self._cache.holds(buf._region, buf.token):
-            buf._key = self._server.grant_key(buf._region.element, buf.offset, buf._size, buf._rights, ttl)
+            buf._key = self._grant_locked(buf._region.element, buf.offset, buf._size, buf._rights, ttl)
             self._tokens[buf._key[0]] = buf.token  # a copy of the handle in this process drops it too
         else:
             # Dropped before anyone asked for its key: one the owner never made, refused as a

@@ -257,7 +257,7 @@ class ScadTensorTransport(_Base):
         if self._busy_poll_us < 0:
             raise ValueError("busy_poll_us must be >= 0")
         self._loop = _Loop()
-        self._lent: Dict[str, List[RdmaBuffer]] = {}        # source: obj_id -> its tensors' buffers
+        self._lent: Dict[str, List[Any]] = {}  # source: obj_id -> its tensors' buffers, or a lone tensor's loan
         self._receiving: Dict[str, Set[_Receive]] = {}       # destination: obj_id -> receives in flight
         self._lone: Dict[str, Any] = {}                     # destination: obj_id -> its lone read's slot
         self._routes: Dict[tuple, _Route] = {}              # destination: routes in use (under _lock)
@@ -332,10 +332,10 @@ class ScadTensorTransport(_Base):
             ptr, size, readonly = _buffer_info(tensor)
         except (BufferError, ValueError):
             return None
-        buf = RdmaManager.get()._request_keyed(tensor, ptr, size, readonly)  # (no key made: nothing lent)
-        record = buf.to_json()
+        manager = RdmaManager.get()
+        token, key, record = manager._lend_keyed(tensor, ptr, size, readonly)  # (no key made: nothing lent)
         with self._lock:
-            self._lent.setdefault(obj_id, []).append(buf)
+            self._lent.setdefault(obj_id, []).append((manager, token, key))
         _counters.lent(1, tensor.nbytes)
         return _metadata_of([(tensor.shape, tensor.dtype)], "cpu", [record], "")
 
@@ -354,7 +354,10 @@ class ScadTensorTransport(_Base):
         if buffers is None:
             return
         for b in buffers:
-            b.drop()
+            if type(b) is tuple:  # a lone tensor's loan (_lend_lone): (manager, token, key)
+                b[0]._end_loan(b[1], b[2])
+            else:
+                b.drop()
         _counters.released()
 
     # ---- the destination ----------------------------------------------------------------
