@@ -9,7 +9,7 @@ namespace libd {
 using namespace proto;
 
 namespace {
-constexpr size_t kDirectMin = 16 * 1024;   // payloads this large skip the staging copy
+constexpr size_t kDirectMin = 16 * 1024;   // what is left of a payload this large skips the staging copy
 constexpr size_t kMaxAttachments = 4096;   // grants one session may hold at once
 constexpr uint64_t kAuthTimeoutMs = 10000;  // a silent client is dropped after this
 }  // namespace
@@ -23,6 +23,8 @@ ServerConn::ServerConn(MemoryServer *srv, bool is_unix) : srv_(srv), unix_(is_un
   h_.handle.data = this;
   uv_timer_init(srv->loop_.loop(), &auth_timer_);
   auth_timer_.data = this;
+  uv_check_init(srv->loop_.loop(), &burst_end_);
+  burst_end_.data = this;
   srv_->conns_.insert(this);
   srv_->nconns_++;
 }
@@ -54,12 +56,14 @@ void ServerConn::close() {
   for (auto &a : draining_) srv_->release_attachment(a.grant.id, unix_, session_, !a.notified);
   draining_.clear();
   uv_timer_stop(&auth_timer_);
-  pending_closes_ = 2;
+  in_burst_ = false;  // (what the burst batched is dropped with the connection)
+  pending_closes_ = 3;
   auto done = [](uv_handle_t *h) {
     auto *c = static_cast<ServerConn *>(h->data);
     if (--c->pending_closes_ == 0) delete c;
   };
   uv_close(reinterpret_cast<uv_handle_t *>(&auth_timer_), done);
+  uv_close(reinterpret_cast<uv_handle_t *>(&burst_end_), done);
   uv_close(&h_.handle, done);
 }
 
@@ -294,15 +298,41 @@ void ServerConn::on_alloc(uv_handle_t *h, size_t, uv_buf_t *buf) {
 void ServerConn::on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
   auto *c = static_cast<ServerConn *>(s->data);
   if (n < 0) { c->close(); return; }
-  if (n == 0 || c->closing_ || c->close_after_writes_) return;
+  if (n == 0) {  // nothing more to read (libuv's EAGAIN)
+    if (c->in_burst_) c->end_burst();
+    return;
+  }
+  if (c->closing_ || c->close_after_writes_) return;
   c->note_activity();
   std::string why;
   c->in_read_ = true;
   int rc = buf->base == c->staging_ ? c->reader_.feed(buf->base, size_t(n), &why)
                                     : c->reader_.advance_direct(size_t(n), &why);
-  c->in_read_ = false;
-  c->read_handled();
-  if (rc) c->close();  // a protocol violation ends this connection only
+  if (rc) {
+    c->end_burst();
+    c->close();  // a protocol violation ends this connection only
+    return;
+  }
+  // A full buffer: libuv reads on at once, and the answers to what comes next join the ones
+  // batched so far. A first transfer's ATTACH and its large WRITE (or anything else cut at a
+  // buffer's end) are then answered in one write, not an ATTACH answer on its own between them.
+  if (size_t(n) == buf->len) {
+    if (!c->in_burst_) {
+      c->in_burst_ = true;
+      uv_check_start(&c->burst_end_, [](uv_check_t *h) { static_cast<ServerConn *>(h->data)->end_burst(); });
+    }
+    return;
+  }
+  c->end_burst();
+}
+
+void ServerConn::end_burst() {
+  if (in_burst_) {
+    in_burst_ = false;
+    uv_check_stop(&burst_end_);
+  }
+  in_read_ = false;
+  read_handled();  // (on a connection closed meanwhile too: the words it took still reach their owners)
 }
 
 }  // namespace libd

@@ -106,14 +106,20 @@ class ServerConn : public proto::FrameReader::Handler {
   bool closing_ = false;
   bool close_after_writes_ = false;  // a refused AUTH: the answer goes out, then the connection closes
   bool session_ = false;             // AUTH asked for a shared connection
-  bool in_read_ = false;             // answers are batched until the read is handled
+  bool in_read_ = false;             // answers are batched until the read (a burst of reads) is handled
   std::string ctl_;                  // the control body being received
   std::unordered_map<uint32_t, Attachment> atts_;
 
  private:
-  static constexpr size_t kStagingSize = 64 * 1024;
+  // Headers and small payloads; what is left of a large payload is read straight into place, so the
+  // smaller this is, the less of a large one is copied (8 KiB: a 64 KiB write's own read 3 µs
+  // faster than with 64 KiB, a stream of small frames still several to a read).
+  static constexpr size_t kStagingSize = 8 * 1024;
   static void on_alloc(uv_handle_t *h, size_t, uv_buf_t *buf);
   static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf);
+  // The burst of reads that filled their buffers is over (a short read, nothing more to read, or
+  // the loop went on to other work): what was batched meanwhile goes out.
+  void end_burst();
   // Checks an AUTH or ATTACH body against the grants and, if it opens one, attaches it as
   // `handle`. 0, or the status to answer (-EACCES for every refusal of the credentials alike: no
   // oracle for grant ids).
@@ -125,6 +131,10 @@ class ServerConn : public proto::FrameReader::Handler {
   void deliver_notices();
 
   uv_timer_t auth_timer_;
+  // Runs after the loop's I/O phase while a burst of reads holds the answers: libuv reads a full
+  // buffer's successors at once but gives up after a few, and then nothing else may end the burst.
+  uv_check_t burst_end_;
+  bool in_burst_ = false;
   int pending_closes_ = 0;
   std::string nonce_;
   bool got_auth_ = false, authed_ = false;
