@@ -43,6 +43,13 @@ def record_head(place: tuple) -> str:
     return f'{{"version":{VERSION},{_owner_part(*place)},"grant":"'
 
 
+def lent_record(head: str, key: tuple, offset: int, size: int, whole: bool) -> str:
+    """The record of a slice a server lends, after its head (record_head): key is (grant id,
+    secret), libd's (letters, digits and '_': nothing in them to escape)."""
+    return (f'{head}{key[0]}","secret":"{key[1]}","offset":{offset},"size":{size},'
+            f'"whole":{"true" if whole else "false"}}}')
+
+
 def _checked_ranges(ranges: Sequence[int], size: int, offset: int) -> Tuple[int, ...]:
     """The sizes of a buffer over several memories, checked: 1..MAX_RANGES positive integers that
     make up the whole buffer (such a buffer is a whole lent element: offset 0)."""
@@ -236,8 +243,7 @@ class LentBuffer(RdmaBuffer):
         key = self._key
         if key is None:
             key = self._lender._mint(self)
-        return (f'{self._lender._record_head}{key[0]}","secret":"{key[1]}","offset":{self.offset},'
-                f'"size":{self._size},"whole":{"true" if self.whole else "false"}}}')
+        return lent_record(self._lender._record_head, key, self.offset, self._size, self.whole)
 
     def drop(self) -> None:
         """Revokes the slice's key (peers holding it are cut off) and releases its memory when
@@ -245,7 +251,7 @@ class LentBuffer(RdmaBuffer):
         parent's: the child lets go of its own link to it, if it made one, and nothing else."""
         lender = self._lender
         if not lender._forked():
-            lender._drop_lent(self)
+            lender._end_loan(self.token, self._key)
         elif self._key is not None:
             _manager().drop(self)  # the child's own manager: not the owner, it forgets its link
 

@@ -23,7 +23,7 @@ from .. import _memserver
 from ..connect import Descriptor
 from .._waiter import new_eventfd, poll_operation, wait_fd, wait_in_thread
 from .._memserver import MAX_RANGES, from_binding
-from ._buffer import LentBuffer, RdmaBuffer, record_head
+from ._buffer import LentBuffer, RdmaBuffer, lent_record, record_head
 from ._key_link import KeyLink, refusal as _refusal
 from ._queue_pair import QueuePair, owner_of
 from ._regions import Region, RegionCache
@@ -189,13 +189,12 @@ class RdmaManager:
                 self._unhold_locked(region, token)
                 raise
             self._tokens[key[0]] = token  # a handle made from the record in this process drops it too
-        whole = "true" if offset == 0 and size == region.size else "false"
-        return token, key, (f'{self._record_head}{key[0]}","secret":"{key[1]}","offset":{offset},'
-                            f'"size":{size},"whole":{whole}}}')
+        return token, key, lent_record(self._record_head, key, offset, size, offset == 0 and size == region.size)
 
-    def _end_loan(self, token: str, key: tuple) -> None:
-        """Ends a loan _lend_keyed made: its key revoked, its region let go of when nothing else
-        holds it. In a forked child the loan is the parent's: nothing to do."""
+    def _end_loan(self, token: str, key: Optional[tuple]) -> None:
+        """Ends a loan (a LentBuffer's, or one _lend_keyed made): its key revoked if it has one,
+        its region let go of when nothing else holds it. In a forked child the loan is the
+        parent's: nothing to do."""
         if self._generation == _fork_generation:
             with self._lock:
                 self._release_locked(token, key)
@@ -341,11 +340,6 @@ class RdmaManager:
         and opening nothing, are not listed."""
         with self._lock:
             return [(r.start, r.size, len(r.holders)) for r in self._cache.regions() if r.holders]
-
-    def _drop_lent(self, buf: LentBuffer) -> None:
-        """drop() of a buffer this manager lent, in the process that lent it."""
-        with self._lock:
-            self._release_locked(buf.token, buf._key)
 
     def _release_locked(self, token: Optional[str], key: Optional[tuple]) -> None:
         """Lets go of the buffer the cache holds by `token` (none: dropped already), its key

@@ -396,9 +396,9 @@ class ScadTensorTransport(_Base):
     def _single(meta: Any, target_buffers: Optional[List[Any]]) -> Optional[tuple]:
         """The common object, one numpy tensor under a key of its own, read into a numpy array
         over shm or tcp from an owner reached before: (target, (grant, secret, offset) of its
-        record, (transport, durl, address, size)) for _recv_single, which makes no link and reserves no route (the transfer is one
-        of its own). None for anything else, or anything amiss: the general path then receives
-        it, or says what is wrong."""
+        record, (transport, durl, address, size)) for _recv_single, which makes no link and
+        reserves no route (the transfer is one of its own). None for anything else, or anything
+        amiss: the general path then receives it, or says what is wrong."""
         if type(meta) is not ScadTransportMetadata or meta.lent_list or _buffer_info is None or _read_once is None:
             return None
         records, described = meta.buffers, meta.tensor_meta
@@ -476,11 +476,11 @@ class ScadTensorTransport(_Base):
 
     def _read_alone(self, slot: Any, obj_id: str, key: tuple, local: numpy.ndarray, placed: tuple) -> None:
         """Reads the memory of a buffer's key (grant, secret, offset) into local (placed: its
-        (transport, durl, address, size)) with a transfer of
-        its own, from start to finish in one call of the binding (read_once), the GIL released
-        in libd: no link to make, rebind or park, and no Python step between the start and the
-        end (on a busy host each costs a microsecond or more beside a 64-byte tcp read). slot:
-        where an abort cancels it. Its failure is said as the receive's."""
+        (transport, durl, address, size)) with a transfer of its own, from start to finish in one
+        call of the binding (read_once), the GIL released in libd: no link to make, rebind or
+        park, and no Python step between the start and the end (on a busy host each costs a
+        microsecond or more beside a 64-byte tcp read). slot: where an abort cancels it. Its
+        failure is said as the receive's."""
         impl, durl, address, size = placed
         grant, secret, offset = key
         manager = RdmaManager.get()
