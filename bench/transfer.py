@@ -53,6 +53,9 @@ NAMES = {"libd": "libd", "connect": "scad.connect", "rdma": "scad.rdma", "tensor
 # and UCX moves the data by cross-memory attach (cma) or shared memory.
 NIXL_TLS = {"tcp": "tcp", "shm": "shm,tcp"}
 MOONCAKE_TRANSPORTS = ("tcp",)  # the PyPI build has tcp (and rdma); no shared-memory protocol
+# Run before every cell a pair measures: what handing memory between two cores costs at that
+# moment (bench/cross_core_probe.cc). Its figure goes with the cell's row (probe_us).
+PROBE = ROOT / "build" / "bench" / "libd-cross-core-probe"
 
 
 def human(n):
@@ -139,11 +142,12 @@ class Pair:
         """Measures `cell` (mode, size, op, inflight) if it is in this pair's plan."""
         if not self.alive() or cell not in self.index:
             return
+        probe = cross_core_probe()
         t0 = time.time()
         try:
             self.proc.stdin.write(f"@@{json.dumps({'cell': self.index[cell]})}\n".encode())
             self.proc.stdin.flush()
-            self.rows.append(dict(self.message(CELL_LIMIT_S), round=rnd))
+            self.rows.append(dict(self.message(CELL_LIMIT_S), round=rnd, probe_us=probe))
         except (RuntimeError, TimeoutError, EOFError, BrokenPipeError) as e:
             self.fail(f"{e} (after {len(self.rows)} of {len(self.plan)} cells)")
         self.busy_s += time.time() - t0
@@ -164,6 +168,18 @@ class Pair:
             return ""
         # Seen with NIXL: SIGSEGV in the agent's teardown, after every figure.
         return f" (the process then ended with status {code})" if code != 0 else ""
+
+
+def cross_core_probe():
+    """Microseconds a 64 KiB buffer takes to go to another core and back, now (None: no probe,
+    or fewer than two CPUs). On a virtual machine it doubles while the host keeps the two
+    virtual CPUs apart, and so does every cross-core transfer: it tells a slow round from a slow
+    API."""
+    try:
+        out = subprocess.run([str(PROBE)], capture_output=True, text=True, timeout=10).stdout.strip()
+        return float(out)
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return None
 
 
 def cell_order(sizes):
@@ -357,6 +373,19 @@ def report(rows, sizes, transports, apis, failures, notes, rounds=1):
                     continue
                 label = NAMES[api] + (" (transfer)" if mode == "xfer" else "")
                 print(f"{transport:9} {label:22} | {fmt(r)} {fmt(w)} {fmt(first)}")
+    probes = {}
+    for r in rows:
+        if r.get("probe_us") is not None:
+            probes.setdefault((r["transport"], r.get("round", 0)), []).append(r["probe_us"])
+    if probes:
+        print("\nCross-core probe before each cell (µs for 64 KiB handed to another core and back, median and "
+              "highest of the round): on a virtual machine it doubles while the host keeps the two CPUs apart, "
+              "and every transfer between processes on different cores slows with it.")
+        for transport in transports:
+            parts = [f"round {n + 1}: {statistics.median(v):.1f}, {max(v):.1f}" for n in range(rounds)
+                     if (v := probes.get((transport, n)))]
+            if parts:
+                print(f"  {transport:4} " + "; ".join(parts))
     missed = [(n, x) for n, x in checks if x < 1]
     print(f"\ntarget (ahead of NIXL and Mooncake in every cell both can run): {len(checks) - len(missed)} of "
           f"{len(checks)} met")
