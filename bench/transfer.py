@@ -3,6 +3,7 @@
 instead, in one run, with ratios:
 
     bench/transfer.py [--quick] [--no-setup] [--transports shm,tcp] [--apis ...] [--skip-peers] [--rounds 3]
+                      [--no-pin]
 
 Ours (the project's .venv and build): plain libd transport reads and writes (`libd`), scad.connect
 (`connect`), scad.rdma (`rdma`), scad.tensor_transport (`tensor`). Peers (their own environment,
@@ -24,9 +25,14 @@ The ratio is the peer's time over ours: above 1, ours is faster. Raw results go 
 A run is several rounds. In a round the driver starts every pair of a transport at once and
 steps them through the cells together: each cell is measured by every pair in turn (ours first
 for one cell, the peers first for the next, and within each group a different pair first from
-cell to cell), the others asleep meanwhile. On a shared two-core
-host one operation's time drifts by half from one minute to the next, so a ratio is taken within
-a round, from figures measured seconds apart, and the figures printed are medians over the rounds.
+cell to cell), the others asleep meanwhile. On a shared two-core virtual machine one operation's
+time drifts by half from one minute to the next, and either virtual CPU runs slower for seconds
+at a time, so a ratio is taken within a round, from figures measured seconds apart, and the
+figures printed are medians over the rounds. Before every cell a pair measures, the driver runs
+bench/cross_core_probe.cc, which times a 64 KiB buffer handed between the two CPUs and back;
+the report prints each round's figures. Each worker keeps its main thread on one CPU, a pair's
+owner on the first and its active side on the second (transfer_pair.pin_main_thread; --no-pin
+leaves them be): unpinned, the kernel often left both sides of a pair on one CPU for a whole cell.
 """
 import argparse
 import json
@@ -241,6 +247,9 @@ def main():
     ap.add_argument("--apis", default=",".join(OURS))
     ap.add_argument("--skip-peers", action="store_true")
     ap.add_argument("--rounds", type=int, default=3, help="rounds of every API and peer (default 3)")
+    ap.add_argument("--no-pin", action="store_true",
+                    help="leave every worker's main thread unpinned (by default a pair's owner runs on one CPU, "
+                         "its active side on another)")
     args = ap.parse_args()
     if args.rounds < 1:
         ap.error("--rounds must be at least 1")
@@ -265,7 +274,7 @@ def main():
     log_path = out / f"transfer-{stamp}.log"
     rows, failures, notes = [], {}, []
     # numpy's OpenBLAS starts a pool of threads that spin for a while; nothing here does algebra.
-    base_env = dict(os.environ, PYTHONUNBUFFERED="1", OPENBLAS_NUM_THREADS="1")
+    base_env = dict(os.environ, PYTHONUNBUFFERED="1", OPENBLAS_NUM_THREADS="1", BENCH_PIN="0" if args.no_pin else "1")
     with open(log_path, "w") as log:
         for rnd in range(args.rounds):
             for transport in transports:

@@ -75,6 +75,22 @@ def check(local, value):
     return all(int(a[0]) == value and int(a[-1]) == value for a in local)
 
 
+def pin_main_thread(role):
+    """Keeps this process's main thread on a CPU of its own: the owner's on the first allowed CPU,
+    the active side's on the second (BENCH_PIN=0, or fewer than two CPUs: left where it is).
+    Called once the API's library has made its objects (agent, engine, connector, manager):
+    threads a library started by then stay free to run anywhere, threads it starts later (libd's
+    start at the first loan or connection) are kept with the main thread. Unpinned, the two
+    sides of a pair, each polling, were often left on one CPU for a whole cell by the kernel
+    (which wakes a process on its waker's CPU), every operation then twice as long, for ours and
+    the peers' alike (docs/benchmarks.md)."""
+    if os.environ.get("BENCH_PIN", "1") == "0":
+        return
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) >= 2:
+        os.sched_setaffinity(0, {cpus[0] if role == "owner" else cpus[1]})  # 0: this thread only
+
+
 def budget_s():
     return float(os.environ.get("BENCH_TRANSFER_BUDGET", "0.25"))
 

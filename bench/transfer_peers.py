@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import numpy  # noqa: E402,F401 - loaded before anything is timed (transfer_pair.array makes the buffers)
 
-from transfer_pair import array, arrays, await_command, check, claim_stdout, driver_cells, emit, fail, fill_value, measure, start_active, stdio_channel  # noqa: E402
+from transfer_pair import array, arrays, pin_main_thread, await_command, check, claim_stdout, driver_cells, emit, fail, fill_value, measure, start_active, stdio_channel  # noqa: E402
 
 perf = time.perf_counter
 yield_cpu = os.sched_yield
@@ -124,6 +124,7 @@ class Owner:
         else:
             self.lib = Mooncake()
             self.peer.send({"target": self.lib.target})
+        pin_main_thread("owner")
         self.peer.recv()
         self.ops = 0
 
@@ -210,6 +211,7 @@ class Active:
         else:
             self.lib = Mooncake()
             self.target = hello["target"]
+        pin_main_thread("active")
         self.registered = []
         chan.send({"ok": True})
 

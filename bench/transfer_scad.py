@@ -33,7 +33,7 @@ OWNER_POLL_US = 1_000_000.0
 # windows take a core the bulk transfers need on two cores.
 SERVER_POLL_US = 100.0
 
-from transfer_pair import array, arrays, await_command, check, claim_stdout, Channel, driver_cells, emit, fail, fill_value, measure, measure_async, start_active, stdio_channel  # noqa: E402
+from transfer_pair import array, arrays, pin_main_thread, await_command, check, claim_stdout, Channel, driver_cells, emit, fail, fill_value, measure, measure_async, start_active, stdio_channel  # noqa: E402
 
 perf = time.perf_counter
 
@@ -72,6 +72,7 @@ class Owner:
         # drives its agent (scad.connect's wait does so itself). Over shm the owner's server takes
         # no part in a transfer.
         self.drive = self.manager.progress if self.manager is not None and transport == "tcp" else None
+        pin_main_thread("owner")
 
     async def run(self, plan):
         self.peer.send({"cmd": "ping"})
@@ -175,6 +176,7 @@ class Active:
         elif api == "tensor":
             RdmaManager.get(transport=transport)  # the transport the tensor transport's reads use
             self.tensors = ScadTensorTransport(busy_poll_us=BUSY_POLL_US)
+        pin_main_thread("active")
 
     async def serve(self):
         resting = True  # between cells: asleep on the pipe
