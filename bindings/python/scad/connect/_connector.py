@@ -6,6 +6,7 @@ host has a device.
 """
 from __future__ import annotations
 
+import itertools
 import os
 import socket
 import threading
@@ -54,6 +55,11 @@ class Connector:
         self.busy_poll_us = float(busy_poll_us)
         self._verbs = _memserver.has_rdma_device() if verbs is None else bool(verbs)
         self._lock = threading.Lock()
+        # Each passive operation's notification key, the next of a count from a random start (taken
+        # under the GIL: no two operations get the same). It names the operation's element and comes
+        # back in the peer's word, which only a holder of the operation's grant can send: it needs
+        # to be unique, not secret.
+        self._keys = itertools.count(int.from_bytes(os.urandom(8), "little"))
         self._action = None
         self._srv = None
         self._endpoint: dict = {}
@@ -120,6 +126,7 @@ class Connector:
                 # The server last: a caller that finds it without the lock finds its endpoint too.
                 self._action, self._endpoint = action, endpoint
                 self._record_owner = owner_part(self._name, self._hostname, endpoint)  # in every record
+                self._record_fields = RdmaMetadata.owner_fields(self._name, self._hostname, endpoint)
                 self._srv = srv
             return self._srv
 

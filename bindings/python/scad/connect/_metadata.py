@@ -95,6 +95,25 @@ class RdmaMetadata:
     verbs: bool = False  # the owner's server also takes RDMA verbs connections
     version: int = VERSION
 
+    @staticmethod
+    def owner_fields(owner: str, hostname: str, endpoint: dict) -> dict:
+        """The fields every record of one owner's operations holds alike (for owned())."""
+        return {"owner": owner, "hostname": hostname, "host": endpoint["host"], "port": int(endpoint["port"]),
+                "path": endpoint["path"], "verbs": bool(endpoint["verbs"]), "version": VERSION}
+
+    @classmethod
+    def owned(cls, common: dict, kind: int, key: str, expires_at: float, descriptors: tuple) -> "RdmaMetadata":
+        """made() for a passive operation's own record: its owner's fields (owner_fields()) and
+        its own."""
+        md = object.__new__(cls)
+        fields = md.__dict__
+        fields.update(common)
+        fields["operation_kind"] = kind
+        fields["notification_key"] = key
+        fields["expires_at"] = expires_at
+        fields["descriptors"] = descriptors
+        return md
+
     @classmethod
     def made(cls, **fields: Any) -> "RdmaMetadata":
         """A record from fields this side made and checked already (a passive operation's own,

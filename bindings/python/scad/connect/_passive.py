@@ -28,6 +28,7 @@ from .._waiter import wait_ready
 # How long the server's loop stays with a polling wait after its last look (libd's progress lease):
 # past it, the server's own thread takes the loop back even if the waiter never said so.
 _LEASE_US = 1000
+_KEY_MASK = (1 << 64) - 1  # a notification key is 64 bits, written as 16 hex digits
 
 log = logging.getLogger("scad.connect")
 
@@ -56,8 +57,8 @@ class PassiveOperation(OperationBase):
             raise ValueError("expires_in must be > 0 seconds")
         server = connector._server()
         self._server = server
-        self._key = os.urandom(8).hex()
-        self._value = int(self._key, 16)  # what the peer's NOTIFY carries back
+        self._value = next(connector._keys) & _KEY_MASK  # what the peer's NOTIFY carries back
+        self._key = f"{self._value:016x}"
         self._pending: set[str] = set()  # grants whose holder has not said it finished
         serialized = []
         rights = "r" if self._kind is OperationKind.READ else "w"
@@ -87,13 +88,10 @@ class PassiveOperation(OperationBase):
             self._release()
             raise
         self._pending = set(self._grants)
-        ep = connector._endpoint
         expires_at = time.time() + ttl
         kind = int(self._kind)
-        self._metadata = md = RdmaMetadata.made(
-            operation_kind=kind, notification_key=self._key, owner=connector.name,
-            hostname=connector.hostname, host=ep["host"], port=ep["port"], path=ep["path"],
-            expires_at=expires_at, descriptors=tuple(serialized), verbs=ep["verbs"])
+        self._metadata = md = RdmaMetadata.owned(connector._record_fields, kind, self._key, expires_at,
+                                                 tuple(serialized))
         if len(serialized) == 1:  # the common record, its text written now from what is at hand
             d = serialized[0]
             md.__dict__["_text"] = one_grant_record(kind, self._key, connector._record_owner, expires_at, d.size,
