@@ -8,7 +8,7 @@ the bytes into its own memory and ends its side; the owner learns it finished an
 Each API runs as bench/transfer.py's worker runs it (the same calls, both sides polling their
 pipe, our APIs polling their transfers for 500 µs and scad.connect's owner its word for up to a
 second, an owner of scad.rdma or scad.tensor_transport serving the peer's requests over tcp while
-it waits for the peer's word), with a timestamp between the steps. CLOCK_MONOTONIC is one clock for both processes, so a step that crosses the
+it waits for the peer's word, each side's main thread on a CPU of its own), with a timestamp between the steps. CLOCK_MONOTONIC is one clock for both processes, so a step that crosses the
 pipe is timed too. Medians in microseconds after 100 warm-up operations; bench/operation_steps.py
 takes scad.connect's operation apart further, into its libd calls.
 """
@@ -27,7 +27,7 @@ sys.path[:0] = [str(ROOT / "build" / "python"), str(ROOT / "bindings" / "python"
 
 import numpy  # noqa: E402,F401 - loaded before anything is timed (transfer_pair.array makes the buffers)
 
-from transfer_pair import array, Channel, stamped_command  # noqa: E402
+from transfer_pair import array, Channel, pin_main_thread, stamped_command  # noqa: E402
 
 perf = time.perf_counter
 BUSY_POLL_US = 500.0
@@ -62,6 +62,7 @@ async def owner(api, transport, size, runs, chan, write):
         if api == "tensor":
             from scad.tensor_transport import ScadTensorTransport
             tensors = ScadTensorTransport()
+    pin_main_thread("owner")  # as bench/transfer.py's workers run
     rows, drops = [], []
     for i in range(runs):
         t = [perf()]
@@ -113,6 +114,7 @@ async def peer(api, transport, size, chan, write):
             RdmaManager.get(transport=transport)  # the transport the tensor transport's reads use
             from scad.tensor_transport import ScadTensorTransport
             tensors = ScadTensorTransport(busy_poll_us=BUSY_POLL_US)
+    pin_main_thread("active")
     # The peer's stamps go to the owner as integer nanoseconds: the repr of a float, Python's
     # shortest round-trip digits, costs about a microsecond each, and the word's step would carry it.
     stamp = time.perf_counter_ns

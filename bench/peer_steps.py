@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import numpy  # noqa: E402,F401 - loaded before anything is timed (transfer_pair.array makes the buffers)
 
-from transfer_pair import array, Channel, stamped_command  # noqa: E402
+from transfer_pair import array, Channel, pin_main_thread, stamped_command  # noqa: E402
 
 perf = time.perf_counter
 WARMUP = 100
@@ -52,6 +52,7 @@ def engine():
 
 def peer(chan, size, write):
     e = engine()
+    pin_main_thread("active")  # as bench/transfer.py's workers run
     local = array(size, 3)
     if e.register_memory(local.ctypes.data, size) != 0:
         raise RuntimeError("Mooncake register_memory failed")
@@ -72,6 +73,7 @@ def peer(chan, size, write):
 
 def owner(chan, size, runs):
     e = engine()
+    pin_main_thread("owner")
     chan.send({"target": f"127.0.0.1:{e.get_rpc_port()}"})
     chan.recv()
     lent = array(size, 7)
@@ -95,6 +97,7 @@ def owner(chan, size, runs):
 def nixl_peer(chan, size, write):
     from transfer_peers import Nixl
     lib = Nixl("active")
+    pin_main_thread("active")
     local = array(size, 3)
     lib.reg(local)
     lib.agent.add_remote_agent(base64.b64decode(chan.recv()["owner_meta"]))
@@ -117,6 +120,7 @@ def nixl_peer(chan, size, write):
 def nixl_owner(chan, size, runs):
     from transfer_peers import Nixl
     lib = Nixl("owner")
+    pin_main_thread("owner")
     chan.send({"owner_meta": base64.b64encode(lib.agent.get_agent_metadata()).decode()})
     chan.recv()
     lent = array(size, 7)
