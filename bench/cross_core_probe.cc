@@ -4,10 +4,12 @@
 //
 //     libd-cross-core-probe [rounds]      (prints one number; "-" when fewer than two CPUs are allowed)
 //
-// bench/transfer.py runs it before every cell it measures. On a virtual machine the figure moves
-// with where the host has put the two virtual CPUs at the moment (near each other, it is about
-// 5 µs here; apart, twice that), and so does every transfer between two processes that run on
-// different CPUs and poll: the probe tells a slow round from a slow API. No libd code is in it.
+// bench/transfer.py runs it before every cell it measures. On the two-CPU virtual machine the
+// benchmarks run on, it is about 5 µs most of the time and twice that in spells of seconds to
+// minutes, the host's doing (nothing else runs in the machine then; from inside, which of the
+// host's cores the two virtual CPUs sit on cannot be seen), and every transfer between two
+// processes that run on different CPUs and poll slows with it: the probe tells a slow round from
+// a slow API. No libd code is in it.
 #include <sched.h>
 #include <pthread.h>
 

@@ -178,9 +178,8 @@ class Pair:
 
 def cross_core_probe():
     """Microseconds a 64 KiB buffer takes to go to another core and back, now (None: no probe,
-    or fewer than two CPUs). On a virtual machine it doubles while the host keeps the two
-    virtual CPUs apart, and so does every cross-core transfer: it tells a slow round from a slow
-    API."""
+    or fewer than two CPUs). On this host's virtual machine it doubles in spells, and every
+    cross-core transfer slows with it: it tells a slow round from a slow API."""
     try:
         out = subprocess.run([str(PROBE)], capture_output=True, text=True, timeout=10).stdout.strip()
         return float(out)
@@ -388,8 +387,8 @@ def report(rows, sizes, transports, apis, failures, notes, rounds=1):
             probes.setdefault((r["transport"], r.get("round", 0)), []).append(r["probe_us"])
     if probes:
         print("\nCross-core probe before each cell (µs for 64 KiB handed to another core and back, median and "
-              "highest of the round): on a virtual machine it doubles while the host keeps the two CPUs apart, "
-              "and every transfer between processes on different cores slows with it.")
+              "highest of the round): on a virtual machine it doubles in spells of the host's, and every transfer "
+              "between processes on different cores slows with it.")
         for transport in transports:
             parts = [f"round {n + 1}: {statistics.median(v):.1f}, {max(v):.1f}" for n in range(rounds)
                      if (v := probes.get((transport, n)))]
