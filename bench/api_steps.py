@@ -27,7 +27,7 @@ sys.path[:0] = [str(ROOT / "build" / "python"), str(ROOT / "bindings" / "python"
 
 import numpy  # noqa: E402,F401 - loaded before anything is timed (transfer_pair.array makes the buffers)
 
-from transfer_pair import array, Channel, pin_main_thread, stamped_command  # noqa: E402
+from transfer_pair import array, fork_pair, pin_main_thread, stamped_command  # noqa: E402
 
 perf = time.perf_counter
 BUSY_POLL_US = 500.0
@@ -163,16 +163,9 @@ def main():
         ap.error("scad.tensor_transport only reads (Ray's receiver fetches the sender's tensors)")
     write = args.op == "write"
     runs = args.runs + WARMUP
-    to_peer, from_peer = os.pipe(), os.pipe()
-    pid = os.fork()  # before either side has loaded libd
-    if pid == 0:
-        try:
-            asyncio.run(peer(args.api, args.transport, args.size,
-                             Channel(os.fdopen(to_peer[0], "r"), os.fdopen(from_peer[1], "w")), write))
-        finally:
-            os._exit(0)
-    rows, drops = asyncio.run(owner(args.api, args.transport, args.size, runs,
-                             Channel(os.fdopen(from_peer[0], "r"), os.fdopen(to_peer[1], "w")), write))
+    # Forked before either side has loaded libd.
+    pid, chan = fork_pair(lambda chan: asyncio.run(peer(args.api, args.transport, args.size, chan, write)))
+    rows, drops = asyncio.run(owner(args.api, args.transport, args.size, runs, chan, write))
     os.waitpid(pid, 0)
     before, at_peer, after = STEPS[args.api]
     names = before + at_peer + after + ["total (the owner's view)"]

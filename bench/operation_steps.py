@@ -23,16 +23,11 @@ sys.path[:0] = [str(ROOT / "build" / "python"), str(ROOT / "bindings" / "python"
 
 import numpy  # noqa: E402
 
-from transfer_pair import Channel  # noqa: E402
+from transfer_pair import fork_pair  # noqa: E402
 
 perf = time.perf_counter
 BUSY_POLL_US = 500.0
 WARMUP = 50
-
-
-def channel(rfd, wfd):
-    """One JSON line each way over the pipes, polled as bench/transfer.py's workers poll theirs."""
-    return Channel(os.fdopen(rfd, "r"), os.fdopen(wfd, "w"))
 
 
 def peer(transport, runs, chan):
@@ -97,14 +92,8 @@ def main():
     ap.add_argument("--runs", type=int, default=400)
     args = ap.parse_args()
     runs = args.runs + WARMUP
-    to_peer, from_peer = os.pipe(), os.pipe()
-    pid = os.fork()  # before either side has loaded libd
-    if pid == 0:
-        try:
-            peer(args.transport, runs, channel(to_peer[0], from_peer[1]))
-        finally:
-            os._exit(0)
-    rows = asyncio.run(owner(runs, channel(from_peer[0], to_peer[1])))
+    pid, chan = fork_pair(lambda chan: peer(args.transport, runs, chan))  # before either side has loaded libd
+    rows = asyncio.run(owner(runs, chan))
     os.waitpid(pid, 0)
     steps = {}
     for (t0, t1, t2, t3, t4), a in rows[WARMUP:]:

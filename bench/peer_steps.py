@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import numpy  # noqa: E402,F401 - loaded before anything is timed (transfer_pair.array makes the buffers)
 
-from transfer_pair import array, Channel, pin_main_thread, stamped_command  # noqa: E402
+from transfer_pair import array, fork_pair, pin_main_thread, stamped_command  # noqa: E402
 
 perf = time.perf_counter
 WARMUP = 100
@@ -158,14 +158,9 @@ def main():
     if args.peer == "nixl":
         os.environ.update(UCX_TLS="tcp", UCX_NET_DEVICES="lo")  # as bench/transfer.py runs it over tcp
     peer_fn, owner_fn = (nixl_peer, nixl_owner) if args.peer == "nixl" else (peer, owner)
-    to_peer, from_peer = os.pipe(), os.pipe()
-    pid = os.fork()  # before either side has loaded the engine
-    if pid == 0:
-        try:
-            peer_fn(Channel(os.fdopen(to_peer[0], "r"), os.fdopen(from_peer[1], "w")), args.size, args.op == "write")
-        finally:
-            os._exit(0)
-    rows = owner_fn(Channel(os.fdopen(from_peer[0], "r"), os.fdopen(to_peer[1], "w")), args.size, args.runs + WARMUP)
+    # Forked before either side has loaded the engine.
+    pid, chan = fork_pair(lambda chan: peer_fn(chan, args.size, args.op == "write"))
+    rows = owner_fn(chan, args.size, args.runs + WARMUP)
     os.waitpid(pid, 0)
     name = "NIXL" if args.peer == "nixl" else "Mooncake Transfer Engine"
     print(f"one {args.size}-byte {args.op} operation of {name} over tcp, median µs of {args.runs}:")

@@ -139,6 +139,25 @@ class Channel:
             os.sched_yield()
 
 
+def fork_pair(peer_side):
+    """Forks the peer of a step-timing tool (bench/api_steps.py, operation_steps.py,
+    peer_steps.py): the child runs peer_side(its Channel) and exits; the parent gets (pid, its
+    Channel). Each side closes the other's ends of the two pipes, so that a side that dies shows
+    the other an end of file: a peer whose owner was killed exits instead of polling forever."""
+    to_peer, from_peer = os.pipe(), os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(to_peer[1])
+            os.close(from_peer[0])
+            peer_side(Channel(os.fdopen(to_peer[0], "r"), os.fdopen(from_peer[1], "w")))
+        finally:
+            os._exit(0)
+    os.close(to_peer[0])
+    os.close(from_peer[1])
+    return pid, Channel(os.fdopen(from_peer[0], "r"), os.fdopen(to_peer[1], "w"))
+
+
 _proto_out = None
 
 
