@@ -41,10 +41,12 @@ MAX_REPS = 200
 
 # From this size on a buffer is a mapping of its own that asks for transparent huge pages.
 HUGE_FROM = 2 << 20
+CACHE_LINE = 64  # where every buffer below that starts
 
 
 def array(size, value):
-    """A buffer of `size` bytes holding `value`, its pages backed the same way in every worker.
+    """A buffer of `size` bytes holding `value`, its pages backed and its start aligned the same
+    way in every worker.
 
     numpy asks for huge pages for a large array (madvise), but whether it gets them depends on
     the process's malloc history (a mapping of its own, or heap carved out once glibc has raised
@@ -55,7 +57,16 @@ def array(size, value):
     import numpy  # the workers' environments have it; the driver never calls this
 
     if size < HUGE_FROM:
-        return numpy.full(size, value, dtype=numpy.uint8)
+        # On a cache line: numpy's arrays start 16 bytes into one, or 0, 32 or 48 as the
+        # process's heap happens to lie, and a copy whose source and destination sit at
+        # different offsets in their lines runs slower (a C loop of cross-memory attach, 16
+        # reads of 1 MiB: 1.9-2.0 ms with the source 16 bytes off against 1.35 aligned), so a
+        # cell's ratio would follow the two processes' malloc histories (docs/benchmarks.md).
+        spare = numpy.empty(size + CACHE_LINE, dtype=numpy.uint8)
+        skip = -spare.ctypes.data % CACHE_LINE
+        a = spare[skip:skip + size]  # holds `spare` for as long as it lives
+        a.fill(value)
+        return a
     import mmap
 
     pages = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS,
