@@ -60,7 +60,7 @@ def array(size, value):
         # On a cache line: numpy's arrays start 16 bytes into one, or 0, 32 or 48 as the
         # process's heap happens to lie, and a copy whose source and destination sit at
         # different offsets in their lines runs slower (a C loop of cross-memory attach, 16
-        # reads of 1 MiB: 1.9-2.0 ms with the source 16 bytes off against 1.35 aligned), so a
+        # reads of 1 MiB: 1.8-2.1 ms with the source 16 bytes off against 1.3-1.5 aligned), so a
         # cell's ratio would follow the two processes' malloc histories (docs/benchmarks.md).
         spare = numpy.empty(size + CACHE_LINE, dtype=numpy.uint8)
         skip = -spare.ctypes.data % CACHE_LINE
