@@ -25,10 +25,11 @@ The ratio is the peer's time over ours: above 1, ours is faster. Raw results go 
 A run is several rounds. In a round the driver starts every pair of a transport at once and
 steps them through the cells together: each cell is measured by every pair in turn (ours first
 for one cell, the peers first for the next, and within each group a different pair first from
-cell to cell), the others asleep meanwhile. On a shared two-core virtual machine one operation's
-time drifts by half from one minute to the next, and either virtual CPU runs slower for seconds
-at a time, so a ratio is taken within a round, from figures measured seconds apart, and the
-figures printed are medians over the rounds. Before every cell a pair measures, the driver runs
+cell to cell), in five slices taken by turns (every pair's first slice, then every pair's
+second...), the others asleep meanwhile. On a shared two-core virtual machine one operation's
+time drifts by half from one minute to the next, and either virtual CPU runs slower for a second
+or more at a time, so a ratio is taken within a round, from figures measured in the same spells,
+and the figures printed are medians over the rounds. Before every cell a pair measures, the driver runs
 bench/cross_core_probe.cc, which times a 64 KiB buffer handed between the two CPUs and back;
 the report prints each round's figures. Each worker keeps its main thread on one CPU, a pair's
 owner on the first and its active side on the second (transfer_pair.pin_main_thread; --no-pin
@@ -104,6 +105,7 @@ class Pair:
                                      start_new_session=True)
         self.pending = b""
         self.rows, self.error, self.busy_s = [], None, 0.0
+        self.round, self.probe = 0, None  # of the cell being measured
 
     def alive(self):
         return self.error is None
@@ -144,19 +146,32 @@ class Pair:
         except (RuntimeError, TimeoutError, EOFError) as e:
             self.fail(f"did not start: {e}")
 
-    def run_cell(self, cell, rnd):
-        """Measures `cell` (mode, size, op, inflight) if it is in this pair's plan."""
+    def start_cell(self, cell, rnd):
+        """Starts measuring `cell` (mode, size, op, inflight) if it is in this pair's plan; True if
+        the pair then paused after the cell's first slice (resume() goes on with it)."""
         if not self.alive() or cell not in self.index:
-            return
-        probe = cross_core_probe()
+            return False
+        self.round, self.probe = rnd, cross_core_probe()
+        return self._step({"cell": self.index[cell]})
+
+    def resume(self):
+        """Measures the cell's next slice; True if the pair paused again, False once its row is in."""
+        return self.alive() and self._step({"resume": True})
+
+    def _step(self, command):
         t0 = time.time()
+        paused = False
         try:
-            self.proc.stdin.write(f"@@{json.dumps({'cell': self.index[cell]})}\n".encode())
+            self.proc.stdin.write(f"@@{json.dumps(command)}\n".encode())
             self.proc.stdin.flush()
-            self.rows.append(dict(self.message(CELL_LIMIT_S), round=rnd, probe_us=probe))
+            msg = self.message(CELL_LIMIT_S)
+            paused = bool(msg.get("paused"))
+            if not paused:
+                self.rows.append(dict(msg, round=self.round, probe_us=self.probe))
         except (RuntimeError, TimeoutError, EOFError, BrokenPipeError) as e:
             self.fail(f"{e} (after {len(self.rows)} of {len(self.plan)} cells)")
         self.busy_s += time.time() - t0
+        return paused
 
     def finish(self):
         """Tells the owner to quit; the note about how it ended ("" if it ended well)."""
@@ -203,10 +218,11 @@ def rotated(items, by):
 
 def run_round(specs, transport, sizes, rnd, log):
     """One round over `transport`: every pair started at once and stepped through the cells
-    together, each cell measured by every pair that has it, ours first for one cell and the
-    peers first for the next (which go first in the round's first cell alternates by round), and
-    within ours and within the peers a different pair first from one cell and round to the next,
-    the pairs not measuring asleep meanwhile. Returns the pairs, done."""
+    together, each cell measured by every pair that has it, slice by slice in turns
+    (transfer_pair.SLICES), ours first for one cell and the peers first for the next (which go
+    first in the round's first cell alternates by round), and within ours and within the peers a
+    different pair first from one cell and round to the next, the pairs not measuring asleep
+    meanwhile. Returns the pairs, done."""
     pairs = [Pair(python, script, api, mode, transport, plan_for(api, sizes, mode), env, log, key)
              for python, script, api, mode, env, key, _ in specs]
     ours = [p for p, spec in zip(pairs, specs) if spec[6]]
@@ -221,8 +237,11 @@ def run_round(specs, transport, sizes, rnd, log):
         # scad.tensor_transport in a fixed order, five runs: the first of the two read 16 x 1 MiB
         # over shm 17-44 µs a buffer faster than the second, whichever it was).
         mine, theirs = rotated(ours, turn // 2), rotated(peers, turn // 2)
-        for p in (mine + theirs if turn % 2 == 0 else theirs + mine):
-            p.run_cell((p.mode, size, op, k), rnd)
+        # The cell's slices by turns, in that order: the pairs measure it in the same spells.
+        going = [p for p in (mine + theirs if turn % 2 == 0 else theirs + mine)
+                 if p.start_cell((p.mode, size, op, k), rnd)]
+        while going:
+            going = [p for p in going if p.resume()]
     for p in pairs:
         crash = p.finish()
         print(f"  {NAMES[p.api]:22} {transport:4} {p.mode:4} {len(p.rows):3} cells, {p.busy_s:5.1f} s measuring{crash}"

@@ -10,8 +10,12 @@ stdout goes to stderr (claim_stdout).
 
 The driver starts every pair of a round at once and steps them through the cells together: each
 cell is measured by every pair in turn (ours first for one cell, the peers first for the next),
-the others asleep meanwhile (their owners on the driver's pipe, driver_cells; their active sides
-on the owner's, after its "rest"), so that a ratio compares figures taken seconds apart.
+in SLICES slices taken by turns (pair A's first slice, B's, ..., then A's second...), the others
+asleep meanwhile (their owners on the driver's pipe, driver_cells and pause_for_driver; their
+active sides on the owner's, after its "rest" or "pause"), so that a ratio compares figures
+taken in the same spells of the host's: on a shared virtual machine the host's pace moves by half
+for a second or more at a time, and a cell measured whole by one pair after another put some
+pairs in a slow spell and others not.
 
 A cell is (mode, size, op, inflight):
   op    one operation as users run it, timed in the owner: lend the memory (register, grant),
@@ -37,6 +41,10 @@ PREFIX = "@@"
 WARMUP = 2
 MIN_REPS = 5
 MAX_REPS = 200
+# A cell's measurement is cut into this many slices, the pairs taking turns slice by slice. Each
+# slice gets an equal share of the time budget and of MAX_REPS, at least one batch, and after a
+# pause one untimed batch first (both sides of the pair were asleep).
+SLICES = 5
 
 
 # From this size on a buffer is a mapping of its own that asks for transparent huge pages.
@@ -233,31 +241,87 @@ def start_active(argv, env=None):
     return proc, Channel(proc.stdout, proc.stdin)
 
 
-def measure(cycle):
-    """Runs cycle() (which returns the seconds of one batch) a few times for warm-up, then until the
-    time budget is spent (at least MIN_REPS, at most MAX_REPS). Returns (first, times): the very
-    first batch (cold) and the measured ones."""
+def _slice_limits():
+    """(seconds, most batches, fewest batches) of one slice."""
+    return budget_s() / SLICES, MAX_REPS // SLICES, -(-MIN_REPS // SLICES)
+
+
+def measure(cycle, pause=None):
+    """Runs cycle() (which returns the seconds of one batch) a few times for warm-up, then in
+    SLICES slices, each until its share of the time budget is spent (within its share of
+    MIN_REPS..MAX_REPS); pause() runs between slices (it returns when this pair's turn comes
+    again; None: no pause, the slices run back to back). Returns (first, times): the very first
+    batch (cold) and the measured ones."""
     first = cycle()
     for _ in range(WARMUP - 1):
         cycle()
     times = []
-    start = time.perf_counter()
-    budget = budget_s()
-    while len(times) < MAX_REPS and (len(times) < MIN_REPS or time.perf_counter() - start < budget):
-        times.append(cycle())
+    seconds, most, fewest = _slice_limits()
+    for n in range(SLICES):
+        if n and pause is not None:
+            pause()
+            cycle()  # untimed: both sides of the pair just woke
+        start, taken = time.perf_counter(), 0
+        while taken < most and (taken < fewest or time.perf_counter() - start < seconds):
+            times.append(cycle())
+            taken += 1
     return first, times
 
 
-async def measure_async(cycle):
+async def measure_async(cycle, pause=None):
+    """measure() for a cycle that is a coroutine."""
     first = await cycle()
     for _ in range(WARMUP - 1):
         await cycle()
     times = []
-    start = time.perf_counter()
-    budget = budget_s()
-    while len(times) < MAX_REPS and (len(times) < MIN_REPS or time.perf_counter() - start < budget):
-        times.append(await cycle())
+    seconds, most, fewest = _slice_limits()
+    for n in range(SLICES):
+        if n and pause is not None:
+            pause()
+            await cycle()
+        start, taken = time.perf_counter(), 0
+        while taken < most and (taken < fewest or time.perf_counter() - start < seconds):
+            times.append(await cycle())
+            taken += 1
     return first, times
+
+
+def pause_for_driver():
+    """An owner's pause between two slices of a cell: tells the driver, and sleeps on its pipe
+    until the driver says this pair's turn has come again."""
+    emit({"paused": True})
+    while True:
+        line = sys.stdin.readline()
+        if not line:
+            raise EOFError("the driver closed its pipe in the middle of a cell")
+        if line.startswith(PREFIX):
+            msg = json.loads(line[len(PREFIX):])
+            if msg.get("resume"):
+                return
+            raise RuntimeError(f"the driver sent {msg} in the middle of a cell")
+
+
+def relay_pauses(chan, wait=None):
+    """An owner's wait for its active side's result of a steady-state cell (timed there): each
+    pause of the active side's (pause_active) is passed on to the driver, and its resume back.
+    wait(): how the owner waits for each line (None: asleep on the pipe)."""
+    while True:
+        if wait is not None:
+            wait()
+        msg = chan.recv()
+        if not msg.get("paused"):
+            return msg
+        pause_for_driver()
+        chan.send({"cmd": "resume"})
+
+
+def pause_active(chan):
+    """An active side's pause between two slices of a cell it times: tells its owner
+    (relay_pauses) and sleeps on the pipe until the owner resumes it."""
+    chan.send({"paused": True})
+    msg = chan.recv()
+    if msg.get("cmd") != "resume":
+        raise RuntimeError(f"the owner sent {msg} in the middle of a cell")
 
 
 def emit(row):

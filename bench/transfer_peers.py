@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import numpy  # noqa: E402,F401 - loaded before anything is timed (transfer_pair.array makes the buffers)
 
-from transfer_pair import array, arrays, pin_main_thread, await_command, check, claim_stdout, driver_cells, emit, fail, fill_value, measure, start_active, stdio_channel  # noqa: E402
+from transfer_pair import array, arrays, pin_main_thread, await_command, check, claim_stdout, driver_cells, emit, fail, fill_value, measure, pause_active, pause_for_driver, relay_pauses, start_active, stdio_channel  # noqa: E402
 
 perf = time.perf_counter
 yield_cpu = os.sched_yield
@@ -149,13 +149,15 @@ class Owner:
             self.lib.reg(remote)
             rec = {"addrs": [remote.ctypes.data]}
         self.peer.send({"cmd": "xfer", "size": size, "op": op, "inflight": inflight, "value": value, **rec})
+        drive = None
         if self.api == "nixl":
             # Without a progress thread the owner's UCX worker must be driven while the peer
             # transfers (over tcp UCX emulates get and put with active messages the target answers).
-            while not select.select([self.proc.stdout], [], [], 0)[0]:
-                self.lib.agent.get_new_notifs()
-                yield_cpu()
-        row = self.peer.recv()
+            def drive():
+                while not select.select([self.proc.stdout], [], [], 0)[0]:
+                    self.lib.agent.get_new_notifs()
+                    yield_cpu()
+        row = relay_pauses(self.peer, drive)
         if op == "write":
             row["verified"] = row["verified"] and int(remote[0]) == 255 - value
         if self.api == "nixl":
@@ -169,13 +171,19 @@ class Owner:
         self.peer.send({"cmd": "prepare", "size": size, "op": op, "inflight": inflight, "value": value})
         self.peer.recv()
         cycle = self.nixl_cycle if self.api == "nixl" else self.mooncake_cycle
-        first, times = measure(lambda: cycle(lent, op))
+        first, times = measure(lambda: cycle(lent, op), self.pause)
         if op == "write":
             verified = check(lent, 255 - value)
         else:
             self.peer.send({"cmd": "verify"})
             verified = self.peer.recv()["verified"]
         return {"first": first, "times": times, "verified": verified}
+
+    def pause(self):
+        """Between two slices of a cell (transfer_scad.py's Owner.pause)."""
+        self.peer.send({"cmd": "pause"})
+        self.peer.recv()
+        pause_for_driver()
 
     def nixl_cycle(self, lent, op):
         self.ops += 1
@@ -225,7 +233,7 @@ class Active:
             cmd = msg["cmd"]
             if cmd == "quit":
                 return
-            if cmd == "rest":
+            if cmd in ("rest", "pause"):  # (a pause, between two slices of a cell, keeps the cell's memory)
                 resting = True
                 self.chan.send({"ok": True})
             elif cmd == "xfer":
@@ -240,6 +248,7 @@ class Active:
             elif cmd == "verify":
                 self.chan.send({"verified": check(self.local, self.value)})
             elif cmd == "go":
+                resting = False  # (after a pause, too: the cell goes on)
                 if self.api == "nixl":
                     self.lib.agent.add_remote_agent(base64.b64decode(msg["meta"]))  # the new registrations' keys
                     remote = self.lib.agent.deserialize_descs(base64.b64decode(msg["descs"][0]))
@@ -297,7 +306,7 @@ class Active:
                 if rc != 0:
                     raise RuntimeError(f"Mooncake transfer failed ({rc})")
                 return perf() - t0
-        first, times = measure(cycle)
+        first, times = measure(cycle, lambda: pause_active(self.chan))
         verified = (not read) or (int(local[0]) == value and int(local[-1]) == value)
         if self.api == "nixl":
             for h in handles:

@@ -33,7 +33,7 @@ OWNER_POLL_US = 1_000_000.0
 # windows take a core the bulk transfers need on two cores.
 SERVER_POLL_US = 100.0
 
-from transfer_pair import array, arrays, pin_main_thread, await_command, check, claim_stdout, Channel, driver_cells, emit, fail, fill_value, measure, measure_async, start_active, stdio_channel  # noqa: E402
+from transfer_pair import array, arrays, pin_main_thread, await_command, check, claim_stdout, Channel, driver_cells, emit, fail, fill_value, measure, measure_async, pause_active, pause_for_driver, relay_pauses, start_active, stdio_channel  # noqa: E402
 
 perf = time.perf_counter
 
@@ -101,7 +101,7 @@ class Owner:
         config = srv.grant_ex("x", "*", rights="rw")
         self.peer.send({"cmd": "xfer", "config": config, "endpoint": ep, "size": size, "op": op,
                         "inflight": inflight, "value": value})
-        row = self.peer.recv()
+        row = relay_pauses(self.peer)
         if op == "write":
             row["verified"] = row["verified"] and int(remote[0]) == 255 - value
         action.terminate()
@@ -112,7 +112,7 @@ class Owner:
         self.peer.send({"cmd": "prepare", "size": size, "op": op, "inflight": inflight, "value": value})
         self.peer.recv()
         cycle = {"connect": self.connect_cycle, "rdma": self.rdma_cycle, "tensor": self.tensor_cycle}[self.api]
-        first, times = await measure_async(lambda: cycle(lent, op))
+        first, times = await measure_async(lambda: cycle(lent, op), self.pause)
         verified = True
         if op == "write":
             verified = check(lent, 255 - value)
@@ -120,6 +120,13 @@ class Owner:
             self.peer.send({"cmd": "verify"})
             verified = self.peer.recv()["verified"]
         return {"first": first, "times": times, "verified": verified}
+
+    def pause(self):
+        """Between two slices of a cell: the active side sleeps on the pipe, and so does this
+        owner, on the driver's, until the pair's turn comes again."""
+        self.peer.send({"cmd": "pause"})
+        self.peer.recv()
+        pause_for_driver()
 
     async def connect_cycle(self, lent, op):
         t0 = perf()
@@ -190,6 +197,9 @@ class Active:
                 resting = True
                 self.local = []
                 self.chan.send({"ok": True})
+            elif cmd == "pause":  # between two slices of a cell: asleep, the cell's memory kept
+                resting = True
+                self.chan.send({"ok": True})
             elif cmd == "xfer":
                 resting = False
                 self.chan.send(self.xfer(msg))
@@ -201,6 +211,7 @@ class Active:
             elif cmd == "verify":
                 self.chan.send({"verified": check(self.local, self.value)})
             elif cmd == "go":
+                resting = False  # (after a pause, too: the cell goes on)
                 after = await getattr(self, f"{self.api}_go")(msg)
                 self.chan.send({"done": True})
                 if after is not None:
@@ -233,7 +244,7 @@ class Active:
                     o.wait()
             return perf() - t0
 
-        first, times = measure(cycle)
+        first, times = measure(cycle, lambda: pause_active(self.chan))
         verified = (not read) or (int(local[0]) == msg["value"] and int(local[-1]) == msg["value"])
         action.terminate()
         return {"first": first, "times": times, "verified": verified, "impl": self.transport}
